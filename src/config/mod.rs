@@ -1,0 +1,308 @@
+//! `pepsi.conf` (SPEC §4): the fixed sections checked into typed options, and the raw
+//! `[stage-*]` sections that [`graph`] turns into the stage graph together with the
+//! `pepsi.config_override` overlay.
+//!
+//! Two phases, as everywhere in Pepsi: [`raw`] reads entries with their file and line;
+//! [`Config::from_sections`] checks every value and collects every problem, so an
+//! operator sees all mistakes at once, each naming file, line, section and key.
+
+pub mod graph;
+pub mod raw;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use graph::{StageGraph, StageSection};
+pub use raw::{ConfigError, Origin, Problems, Section};
+
+use crate::exit::Failure;
+
+/// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.
+pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
+
+/// The default `[pepsi-postgres] CONNECTION`.
+pub const DEFAULT_CONNECTION: &str = "host=/var/run/postgresql dbname=pepsi user=pepsi";
+
+/// `[pepsi]`.
+#[derive(Clone, Debug)]
+pub struct PepsiOptions {
+    /// Global switch for stage fusion (§12.6).
+    pub allow_fusion: bool,
+    /// Read by workers at start (§9).
+    pub share_telemetry: bool,
+    /// The account a program started as root switches to; `root` keeps root.
+    pub run_as: String,
+}
+
+/// `[pepsi-postgres]`.
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// libpq conninfo or URL.
+    pub connection: String,
+    /// `synchronous_commit` of worker connections.
+    pub worker_synchronous_commit: bool,
+}
+
+/// `[pepsi-dispatch]`.
+#[derive(Clone, Debug)]
+pub struct DispatchOptions {
+    /// Per-message wall-clock limit (§8.2).
+    pub max_runtime: Duration,
+    /// An idle worker is stopped after this.
+    pub worker_idle_timeout: Duration,
+    /// Safety-net heartbeat.
+    pub poll_interval: Duration,
+    /// Statistics flush and body GC tick.
+    pub stats_interval: Duration,
+    /// The dispatcher's own connection pool.
+    pub db_pool_size: u32,
+    /// Passed to workers as `-c FILE`.
+    pub config_file: Option<PathBuf>,
+    /// §7; `false` = plain oldest-first claim.
+    pub fair_scheduling: bool,
+    /// Lead half-life (§7).
+    pub fair_half_life: Duration,
+    /// Share of slots reserved for the oldest rows (§7).
+    pub fair_fifo_percent: u32,
+}
+
+/// `[pepsi-failure-bouncer]`.
+#[derive(Clone, Debug, Default)]
+pub struct BouncerOptions {
+    /// Where failed rows are moved; required by the bouncer only.
+    pub bounce_stage: Option<String>,
+}
+
+/// The whole configuration file, checked.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// `[pepsi]`.
+    pub pepsi: PepsiOptions,
+    /// `[pepsi-postgres]`.
+    pub postgres: PostgresOptions,
+    /// `[pepsi-dispatch]`.
+    pub dispatch: DispatchOptions,
+    /// `[pepsi-failure-bouncer]`.
+    pub bouncer: BouncerOptions,
+    /// The file's `[stage-*]` sections, before the overlay.
+    pub stage_sections: Vec<Section>,
+}
+
+/// The keys each fixed section knows; others draw a warning (a typo should not pass
+/// silently, but a newer release's key must not stop an older program).
+const KNOWN: &[(&str, &[&str])] = &[
+    ("pepsi", &["ALLOW_FUSION", "SHARE_TELEMETRY", "RUN_AS"]),
+    (
+        "pepsi-postgres",
+        &["CONNECTION", "WORKER_SYNCHRONOUS_COMMIT"],
+    ),
+    (
+        "pepsi-dispatch",
+        &[
+            "MAX_RUNTIME",
+            "WORKER_IDLE_TIMEOUT",
+            "POLL_INTERVAL",
+            "STATS_INTERVAL",
+            "DB_POOL_SIZE",
+            "CONFIG_FILE",
+            "FAIR_SCHEDULING",
+            "FAIR_HALF_LIFE",
+            "FAIR_FIFO_PERCENT",
+        ],
+    ),
+    ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
+];
+
+impl Config {
+    /// Finds, reads and checks the configuration (search order of §4).
+    pub fn load(explicit: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
+        let path = raw::search(explicit);
+        let sections = raw::read(&path)?;
+        Config::from_sections(path, sections)
+    }
+
+    /// Like [`Config::load`], as a program's start-up failure (exit 1).
+    pub fn load_or_fail(explicit: Option<&Path>) -> Result<Config, Failure> {
+        Config::load(explicit).map_err(|errors| {
+            Failure::general(format!(
+                "configuration error:\n{}",
+                raw::join_errors(&errors)
+            ))
+        })
+    }
+
+    /// Checks parsed sections.
+    pub fn from_sections(
+        path: PathBuf,
+        sections: Vec<Section>,
+    ) -> Result<Config, Vec<ConfigError>> {
+        let empty = |name: &str| Section::new(name, Origin::Default);
+        let find = |name: &str| {
+            sections
+                .iter()
+                .find(|s| s.name == name)
+                .cloned()
+                .unwrap_or_else(|| empty(name))
+        };
+        for (name, keys) in KNOWN {
+            for (key, value) in find(name).entries() {
+                if !keys.contains(&key) {
+                    log::warn!("{}: [{name}] {key}: unknown key, ignored", value.origin);
+                }
+            }
+        }
+        let mut p = Problems::default();
+
+        let pe = find("pepsi");
+        let pepsi = PepsiOptions {
+            allow_fusion: p.ok(pe.boolean("ALLOW_FUSION", true)).unwrap_or(true),
+            share_telemetry: p.ok(pe.boolean("SHARE_TELEMETRY", false)).unwrap_or(false),
+            run_as: pe.get("RUN_AS").unwrap_or("pepsi").to_string(),
+        };
+
+        let pg = find("pepsi-postgres");
+        let postgres = PostgresOptions {
+            connection: pg
+                .get("CONNECTION")
+                .unwrap_or(DEFAULT_CONNECTION)
+                .to_string(),
+            worker_synchronous_commit: p
+                .ok(pg.boolean("WORKER_SYNCHRONOUS_COMMIT", false))
+                .unwrap_or(false),
+        };
+        if let Err(e) = pg
+            .get("CONNECTION")
+            .unwrap_or(DEFAULT_CONNECTION)
+            .parse::<postgres::Config>()
+        {
+            p.push(pg.error("CONNECTION", format!("is not a valid conninfo or URL: {e}")));
+        }
+
+        let d = find("pepsi-dispatch");
+        let secs = Duration::from_secs;
+        let positive = |key: &str, default: Duration| match d.duration(key, default) {
+            Ok(v) if v.is_zero() => Err(d.error(key, "must be greater than zero")),
+            other => other,
+        };
+        let dispatch = DispatchOptions {
+            max_runtime: p
+                .ok(positive("MAX_RUNTIME", secs(300)))
+                .unwrap_or(secs(300)),
+            worker_idle_timeout: p
+                .ok(d.duration("WORKER_IDLE_TIMEOUT", secs(5)))
+                .unwrap_or(secs(5)),
+            poll_interval: p
+                .ok(positive("POLL_INTERVAL", secs(30)))
+                .unwrap_or(secs(30)),
+            stats_interval: p
+                .ok(positive("STATS_INTERVAL", secs(60)))
+                .unwrap_or(secs(60)),
+            db_pool_size: p.ok(d.number("DB_POOL_SIZE", 8u32, 1)).unwrap_or(8),
+            config_file: d.get("CONFIG_FILE").map(PathBuf::from),
+            fair_scheduling: p.ok(d.boolean("FAIR_SCHEDULING", true)).unwrap_or(true),
+            fair_half_life: p
+                .ok(positive("FAIR_HALF_LIFE", secs(60)))
+                .unwrap_or(secs(60)),
+            fair_fifo_percent: p.ok(d.number("FAIR_FIFO_PERCENT", 10u32, 0)).unwrap_or(10),
+        };
+        if dispatch.fair_fifo_percent > 100 {
+            p.push(d.error("FAIR_FIFO_PERCENT", "must be at most 100"));
+        }
+
+        let bouncer = BouncerOptions {
+            bounce_stage: find("pepsi-failure-bouncer")
+                .get("BOUNCE_STAGE")
+                .map(str::to_string),
+        };
+
+        let stage_sections = sections
+            .iter()
+            .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
+            .cloned()
+            .collect();
+        if p.is_empty() {
+            Ok(Config {
+                path,
+                pepsi,
+                postgres,
+                dispatch,
+                bouncer,
+                stage_sections,
+            })
+        } else {
+            Err(p.0)
+        }
+    }
+
+    /// The stage graph from the file alone.
+    pub fn file_graph(&self) -> Result<StageGraph, Vec<ConfigError>> {
+        StageGraph::build(&self.stage_sections, &[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Result<Config, Vec<ConfigError>> {
+        let path = PathBuf::from("/t.conf");
+        Config::from_sections(path.clone(), raw::parse(&path, text)?)
+    }
+
+    #[test]
+    fn defaults_for_every_key() {
+        let c = cfg("").unwrap();
+        assert!(c.pepsi.allow_fusion);
+        assert!(!c.pepsi.share_telemetry);
+        assert_eq!(c.pepsi.run_as, "pepsi");
+        assert_eq!(c.postgres.connection, DEFAULT_CONNECTION);
+        assert!(!c.postgres.worker_synchronous_commit);
+        assert_eq!(c.dispatch.max_runtime, Duration::from_secs(300));
+        assert_eq!(c.dispatch.worker_idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.dispatch.poll_interval, Duration::from_secs(30));
+        assert_eq!(c.dispatch.stats_interval, Duration::from_secs(60));
+        assert_eq!(c.dispatch.db_pool_size, 8);
+        assert_eq!(c.dispatch.config_file, None);
+        assert!(c.dispatch.fair_scheduling);
+        assert_eq!(c.dispatch.fair_half_life, Duration::from_secs(60));
+        assert_eq!(c.dispatch.fair_fifo_percent, 10);
+        assert_eq!(c.bouncer.bounce_stage, None);
+    }
+
+    #[test]
+    fn values_are_read() {
+        let c = cfg("[pepsi]\nALLOW_FUSION = off\nRUN_AS = root\n[pepsi-dispatch]\nMAX_RUNTIME = 2m\nCONFIG_FILE = /etc/x.conf\n[pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n").unwrap();
+        assert!(!c.pepsi.allow_fusion);
+        assert_eq!(c.pepsi.run_as, "root");
+        assert_eq!(c.dispatch.max_runtime, Duration::from_secs(120));
+        assert_eq!(c.dispatch.config_file, Some(PathBuf::from("/etc/x.conf")));
+        assert_eq!(c.bouncer.bounce_stage.as_deref(), Some("bounce"));
+    }
+
+    #[test]
+    fn all_value_errors_are_reported_together() {
+        let errs = cfg("[pepsi]\nALLOW_FUSION = perhaps\n[pepsi-dispatch]\nMAX_RUNTIME = 0s\nDB_POOL_SIZE = 0\nFAIR_FIFO_PERCENT = 150\n").unwrap_err();
+        let text = raw::join_errors(&errs);
+        assert_eq!(errs.len(), 4, "{text}");
+        assert!(text.contains("/t.conf:2: [pepsi] ALLOW_FUSION:"));
+        assert!(
+            text.contains("/t.conf:4: [pepsi-dispatch] MAX_RUNTIME: must be greater than zero")
+        );
+        assert!(text.contains("/t.conf:5: [pepsi-dispatch] DB_POOL_SIZE:"));
+        assert!(
+            text.contains("/t.conf:6: [pepsi-dispatch] FAIR_FIFO_PERCENT: must be at most 100")
+        );
+    }
+
+    #[test]
+    fn a_bad_connection_string_is_named() {
+        let errs = cfg("[pepsi-postgres]\nCONNECTION = host='unterminated\n").unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("/t.conf:2: [pepsi-postgres] CONNECTION:")
+        );
+    }
+}

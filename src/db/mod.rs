@@ -1,0 +1,172 @@
+//! Database access shared by every program: connecting, classifying errors by
+//! SQLSTATE, the retry helper for transient serialization failures, the worker pool,
+//! the embedded schema and its check, and every SQL statement as a named constant.
+//!
+//! Nothing here holds state across calls; callers own their clients and pools.
+
+pub mod pool;
+pub mod schema;
+pub mod sha256;
+pub mod sql;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+
+use crate::config::graph::OverrideRow;
+
+/// How a database error should be handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The connection broke or could not be made: SQLSTATE class 08, 57P01–57P03, an
+    /// I/O error, a closed client (worker status 74).
+    Connection,
+    /// The server refused a connection for overload: too_many_connections (status 75).
+    Overload,
+    /// A serialization failure or deadlock, worth re-running at once.
+    Transient,
+    /// Anything else: a statement refused for its own reasons.
+    Other,
+}
+
+/// Classifies a `postgres` error by SQLSTATE, never by message text.
+pub fn classify(err: &postgres::Error) -> ErrorKind {
+    if let Some(code) = err.code() {
+        return classify_code(code);
+    }
+    if err.is_closed() {
+        return ErrorKind::Connection;
+    }
+    // No SQLSTATE: an I/O, TLS or protocol failure of the connection, unless it is a
+    // conversion error of ours (whose source is not an I/O error).
+    let mut source = err.source();
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return ErrorKind::Connection;
+        }
+        source = s.source();
+    }
+    ErrorKind::Other
+}
+
+/// Classifies a SQLSTATE.
+pub fn classify_code(code: &SqlState) -> ErrorKind {
+    if code == &SqlState::TOO_MANY_CONNECTIONS {
+        ErrorKind::Overload
+    } else if code.code().starts_with("08")
+        || code == &SqlState::ADMIN_SHUTDOWN
+        || code == &SqlState::CRASH_SHUTDOWN
+        || code == &SqlState::CANNOT_CONNECT_NOW
+    {
+        ErrorKind::Connection
+    } else if code == &SqlState::T_R_SERIALIZATION_FAILURE
+        || code == &SqlState::T_R_DEADLOCK_DETECTED
+    {
+        ErrorKind::Transient
+    } else {
+        ErrorKind::Other
+    }
+}
+
+/// Runs a queue operation, re-running it (up to three more times) when it fails with a
+/// transient serialization failure or deadlock.
+pub fn retry_transient<T>(
+    mut op: impl FnMut() -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    let mut attempt = 0;
+    loop {
+        match op() {
+            Err(e) if attempt < 3 && classify(&e) == ErrorKind::Transient => {
+                attempt += 1;
+                log::debug!("transient database error, retrying: {e}");
+                std::thread::sleep(Duration::from_millis(5 << attempt));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Parses a conninfo string or URL, naming the program in `application_name`.
+pub fn connection_config(
+    conninfo: &str,
+    application: &str,
+) -> Result<postgres::Config, postgres::Error> {
+    let mut config: postgres::Config = conninfo.parse()?;
+    if config.get_application_name().is_none() {
+        config.application_name(application);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    Ok(config)
+}
+
+/// Opens one connection.
+pub fn connect(conninfo: &str, application: &str) -> Result<Client, postgres::Error> {
+    connection_config(conninfo, application)?.connect(NoTls)
+}
+
+/// Reads `pepsi.config_override`.
+pub fn read_overlay(
+    client: &mut impl postgres::GenericClient,
+) -> Result<Vec<OverrideRow>, postgres::Error> {
+    Ok(client
+        .query(sql::READ_CONFIG_OVERRIDE, &[])?
+        .iter()
+        .map(|r| OverrideRow {
+            section: r.get(0),
+            key: r.get(1),
+            value: r.get(2),
+        })
+        .collect())
+}
+
+/// A one-line description of a database error: the server's message with its
+/// SQLSTATE, or the client's error.
+pub fn describe(err: &postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_classified() {
+        assert_eq!(
+            classify_code(&SqlState::TOO_MANY_CONNECTIONS),
+            ErrorKind::Overload
+        );
+        assert_eq!(
+            classify_code(&SqlState::ADMIN_SHUTDOWN),
+            ErrorKind::Connection
+        );
+        assert_eq!(
+            classify_code(&SqlState::CRASH_SHUTDOWN),
+            ErrorKind::Connection
+        );
+        assert_eq!(
+            classify_code(&SqlState::CANNOT_CONNECT_NOW),
+            ErrorKind::Connection
+        );
+        assert_eq!(
+            classify_code(&SqlState::CONNECTION_FAILURE),
+            ErrorKind::Connection
+        );
+        assert_eq!(
+            classify_code(&SqlState::T_R_SERIALIZATION_FAILURE),
+            ErrorKind::Transient
+        );
+        assert_eq!(
+            classify_code(&SqlState::T_R_DEADLOCK_DETECTED),
+            ErrorKind::Transient
+        );
+        assert_eq!(classify_code(&SqlState::UNIQUE_VIOLATION), ErrorKind::Other);
+        assert_eq!(classify_code(&SqlState::QUERY_CANCELED), ErrorKind::Other);
+    }
+}

@@ -1,0 +1,87 @@
+//! A small r2d2 pool that remembers why its last connection attempt failed, so a
+//! checkout timeout can be told apart: a refused-for-overload connection (worker status
+//! 75) from an unreachable server (status 74).
+//!
+//! Connections are not tested on checkout: that test is a round trip, and every queue
+//! write must be one. A broken connection fails its statement instead, is classified
+//! there, and is discarded by r2d2 on return (`is_closed`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use postgres::NoTls;
+use r2d2_postgres::PostgresConnectionManager;
+
+use super::{ErrorKind, classify, describe};
+
+/// The pool type.
+pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+/// A checked-out connection.
+pub type PgConn = r2d2::PooledConnection<PostgresConnectionManager<NoTls>>;
+
+#[derive(Debug, Default, Clone)]
+struct LastError(Arc<Mutex<Option<(ErrorKind, String)>>>);
+
+impl r2d2::HandleError<postgres::Error> for LastError {
+    fn handle_error(&self, error: postgres::Error) {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Some((classify(&error), describe(&error)));
+    }
+}
+
+/// A checkout failure, classified.
+#[derive(Debug)]
+pub struct CheckoutError {
+    /// `Overload` for too_many_connections or a plain timeout, `Connection` when the
+    /// server could not be reached.
+    pub kind: ErrorKind,
+    /// What happened.
+    pub message: String,
+}
+
+/// A pool plus the last connection error it saw.
+#[derive(Clone)]
+pub struct Pool {
+    pool: PgPool,
+    last: LastError,
+}
+
+impl Pool {
+    /// Builds a pool of up to `size` connections. No connection is opened yet.
+    pub fn new(config: postgres::Config, size: u32, checkout_timeout: Duration) -> Pool {
+        let last = LastError::default();
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(checkout_timeout)
+            .error_handler(Box::new(last.clone()))
+            .build_unchecked(PostgresConnectionManager::new(config, NoTls));
+        Pool { pool, last }
+    }
+
+    /// Checks out a connection.
+    pub fn get(&self) -> Result<PgConn, CheckoutError> {
+        match self.pool.get() {
+            Ok(conn) => Ok(conn),
+            Err(timeout) => {
+                let last = self.last.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+                Err(match last {
+                    Some((ErrorKind::Overload, m)) => CheckoutError {
+                        kind: ErrorKind::Overload,
+                        message: m,
+                    },
+                    Some((_, m)) => CheckoutError {
+                        kind: ErrorKind::Connection,
+                        message: m,
+                    },
+                    // Every connection was busy for the whole timeout: overload.
+                    None => CheckoutError {
+                        kind: ErrorKind::Overload,
+                        message: format!("database pool checkout timed out: {timeout}"),
+                    },
+                })
+            }
+        }
+    }
+}

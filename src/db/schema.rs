@@ -1,0 +1,258 @@
+//! The schema files embedded at build time, this release's version and digest, the
+//! start-up check every program runs, and the installer behind `pepsi-setup schema`
+//! (SPEC §3).
+//!
+//! The version is the number of the last file; the digest of version `n` is a SHA-256
+//! over the names and bytes of files `1..=n`, so an older database can be checked
+//! against the prefix of this release's files before it is upgraded.
+
+use std::fmt;
+
+use postgres::Client;
+use postgres::error::SqlState;
+
+use super::sha256::Sha256;
+use super::sql;
+
+/// One embedded schema file.
+pub struct SchemaFile {
+    /// The number in its name (`001_…` is 1).
+    pub number: i32,
+    /// The file name under `schema/`.
+    pub name: &'static str,
+    /// Its SQL.
+    pub sql: &'static str,
+}
+
+/// Every schema file, in order. A test checks this list against the folder.
+pub const FILES: &[SchemaFile] = &[SchemaFile {
+    number: 1,
+    name: "001_create_queue.sql",
+    sql: include_str!("../../schema/001_create_queue.sql"),
+}];
+
+/// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).
+pub const SETUP_LOCK_KEY: i64 = 0x7065_7073_6953_6574; // "pepsiSet"
+
+/// This release's schema version.
+pub fn version() -> i32 {
+    FILES.last().map_or(0, |f| f.number)
+}
+
+/// The digest of the files up to and including version `upto`.
+pub fn digest(upto: i32) -> String {
+    let mut h = Sha256::new();
+    for f in FILES.iter().filter(|f| f.number <= upto) {
+        h.update(f.name.as_bytes());
+        h.update(&[0]);
+        h.update(&(f.sql.len() as u64).to_be_bytes());
+        h.update(f.sql.as_bytes());
+    }
+    h.hex()
+}
+
+/// How the database's schema differs from this release's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// No Pepsi schema at all.
+    NotInstalled,
+    /// The database is at an older version.
+    Older {
+        /// The database's version.
+        database: i32,
+    },
+    /// The database is at a newer version.
+    Newer {
+        /// The database's version.
+        database: i32,
+    },
+    /// The same (or a prefix) version, built from other files.
+    OtherFiles {
+        /// The database's version.
+        database: i32,
+        /// The database's digest.
+        digest: String,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ours = version();
+        match self {
+            Mismatch::NotInstalled => write!(
+                f,
+                "the Pepsi schema is not installed in this database (this release needs version {ours}): run pepsi-setup schema"
+            ),
+            Mismatch::Older { database } => write!(
+                f,
+                "the database schema is older (version {database}) than this release's (version {ours}): run pepsi-setup schema"
+            ),
+            Mismatch::Newer { database } => write!(
+                f,
+                "the database schema is newer (version {database}) than this release's (version {ours}): this binary is older than the database schema; install the matching release"
+            ),
+            Mismatch::OtherFiles { database, digest } => write!(
+                f,
+                "the database schema (version {database}, digest {digest}) was built from other files than this release's (digest {}): it belongs to another build; install the matching release",
+                super::schema::digest(*database)
+            ),
+        }
+    }
+}
+
+/// A failure of the check or the installer.
+#[derive(Debug)]
+pub enum SchemaError {
+    /// The database's schema does not match this release.
+    Mismatch(Mismatch),
+    /// The database failed.
+    Db(postgres::Error),
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaError::Mismatch(m) => m.fmt(f),
+            SchemaError::Db(e) => write!(
+                f,
+                "database error while checking the schema: {}",
+                super::describe(e)
+            ),
+        }
+    }
+}
+
+impl From<postgres::Error> for SchemaError {
+    fn from(e: postgres::Error) -> Self {
+        SchemaError::Db(e)
+    }
+}
+
+/// Compares an installed (version, digest) with this release.
+pub fn compare(installed: Option<(i32, String)>) -> Result<(), Mismatch> {
+    let Some((database, digest_db)) = installed else {
+        return Err(Mismatch::NotInstalled);
+    };
+    let ours = version();
+    if database > ours {
+        return Err(Mismatch::Newer { database });
+    }
+    if digest(database) != digest_db {
+        return Err(Mismatch::OtherFiles {
+            database,
+            digest: digest_db,
+        });
+    }
+    if database < ours {
+        return Err(Mismatch::Older { database });
+    }
+    Ok(())
+}
+
+/// Reads the installed (version, digest), `None` when there is no schema.
+fn installed(
+    client: &mut impl postgres::GenericClient,
+) -> Result<Option<(i32, String)>, postgres::Error> {
+    match client.query_opt(sql::READ_SCHEMA_VERSION, &[]) {
+        Ok(row) => Ok(row.map(|r| (r.get(0), r.get(1)))),
+        Err(e)
+            if e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                || e.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The start-up check every program runs (one round trip).
+pub fn check(client: &mut impl postgres::GenericClient) -> Result<(), SchemaError> {
+    compare(installed(client)?).map_err(SchemaError::Mismatch)
+}
+
+/// What `pepsi-setup schema` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Installed {
+    /// A fresh install at this version.
+    Fresh(i32),
+    /// An upgrade from the first version to the second.
+    Upgraded(i32, i32),
+    /// Nothing to do.
+    UpToDate(i32),
+}
+
+/// Installs or upgrades the schema in one transaction under an advisory lock.
+pub fn install(client: &mut Client) -> Result<Installed, SchemaError> {
+    let mut tx = client.transaction()?;
+    tx.execute(sql::SETUP_LOCK, &[&SETUP_LOCK_KEY])?;
+    let exists: bool = tx.query_one(sql::SCHEMA_VERSION_EXISTS, &[])?.get(0);
+    let current = if exists { installed(&mut tx)? } else { None };
+    let from = match compare(current) {
+        Ok(()) => return Ok(Installed::UpToDate(version())),
+        Err(Mismatch::NotInstalled) => 0,
+        Err(Mismatch::Older { database }) => database,
+        Err(m) => return Err(SchemaError::Mismatch(m)),
+    };
+    for file in FILES.iter().filter(|f| f.number > from) {
+        tx.batch_execute(file.sql).inspect_err(|e| {
+            log::error!("schema file {} failed: {}", file.name, super::describe(e));
+        })?;
+    }
+    tx.execute(sql::WRITE_SCHEMA_VERSION, &[&version(), &digest(version())])?;
+    tx.commit()?;
+    Ok(if from == 0 {
+        Installed::Fresh(version())
+    } else {
+        Installed::Upgraded(from, version())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_list_matches_the_schema_folder() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/schema");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<&str> = FILES.iter().map(|f| f.name).collect();
+        assert_eq!(on_disk, embedded);
+        for (i, f) in FILES.iter().enumerate() {
+            assert_eq!(f.number, i as i32 + 1, "{} is out of sequence", f.name);
+            assert!(f.name.starts_with(&format!("{:03}_", f.number)));
+            let text = std::fs::read_to_string(format!("{dir}/{}", f.name)).unwrap();
+            assert_eq!(text, f.sql, "{} differs from what is embedded", f.name);
+        }
+    }
+
+    #[test]
+    fn compare_names_each_case() {
+        let v = version();
+        assert_eq!(compare(Some((v, digest(v)))), Ok(()));
+        assert_eq!(compare(None), Err(Mismatch::NotInstalled));
+        assert_eq!(
+            compare(Some((v + 1, "x".into()))),
+            Err(Mismatch::Newer { database: v + 1 })
+        );
+        assert!(matches!(
+            compare(Some((v, "x".into()))),
+            Err(Mismatch::OtherFiles { .. })
+        ));
+        assert_eq!(
+            compare(Some((0, digest(0)))),
+            Err(Mismatch::Older { database: 0 })
+        );
+    }
+
+    #[test]
+    fn the_digest_is_stable_and_depends_on_the_files() {
+        assert_eq!(digest(version()), digest(version()));
+        assert_ne!(digest(version()), digest(0));
+        assert_eq!(digest(version()).len(), 64);
+    }
+}

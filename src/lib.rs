@@ -1,0 +1,31 @@
+//! Pepsi's pipeline: the dispatcher, the worker runtime and the built-in stages.
+//!
+//! Messages live in `pepsi.workqueue`; each row sits at a stage with a status. The
+//! programs of this crate share one library:
+//!
+//! - [`cli`] parses the global options every program takes before its subcommand;
+//!   [`logging`] sets up `env_logger` from them.
+//! - [`config`] reads `pepsi.conf` (raw entries with file and line, then a checked
+//!   structure) and builds the stage graph with the `pepsi.config_override` overlay.
+//! - [`db`] holds the connection helpers, the error classification by SQLSTATE, the
+//!   embedded schema with its version check, and every SQL statement as a named constant.
+//! - [`setup`] is `pepsi-setup schema`.
+//! - [`worker`] is the worker side of the stdin/stdout protocol (SPEC §5, §12): the
+//!   runtime every stage program links, with batching, per-address settings, splits and
+//!   fusion; [`stages`] are the built-in stages of the unified `pepsi-stage` binary.
+//! - [`dispatch`] is `pepsi-dispatch serve`: a mio poll loop thread that owns every
+//!   worker process and all pool state; a coordinator thread that owns the claiming
+//!   connection (and the advisory lock) and performs every queue write; a listener
+//!   thread owning the LISTEN session; a small thread pool for statistics flushes and
+//!   the body GC. Threads talk over crossbeam channels and wake the loop with a
+//!   `mio::Waker`. Nothing here is async.
+//!
+//! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod exit;
+pub mod logging;
+pub mod privilege;
+pub mod setup;

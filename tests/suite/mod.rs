@@ -1,0 +1,3 @@
+//! The integration test modules, one per area.
+
+mod foundation;

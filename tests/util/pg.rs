@@ -1,0 +1,329 @@
+//! A real PostgreSQL for the tests, with nothing to set up by hand.
+//!
+//! With `PEPSI_TEST_DATABASE_URL` or `DATABASE_URL` set, that server is used (the role
+//! needs CREATEDB). Otherwise one throwaway cluster is started for the whole test
+//! binary: initdb + pg_ctl from `PATH` or `/usr/lib/postgresql/*/bin`, a Unix socket in
+//! a private temporary directory, run as the `postgres` account when the tests run as
+//! root (initdb refuses root). It is stopped and removed when the test binary exits.
+//! Each test gets its own database, cloned from a template that already holds the
+//! schema.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use postgres::{Client, NoTls};
+
+/// The server every test uses.
+pub struct Server {
+    /// The connection string before a database name is added.
+    base: String,
+    /// The template database with the schema installed.
+    template: String,
+    /// The throwaway cluster's directory, when we started one.
+    cluster: Option<PathBuf>,
+}
+
+static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+static CLUSTER_DIR: OnceLock<PathBuf> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// The shared server, set up once. A failure of that set-up is reported by every test
+/// (and the set-up is not retried by each of them).
+pub fn server() -> &'static Server {
+    match SERVER.get_or_init(|| {
+        std::panic::catch_unwind(start)
+            .unwrap_or_else(|_| Err("the test server set-up panicked".into()))
+    }) {
+        Ok(s) => s,
+        Err(e) => panic!("no PostgreSQL for the tests: {e}"),
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A command run as the cluster's owner: `postgres` when we are root.
+fn as_owner(program: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn find_bindir() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                return Ok(dir);
+            }
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((v, bin))
+        })
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, p)| p).ok_or_else(|| {
+        "PostgreSQL server binaries (initdb, pg_ctl) were not found on PATH or under \
+         /usr/lib/postgresql/*/bin; install them (apt-get install postgresql) or set \
+         DATABASE_URL to a server where this role may create databases"
+            .to_string()
+    })
+}
+
+/// Stops clusters left behind by test processes that no longer exist.
+fn remove_stale(bindir: &Path) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("pepsi-test-")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = as_owner(&bindir.join("pg_ctl"))
+            .args(["-D"])
+            .arg(e.path().join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(e.path());
+    }
+}
+
+extern "C" fn stop_cluster() {
+    if let Some(dir) = CLUSTER_DIR.get() {
+        if let Ok(bindir) = find_bindir() {
+            let _ = as_owner(&bindir.join("pg_ctl"))
+                .arg("-D")
+                .arg(dir.join("data"))
+                .args(["-m", "immediate", "-w", "stop"])
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn start_cluster() -> Result<(String, PathBuf), String> {
+    let bindir = find_bindir()?;
+    remove_stale(&bindir);
+    let dir = std::env::temp_dir().join(format!("pepsi-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let sock = dir.join("sock");
+    std::fs::create_dir_all(&sock).map_err(|e| format!("cannot create {}: {e}", sock.display()))?;
+    CLUSTER_DIR.set(dir.clone()).ok();
+    // SAFETY: registering a plain extern "C" function.
+    unsafe { libc::atexit(stop_cluster) };
+    if is_root() {
+        run(Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir))?;
+    }
+    run(as_owner(&bindir.join("initdb")).arg("-D").arg(&data).args([
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "-E",
+        "UTF8",
+        "--no-sync",
+        "--locale=C",
+    ]))?;
+    let conf = format!(
+        "\nlisten_addresses = ''\nunix_socket_directories = '{}'\nfsync = off\nfull_page_writes = off\n\
+         max_connections = 300\nshared_preload_libraries = 'pg_stat_statements'\n\
+         pg_stat_statements.track = all\nlog_min_messages = warning\n",
+        sock.display()
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(data.join("postgresql.conf"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, conf.as_bytes()))
+        .map_err(|e| format!("cannot configure the cluster: {e}"))?;
+    run(as_owner(&bindir.join("pg_ctl"))
+        .arg("-D")
+        .arg(&data)
+        .arg("-l")
+        .arg(dir.join("server.log"))
+        .args(["-w", "-t", "60", "start"]))?;
+    Ok((
+        format!("host={} port=5432 user=postgres", sock.display()),
+        dir,
+    ))
+}
+
+fn start() -> Result<Server, String> {
+    let external = std::env::var("PEPSI_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .ok()
+        .filter(|s| !s.is_empty());
+    let (base, cluster) = match external {
+        Some(url) => (url, None),
+        None => {
+            let (base, dir) = start_cluster()?;
+            (base, Some(dir))
+        }
+    };
+    let template = format!("pepsi_template_{}", std::process::id());
+    let mut admin = Client::connect(&with_db(&base, "postgres"), NoTls)
+        .map_err(|e| format!("cannot connect to the test server: {e}"))?;
+    // Two statements: CREATE DATABASE cannot run inside the implicit transaction of a
+    // multi-statement query.
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {template}"),
+        format!("CREATE DATABASE {template}"),
+    ] {
+        admin.batch_execute(&sql).map_err(|e| {
+            format!(
+                "cannot create the template database: {}",
+                pepsi::db::describe(&e)
+            )
+        })?;
+    }
+    let mut t = Client::connect(&with_db(&base, &template), NoTls).map_err(|e| e.to_string())?;
+    pepsi::db::schema::install(&mut t).map_err(|e| format!("cannot install the schema: {e}"))?;
+    // Statement counting for the round-trip tests; optional on an external server.
+    let _ = t.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    drop(t);
+    Ok(Server {
+        base,
+        template,
+        cluster,
+    })
+}
+
+/// `base` pointed at database `name`.
+fn with_db(base: &str, name: &str) -> String {
+    if base.starts_with("postgres://") || base.starts_with("postgresql://") {
+        let (head, query) = base
+            .split_once('?')
+            .map_or((base, None), |(h, q)| (h, Some(q)));
+        let scheme_end = head.find("://").unwrap() + 3;
+        let host_end = head[scheme_end..]
+            .find('/')
+            .map_or(head.len(), |i| scheme_end + i);
+        let mut url = format!("{}/{name}", &head[..host_end]);
+        if let Some(q) = query {
+            url.push('?');
+            url.push_str(q);
+        }
+        url
+    } else {
+        format!("{base} dbname={name}")
+    }
+}
+
+/// A fresh database for one test, dropped when the test ends.
+pub struct TestDb {
+    /// The database name.
+    pub name: String,
+    /// A connection string for it.
+    pub conninfo: String,
+}
+
+impl TestDb {
+    /// Clones the template.
+    pub fn new() -> TestDb {
+        let server = server();
+        let name = format!(
+            "pepsi_t{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = Client::connect(&with_db(&server.base, "postgres"), NoTls)
+            .expect("connect to the test server");
+        // CREATE DATABASE … TEMPLATE fails while another session is connected to the
+        // template; nothing but the set-up connects to it, so one retry is plenty.
+        let sql = format!("CREATE DATABASE {name} TEMPLATE {}", server.template);
+        if let Err(e) = admin.batch_execute(&sql) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            admin
+                .batch_execute(&sql)
+                .unwrap_or_else(|_| panic!("cannot create a test database: {e}"));
+        }
+        TestDb {
+            conninfo: with_db(&server.base, &name),
+            name,
+        }
+    }
+
+    /// A fresh database without the Pepsi schema (for `pepsi-setup` itself).
+    pub fn empty() -> TestDb {
+        let server = server();
+        let name = format!(
+            "pepsi_e{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = Client::connect(&with_db(&server.base, "postgres"), NoTls)
+            .expect("connect to the test server");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create an empty test database");
+        TestDb {
+            conninfo: with_db(&server.base, &name),
+            name,
+        }
+    }
+
+    /// A new client connection.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.conninfo, NoTls).expect("connect to the test database")
+    }
+
+    /// The connection string as a `pepsi.conf` CONNECTION value.
+    pub fn connection(&self) -> &str {
+        &self.conninfo
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let server = server();
+        if let Ok(mut admin) = Client::connect(&with_db(&server.base, "postgres"), NoTls) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+/// Is this the throwaway cluster (so tests may configure it freely)?
+pub fn is_throwaway() -> bool {
+    server().cluster.is_some()
+}
