@@ -110,6 +110,16 @@ CREATE TRIGGER workqueue_failed_notify_insert
     WHEN (NEW.status IN ('failed', 'timeout'))
     EXECUTE FUNCTION pepsi.workqueue_failed_notify();
 
+-- When a message's MAX_LIFETIME starts: state.dsn_created for a DSN, else arrival. A
+-- malformed dsn_created falls back to arrival rather than failing the load of the row.
+CREATE FUNCTION pepsi.lifetime_start(p_state jsonb, p_arrived timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((p_state ->> 'dsn_created')::timestamptz, p_arrived);
+EXCEPTION WHEN others THEN
+    RETURN p_arrived;
+END $$;
+
 -- Deletes up to p_limit bodies no row references; returns how many it deleted.
 CREATE FUNCTION pepsi.workqueue_body_gc(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$

@@ -10,6 +10,7 @@
 //! - [`db`] holds the connection helpers, the error classification by SQLSTATE, the
 //!   embedded schema with its version check, and every SQL statement as a named constant.
 //! - [`setup`] is `pepsi-setup schema`.
+//! - [`protocol`] formats and parses the worker protocol's lines, for both ends.
 //! - [`worker`] is the worker side of the stdin/stdout protocol (SPEC §5, §12): the
 //!   runtime every stage program links, with batching, per-address settings, splits and
 //!   fusion; [`stages`] are the built-in stages of the unified `pepsi-stage` binary.
@@ -28,4 +29,7 @@ pub mod db;
 pub mod exit;
 pub mod logging;
 pub mod privilege;
+pub mod protocol;
 pub mod setup;
+pub mod stages;
+pub mod worker;

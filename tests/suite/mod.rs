@@ -1,3 +1,4 @@
 //! The integration test modules, one per area.
 
 mod foundation;
+mod worker;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -91,4 +92,82 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The built-in stage names the unified `pepsi-stage` binary answers to.
+pub const STAGE_NAMES: &[&str] = &["pass", "if", "discard", "exec"];
+
+/// A directory holding `pepsi-stage-NAME` links to the unified stage binary, as the
+/// package installs them.
+pub fn stage_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("pepsi-t-bin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = PathBuf::from(env!("CARGO_BIN_EXE_pepsi-stage"));
+        for name in STAGE_NAMES {
+            std::os::unix::fs::symlink(&target, dir.join(format!("pepsi-stage-{name}"))).unwrap();
+        }
+        dir
+    })
+}
+
+/// The path of the built-in stage `name`'s command.
+pub fn stage(name: &str) -> PathBuf {
+    stage_dir().join(format!("pepsi-stage-{name}"))
+}
+
+/// Injects a message and returns its id.
+pub fn inject(c: &mut postgres::Client, stage: &str, from: &str, to: &[&str]) -> i64 {
+    let to: Vec<String> = to.iter().map(|s| s.to_string()).collect();
+    c.query_one(
+        "SELECT pepsi.workqueue_inject($1, $2, $3, 'Subject: test\r\nFrom: <a@b>\r\n'::bytea, 'Hello.\r\n'::bytea, NULL, NULL, 'a@b', 'test')",
+        &[&stage, &from, &to],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// Marks rows running, as the dispatcher's claim does.
+pub fn claim(c: &mut postgres::Client, ids: &[i64]) {
+    let n = c
+        .execute(
+            "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = ANY ($1)",
+            &[&ids],
+        )
+        .unwrap();
+    assert_eq!(n as usize, ids.len(), "claim {ids:?}");
+}
+
+/// A row's (stage, status), or None when it is gone.
+pub fn row_at(c: &mut postgres::Client, id: i64) -> Option<(String, String)> {
+    c.query_opt(
+        "SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .map(|r| (r.get(0), r.get(1)))
+}
+
+/// A row's state as JSON.
+pub fn state_of(c: &mut postgres::Client, id: i64) -> serde_json::Value {
+    let text: String = c
+        .query_one(
+            "SELECT state::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Seconds from now until a paused row's retry time.
+pub fn due_in_secs(c: &mut postgres::Client, id: i64) -> f64 {
+    c.query_one(
+        "SELECT extract(epoch FROM timeout - now())::float8 FROM pepsi.workqueue WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .get(0)
 }

@@ -1,0 +1,34 @@
+//! `pepsi-stage-discard`: deletes the row; the message is done. Metadata only, fusable
+//! by default.
+
+use crate::config::{ConfigError, StageSection};
+use crate::worker::{Configured, Context, Load, Message, Outcome, Stage, StageError};
+
+/// The stage.
+pub struct Discard;
+
+struct ConfiguredDiscard;
+
+impl Stage for Discard {
+    fn name(&self) -> &'static str {
+        "discard"
+    }
+
+    fn loads(&self) -> Load {
+        Load::Metadata
+    }
+
+    fn fusion_default(&self) -> bool {
+        true
+    }
+
+    fn configure(&self, _section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
+        Ok(Box::new(ConfiguredDiscard))
+    }
+}
+
+impl Configured for ConfiguredDiscard {
+    fn run(&self, _message: &mut Message, _cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+        Ok(Outcome::Finish)
+    }
+}

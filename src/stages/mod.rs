@@ -1,0 +1,72 @@
+//! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
+//! binary so that they can be fused. Each file is one stage; [`find`] maps a name
+//! (`pass` for `pepsi-stage-pass`) to it.
+
+pub mod discard;
+pub mod exec;
+pub mod if_stage;
+pub mod pass;
+
+use crate::worker::Stage;
+
+/// Every built-in stage.
+pub const BUILTINS: &[&dyn Stage] = &[&pass::Pass, &if_stage::If, &discard::Discard, &exec::Exec];
+
+/// The built-in stage of this name.
+pub fn find(name: &str) -> Option<&'static dyn Stage> {
+    BUILTINS.iter().copied().find(|s| s.name() == name)
+}
+
+/// The `pepsi-stage` program's description (the stage name is filled in by [`main`]).
+fn program(name: &'static str, synopsis: &'static str) -> crate::cli::Program {
+    crate::cli::Program {
+        name,
+        synopsis,
+        about: "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
+                `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
+                Built-in stages: pass, if, discard, exec.",
+    }
+}
+
+/// The entry point of the unified stage binary: picks the stage from argv[0]
+/// (`pepsi-stage-NAME`) or from the first argument after the global options.
+pub fn main() -> std::process::ExitCode {
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let invoked = argv0.rsplit('/').next().unwrap_or(&argv0).to_string();
+    let prefix = crate::worker::runtime::PROGRAM_PREFIX;
+    let (program, from_argv0) = match invoked.strip_prefix(prefix).and_then(find) {
+        Some(stage) => (
+            program(
+                Box::leak(format!("{prefix}{}", stage.name()).into_boxed_str()),
+                "worker",
+            ),
+            Some(stage),
+        ),
+        None => (program("pepsi-stage", "NAME worker"), None),
+    };
+    let result = crate::cli::start(&program).and_then(|inv| {
+        let Some(inv) = inv else { return Ok(()) };
+        let stage = match from_argv0 {
+            Some(stage) => {
+                inv.expect_only(&program, &["worker"])?;
+                stage
+            }
+            None => {
+                let name = inv.rest.first().cloned().unwrap_or_default();
+                let stage = find(&name).ok_or_else(|| {
+                    crate::exit::Failure::usage(format!(
+                        "unknown stage {name:?} (pass, if, discard, exec)\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker"
+                    ))
+                })?;
+                if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {
+                    return Err(crate::exit::Failure::usage(
+                        "usage: pepsi-stage [GLOBAL OPTIONS] NAME worker",
+                    ));
+                }
+                stage
+            }
+        };
+        crate::worker::runtime::run(&inv.globals, stage)
+    });
+    crate::exit::finish(program.name, result)
+}

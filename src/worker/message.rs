@@ -1,0 +1,148 @@
+//! A loaded message: the row's metadata, optionally its header block and body, the
+//! per-address settings that came with it, and whether a stage rewrote it.
+//!
+//! Setters of the envelope and extracted metadata mark the message rewritten, which
+//! fusion must know (§12.6) and the write must carry; `state` is free to change.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::settings::SettingRow;
+
+/// One row being processed.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// `workqueue_id`.
+    pub id: i64,
+    /// The stage the row was claimed at (every write is guarded by it).
+    pub claimed_stage: String,
+    mail_from: String,
+    rcpt_to: Vec<String>,
+    /// The authenticated submitter.
+    pub auth_user: Option<String>,
+    /// The SMTP peer, as text.
+    pub client_ip: Option<String>,
+    header_from: Option<String>,
+    subject: Option<String>,
+    /// The per-message state object.
+    pub state: Map<String, Value>,
+    /// The fairness key.
+    pub sender_key: String,
+    /// How long the message has lived, from `arrived` or `state.dsn_created`, when it
+    /// was loaded.
+    pub lifetime_age: Duration,
+    /// The header block, for stages that load it.
+    pub headers: Option<Vec<u8>>,
+    /// The body, for stages that load it.
+    pub body: Option<Vec<u8>>,
+    /// Overrides from `pepsi.settings` for the correspondents, all stages.
+    pub settings: Vec<SettingRow>,
+    rewritten: bool,
+}
+
+impl Message {
+    /// Builds a loaded message.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: i64,
+        stage: String,
+        mail_from: String,
+        rcpt_to: Vec<String>,
+        header_from: Option<String>,
+        subject: Option<String>,
+        state: Map<String, Value>,
+        sender_key: String,
+    ) -> Message {
+        Message {
+            id,
+            claimed_stage: stage,
+            mail_from,
+            rcpt_to,
+            auth_user: None,
+            client_ip: None,
+            header_from,
+            subject,
+            state,
+            sender_key,
+            lifetime_age: Duration::ZERO,
+            headers: None,
+            body: None,
+            settings: Vec::new(),
+            rewritten: false,
+        }
+    }
+
+    /// The envelope sender; empty is the null sender.
+    pub fn mail_from(&self) -> &str {
+        &self.mail_from
+    }
+
+    /// The envelope recipients.
+    pub fn rcpt_to(&self) -> &[String] {
+        &self.rcpt_to
+    }
+
+    /// The extracted `From:`.
+    pub fn header_from(&self) -> Option<&str> {
+        self.header_from.as_deref()
+    }
+
+    /// The extracted `Subject:`.
+    pub fn subject(&self) -> Option<&str> {
+        self.subject.as_deref()
+    }
+
+    /// Rewrites the envelope sender.
+    pub fn set_mail_from(&mut self, value: String) {
+        self.mail_from = value;
+        self.rewritten = true;
+    }
+
+    /// Rewrites the envelope recipients.
+    pub fn set_rcpt_to(&mut self, value: Vec<String>) {
+        self.rcpt_to = value;
+        self.rewritten = true;
+    }
+
+    /// Rewrites the extracted `From:`.
+    pub fn set_header_from(&mut self, value: Option<String>) {
+        self.header_from = value;
+        self.rewritten = true;
+    }
+
+    /// Rewrites the extracted `Subject:`.
+    pub fn set_subject(&mut self, value: Option<String>) {
+        self.subject = value;
+        self.rewritten = true;
+    }
+
+    /// Did a stage rewrite the envelope or metadata?
+    pub fn rewritten(&self) -> bool {
+        self.rewritten
+    }
+
+    /// The recipients after a split kept this group on the row (not a rewrite: the
+    /// database row already carries it).
+    pub(crate) fn keep_recipients(&mut self, group: Vec<String>) {
+        self.rcpt_to = group;
+    }
+
+    /// Is this a locally submitted message (its correspondent is its sender)?
+    pub fn local_origin(&self) -> bool {
+        self.state.get("local_origin") == Some(&Value::Bool(true))
+    }
+
+    /// Is this a mailing-list copy (never bounced)?
+    pub fn list_copy(&self) -> bool {
+        self.state.get("list_copy") == Some(&Value::Bool(true))
+    }
+
+    /// A state value as text (strings bare, other JSON as JSON), for matching.
+    pub fn state_text(&self, key: &str) -> Option<String> {
+        self.state.get(key).map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    }
+}

@@ -1,0 +1,707 @@
+//! The worker runtime and the built-in stages, driven over stdin/stdout as the
+//! dispatcher drives them, with the rows checked in PostgreSQL.
+
+use std::path::PathBuf;
+
+use postgres::Client;
+
+use crate::util::worker::{Worker, code, report_stages};
+use crate::util::{
+    TempDir, TestDb, claim, due_in_secs, inject, row_at, stage, state_of, write_config,
+};
+
+/// A config with `[pepsi] ALLOW_FUSION` and the given stage sections; `{pass}`, `{if}`,
+/// `{discard}`, `{exec}` stand for the stage programs.
+fn config(dir: &TempDir, db: &TestDb, fusion: bool, stages: &str) -> PathBuf {
+    let mut text = stages.to_string();
+    for name in ["pass", "if", "discard", "exec"] {
+        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
+    }
+    let conf = write_config(dir, db, &text);
+    let body = std::fs::read_to_string(&conf).unwrap().replacen(
+        "RUN_AS = root\n",
+        &format!(
+            "RUN_AS = root\nALLOW_FUSION = {}\n",
+            if fusion { "yes" } else { "no" }
+        ),
+        1,
+    );
+    std::fs::write(&conf, body).unwrap();
+    conf
+}
+
+const CHAIN: &str = "[stage-pass]\nPROGRAM = {pass}\nNEXT = if\n\n\
+                     [stage-if]\nPROGRAM = {if}\nMATCH = sender-domain is match.example\nNEXT = discard\nELSE_STAGE = hold\n\n\
+                     [stage-discard]\nPROGRAM = {discard}\n\n\
+                     [stage-hold]\nPROGRAM = {exec}\nCOMMAND = /bin/true\n";
+
+/// Records every UPDATE and DELETE of a workqueue row, so a test can see which
+/// intermediate states were committed.
+fn audit(c: &mut Client) {
+    c.batch_execute(
+        "CREATE TABLE audit (n serial, id bigint, op text, stage text, status text);
+         CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF TG_OP = 'DELETE' THEN
+             INSERT INTO audit (id, op, stage, status) VALUES (OLD.workqueue_id, 'delete', OLD.stage, OLD.status);
+           ELSE
+             INSERT INTO audit (id, op, stage, status) VALUES (NEW.workqueue_id, 'update', NEW.stage, NEW.status);
+           END IF;
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER audit AFTER UPDATE OR DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION audit_row();",
+    )
+    .unwrap();
+}
+
+fn audit_of(c: &mut Client, id: i64) -> Vec<String> {
+    c.query(
+        "SELECT op, stage, status FROM audit WHERE id = $1 ORDER BY n",
+        &[&id],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| {
+        format!(
+            "{} {} {}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2)
+        )
+    })
+    .collect()
+}
+
+#[test]
+fn ready_first_answers_in_order_and_eof_exits_0() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-order");
+    let conf = config(&dir, &db, false, CHAIN);
+    let mut c = db.client();
+    let ids: Vec<i64> = (0..6)
+        .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
+        .collect();
+    claim(&mut c, &ids);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    // Unknown and not-running ids are answered too, in their place.
+    let mut sent = ids.clone();
+    sent.insert(2, 999_999);
+    let lines = w.run(&sent);
+    assert_eq!(lines.len(), 7);
+    for line in &lines {
+        assert_eq!(code(line), 0, "{line}");
+    }
+    for (line, id) in lines.iter().zip(&sent) {
+        if *id != 999_999 {
+            assert_eq!(report_stages(line), vec!["pass"], "{line}");
+        }
+    }
+    for id in &ids {
+        assert_eq!(row_at(&mut c, *id), Some(("if".into(), "pending".into())));
+    }
+    let (status, err) = w.finish();
+    assert!(status.success(), "{status:?} {err}");
+}
+
+#[test]
+fn a_wrong_schema_version_exits_78_before_ready() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-schema");
+    let conf = config(&dir, &db, true, CHAIN);
+    db.client()
+        .execute("UPDATE pepsi.schema_version SET version = version + 1", &[])
+        .unwrap();
+    let mut w = Worker::start(&stage("pass"), &conf);
+    assert_eq!(w.next_line(), None, "no ready line");
+    let (status, err) = w.finish();
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(err.contains("newer"), "{err}");
+}
+
+#[test]
+fn an_unparsable_stage_section_exits_78_with_its_cause() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-badmatch");
+    let conf = config(
+        &dir,
+        &db,
+        true,
+        "[stage-if]\nPROGRAM = {if}\nMATCH = colour is red\nNEXT = if\nELSE_STAGE = if\n",
+    );
+    let mut w = Worker::start(&stage("if"), &conf);
+    assert_eq!(w.next_line(), None);
+    let (status, err) = w.finish();
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("[stage-if] MATCH: unknown field \"colour\""),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{}:", conf.display())),
+        "names the file: {err}"
+    );
+}
+
+#[test]
+fn a_fused_chain_is_one_terminal_write_with_a_report_of_every_stage() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-fused");
+    let conf = config(&dir, &db, true, CHAIN);
+    let mut c = db.client();
+    audit(&mut c);
+    let matched = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
+    let other = inject(&mut c, "pass", "a@other.example", &["r@y.example"]);
+    claim(&mut c, &[matched, other]);
+    c.execute("DELETE FROM audit", &[]).unwrap();
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let lines = w.run(&[matched, other]);
+    assert_eq!(code(&lines[0]), 0);
+    assert_eq!(
+        report_stages(&lines[0]),
+        vec!["pass", "if", "discard"],
+        "{}",
+        lines[0]
+    );
+    assert_eq!(row_at(&mut c, matched), None, "discarded");
+    assert_eq!(
+        audit_of(&mut c, matched),
+        vec!["delete pass running"],
+        "no intermediate state was committed"
+    );
+    // The other routes to ELSE_STAGE; exec is not fusable, so the chain stops there.
+    assert_eq!(report_stages(&lines[1]), vec!["pass", "if"]);
+    assert_eq!(
+        row_at(&mut c, other),
+        Some(("hold".into(), "pending".into()))
+    );
+    assert_eq!(audit_of(&mut c, other), vec!["update hold pending"]);
+}
+
+#[test]
+fn without_fusion_each_hop_is_committed() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-unfused");
+    let conf = config(&dir, &db, false, CHAIN);
+    let mut c = db.client();
+    audit(&mut c);
+    let id = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
+    for (program, next) in [
+        ("pass", Some("if")),
+        ("if", Some("discard")),
+        ("discard", None),
+    ] {
+        claim(&mut c, &[id]);
+        let mut w = Worker::ready(&stage(program), &conf);
+        let lines = w.run(&[id]);
+        assert_eq!(report_stages(&lines[0]), vec![program]);
+        assert_eq!(
+            row_at(&mut c, id),
+            next.map(|n| (n.to_string(), "pending".to_string()))
+        );
+    }
+    assert_eq!(
+        audit_of(&mut c, id),
+        vec![
+            "update pass running",
+            "update if pending",
+            "update if running",
+            "update discard pending",
+            "update discard running",
+            "delete discard running",
+        ]
+    );
+}
+
+#[test]
+fn fusion_off_for_a_successor_section_commits_the_hop() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-fusionkey");
+    let conf = config(
+        &dir,
+        &db,
+        true,
+        &CHAIN.replace("[stage-if]\n", "[stage-if]\nFUSION = no\n"),
+    );
+    let mut c = db.client();
+    let id = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let lines = w.run(&[id]);
+    assert_eq!(report_stages(&lines[0]), vec!["pass"]);
+    assert_eq!(row_at(&mut c, id), Some(("if".into(), "pending".into())));
+}
+
+/// Calls of statements matching `pattern` in this database, from pg_stat_statements.
+fn statement_calls(c: &mut Client, pattern: &str) -> i64 {
+    c.query_one(
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+         WHERE d.datname = current_database() AND s.query LIKE $1",
+        &[&pattern],
+    )
+    .expect("pg_stat_statements must be loaded (the throwaway test cluster preloads it)")
+    .get(0)
+}
+
+#[test]
+fn a_metadata_stage_loads_a_buffered_batch_with_one_select_and_one_update() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-batch");
+    let conf = config(
+        &dir,
+        &db,
+        false,
+        &CHAIN.replace("NEXT = if\n", "NEXT = if\nQUEUE_LIMIT = 16\n"),
+    );
+    let mut c = db.client();
+    let ids: Vec<i64> = (0..4)
+        .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
+        .collect();
+    claim(&mut c, &ids);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let selects_before = statement_calls(
+        &mut c,
+        "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%",
+    );
+    let lines = w.run(&ids);
+    assert!(lines.iter().all(|l| code(l) == 0));
+    assert_eq!(
+        statement_calls(
+            &mut c,
+            "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%"
+        ) - selects_before,
+        1,
+        "4 buffered ids, one SELECT"
+    );
+    assert_eq!(
+        statement_calls(&mut c, "UPDATE pepsi.workqueue q SET stage = r.stage%"),
+        1,
+        "and one UPDATE"
+    );
+    for id in &ids {
+        assert_eq!(row_at(&mut c, *id), Some(("if".into(), "pending".into())));
+    }
+}
+
+/// An exec stage whose command is a script steered by a control file.
+struct ExecSetup {
+    _dir: TempDir,
+    conf: PathBuf,
+    control: PathBuf,
+    out: PathBuf,
+}
+
+fn exec_setup(db: &TestDb, extra: &str) -> ExecSetup {
+    let dir = TempDir::new("w-exec");
+    let out = dir.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let control = dir.path("control");
+    std::fs::write(&control, "0").unwrap();
+    let script = dir.write(
+        "deliver.sh",
+        &format!(
+            "#!/bin/sh\nmode=$(cat {control})\ncat > {out}/$PEPSI_ID\n\
+             echo \"$PEPSI_STAGE|$PEPSI_SENDER|$PEPSI_RECIPIENTS|$PEPSI_SENDER_KEY\" > {out}/$PEPSI_ID.env\n\
+             echo \"complaint about $PEPSI_ID\" >&2\n\
+             if [ \"$mode\" = hang ]; then sleep 30; fi\nexit $mode\n",
+            control = control.display(),
+            out = out.display()
+        ),
+    );
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    let conf = config(
+        &dir,
+        db,
+        true,
+        &format!(
+            "[stage-deliver]\nPROGRAM = {{exec}}\nCOMMAND = {}\nTIMEOUT = 1s\nNEXT = done\n{extra}\n\n\
+             [stage-done]\nPROGRAM = {{discard}}\n\n[stage-bounce]\nPROGRAM = {{discard}}\n",
+            script.display()
+        ),
+    );
+    ExecSetup {
+        _dir: dir,
+        conf,
+        control,
+        out,
+    }
+}
+
+#[test]
+fn exec_exit_0_advances_with_the_message_on_stdin_and_the_envelope_in_the_environment() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    let mut c = db.client();
+    let id = inject(
+        &mut c,
+        "deliver",
+        "a@x.example",
+        &["r1@y.example", "r2@y.example"],
+    );
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    let line = &w.run(&[id])[0];
+    assert_eq!(code(line), 0);
+    // `done` is a discard stage: fusable, so the same pass finishes the message.
+    assert_eq!(report_stages(line), vec!["deliver", "done"]);
+    assert_eq!(row_at(&mut c, id), None);
+    let text = std::fs::read_to_string(s.out.join(id.to_string())).unwrap();
+    assert_eq!(text, "Subject: test\r\nFrom: <a@b>\r\n\r\nHello.\r\n");
+    let env = std::fs::read_to_string(s.out.join(format!("{id}.env"))).unwrap();
+    assert_eq!(
+        env.trim(),
+        "deliver|a@x.example|r1@y.example,r2@y.example|from:x.example"
+    );
+}
+
+#[test]
+fn exec_exit_65_fails_the_message_permanently() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    std::fs::write(&s.control, "65").unwrap();
+    let mut c = db.client();
+    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    let line = &w.run(&[id])[0];
+    assert_ne!(code(line), 0, "a failed row is answered non-zero");
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("deliver".into(), "failed".into()))
+    );
+    let st = state_of(&mut c, id);
+    assert_eq!(st["failure_class"], "permanent");
+    assert_eq!(st["failed_stage"], "deliver");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("complaint about {id}")),
+        "{st}"
+    );
+}
+
+#[test]
+fn exec_tempfail_and_hangs_pause_with_backoff_1_2_4_minutes() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    let mut c = db.client();
+    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    for (attempt, mode, minutes) in [(1, "75", 1.0), (2, "hang", 2.0), (3, "1", 4.0)] {
+        std::fs::write(&s.control, mode).unwrap();
+        claim(&mut c, &[id]);
+        let line = &w.run(&[id])[0];
+        assert_eq!(code(line), 0, "a host error is answered 0 ({mode})");
+        assert_eq!(
+            row_at(&mut c, id),
+            Some(("deliver".into(), "paused".into()))
+        );
+        let due = due_in_secs(&mut c, id);
+        assert!(
+            (due - minutes * 60.0).abs() < 20.0,
+            "attempt {attempt} ({mode}): due in {due}s"
+        );
+        let st = state_of(&mut c, id);
+        assert_eq!(st["temporary_failures"], attempt);
+        assert_eq!(st["temporary_stage"], "deliver");
+        if mode == "hang" {
+            assert!(
+                st["last_error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("timed out after 1s"),
+                "{st}"
+            );
+        }
+        c.execute(
+            "UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL WHERE workqueue_id = $1",
+            &[&id],
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn past_max_lifetime_a_host_error_moves_to_the_bounce_stage_or_fails() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "MAX_LIFETIME = 1h\nBOUNCE_STAGE = bounce");
+    std::fs::write(&s.control, "75").unwrap();
+    let mut c = db.client();
+    let old = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    let young = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    let list = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET arrived = now() - interval '2 hours' WHERE workqueue_id = ANY ($1)",
+        &[&vec![old, list]],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE pepsi.workqueue SET state = '{\"list_copy\": true}' WHERE workqueue_id = $1",
+        &[&list],
+    )
+    .unwrap();
+    claim(&mut c, &[old, young, list]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    let lines = w.run(&[old, young, list]);
+    assert_eq!(code(&lines[0]), 0);
+    assert_eq!(
+        row_at(&mut c, old),
+        Some(("bounce".into(), "pending".into()))
+    );
+    let st = state_of(&mut c, old);
+    assert_eq!(st["failure_class"], "retries-exhausted");
+    assert_eq!(st["failed_stage"], "deliver");
+    assert_eq!(
+        row_at(&mut c, young),
+        Some(("deliver".into(), "paused".into()))
+    );
+    assert_ne!(code(&lines[2]), 0, "a list copy is never bounced: it fails");
+    assert_eq!(
+        row_at(&mut c, list),
+        Some(("deliver".into(), "failed".into()))
+    );
+    assert_eq!(state_of(&mut c, list)["failure_class"], "retries-exhausted");
+}
+
+#[test]
+fn past_max_lifetime_without_a_bounce_stage_the_message_fails() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "MAX_LIFETIME = 1h");
+    std::fs::write(&s.control, "hang").unwrap();
+    let mut c = db.client();
+    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET arrived = now() - interval '2 hours' WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap();
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    assert_ne!(code(&w.run(&[id])[0]), 0);
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("deliver".into(), "failed".into()))
+    );
+    let st = state_of(&mut c, id);
+    assert_eq!(st["failure_class"], "retries-exhausted");
+    assert!(
+        st["last_error"].as_str().unwrap().contains("timed out"),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_terminated_connection_answers_74_and_commits_nothing() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-kill");
+    let conf = config(&dir, &db, false, CHAIN);
+    let mut c = db.client();
+    let a = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
+    let b = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
+    claim(&mut c, &[a, b]);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    // The worker's pool connection was opened at start; terminate it while idle.
+    let killed: i64 = c
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'pepsi-stage-pass'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1);
+    assert_eq!(code(&w.run(&[a])[0]), 74);
+    assert_eq!(
+        row_at(&mut c, a),
+        Some(("pass".into(), "running".into())),
+        "nothing committed"
+    );
+    // The next message gets a fresh connection.
+    assert_eq!(code(&w.run(&[b])[0]), 0);
+    assert_eq!(row_at(&mut c, b), Some(("if".into(), "pending".into())));
+}
+
+const ROUTE: &str = "[stage-route]\nPROGRAM = {if}\nMATCH = sender-domain is nowhere.example\nNEXT = a\nELSE_STAGE = b\n\n\
+                     [stage-a]\nPROGRAM = {exec}\nCOMMAND = /bin/true\n\n\
+                     [stage-b]\nPROGRAM = {exec}\nCOMMAND = /bin/true\n";
+
+#[test]
+fn diverging_per_address_settings_split_the_message_and_each_part_runs_with_its_own() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-split");
+    let conf = config(&dir, &db, true, ROUTE);
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES ('r2@y.example', 'route', 'MATCH', 'sender-domain is x.example')",
+        &[],
+    )
+    .unwrap();
+    let id = inject(
+        &mut c,
+        "route",
+        "s@x.example",
+        &["r1@y.example", "R2@y.example"],
+    );
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("if"), &conf);
+    assert_eq!(code(&w.run(&[id])[0]), 0);
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("b".into(), "pending".into())),
+        "r1 has no override: ELSE"
+    );
+    let rows = c
+        .query(
+            "SELECT workqueue_id, stage, status::text, rcpt_to, body_id FROM pepsi.workqueue ORDER BY workqueue_id",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].get::<_, Vec<String>>(3), vec!["r1@y.example"]);
+    let clone: i64 = rows[1].get(0);
+    assert_eq!(rows[1].get::<_, String>(1), "route");
+    assert_eq!(rows[1].get::<_, String>(2), "pending");
+    assert_eq!(rows[1].get::<_, Vec<String>>(3), vec!["R2@y.example"]);
+    assert_eq!(
+        rows[0].get::<_, i64>(4),
+        rows[1].get::<_, i64>(4),
+        "the parts share the body"
+    );
+    claim(&mut c, &[clone]);
+    assert_eq!(code(&w.run(&[clone])[0]), 0);
+    assert_eq!(
+        row_at(&mut c, clone),
+        Some(("a".into(), "pending".into())),
+        "r2's override matches"
+    );
+}
+
+#[test]
+fn identical_per_address_settings_do_not_split() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-nosplit");
+    let conf = config(&dir, &db, true, ROUTE);
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES \
+         ('r1@y.example', 'route', 'MATCH', 'sender-domain is x.example'), \
+         ('r2@y.example', 'route', 'MATCH', 'sender-domain is x.example')",
+        &[],
+    )
+    .unwrap();
+    let id = inject(
+        &mut c,
+        "route",
+        "s@x.example",
+        &["r1@y.example", "r2@y.example"],
+    );
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("if"), &conf);
+    assert_eq!(code(&w.run(&[id])[0]), 0);
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    assert_eq!(row_at(&mut c, id), Some(("a".into(), "pending".into())));
+}
+
+#[test]
+fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-badoverride");
+    let conf = config(&dir, &db, true, ROUTE);
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES ('r@y.example', 'route', 'MATCH', 'nonsense')",
+        &[],
+    )
+    .unwrap();
+    let id = inject(&mut c, "route", "s@x.example", &["r@y.example"]);
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("if"), &conf);
+    assert_ne!(code(&w.run(&[id])[0]), 0);
+    assert_eq!(row_at(&mut c, id), Some(("route".into(), "failed".into())));
+    let st = state_of(&mut c, id);
+    assert_eq!(st["failure_class"], "permanent");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("pepsi.settings for r@y.example"),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_row_taken_away_while_the_worker_held_it_is_not_overwritten() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    std::fs::write(&s.control, "0").unwrap();
+    let mut c = db.client();
+    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    claim(&mut c, &[id]);
+    // The script sleeps while the row is moved elsewhere by another writer.
+    let script = std::fs::read_to_string(s.conf.parent().unwrap().join("deliver.sh")).unwrap();
+    std::fs::write(
+        s.conf.parent().unwrap().join("deliver.sh"),
+        script.replace("exit $mode", "sleep 1; exit $mode"),
+    )
+    .unwrap();
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    w.send(&[id]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    c.execute("UPDATE pepsi.workqueue SET stage = 'elsewhere', status = 'pending' WHERE workqueue_id = $1", &[&id])
+        .unwrap();
+    assert_eq!(code(&w.status()), 0, "a taken-away row is answered 0");
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("elsewhere".into(), "pending".into()))
+    );
+}
+
+/// Statements a metadata stage's worker runs for `n` buffered messages.
+fn statements_for(queue_limit: u32, n: usize) -> i64 {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-rt");
+    let conf = config(
+        &dir,
+        &db,
+        false,
+        &CHAIN.replace(
+            "NEXT = if\n",
+            &format!("NEXT = if\nQUEUE_LIMIT = {queue_limit}\n"),
+        ),
+    );
+    let mut c = db.client();
+    let ids: Vec<i64> = (0..n)
+        .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
+        .collect();
+    claim(&mut c, &ids);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let count = |c: &mut Client| {
+        statement_calls(c, "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%")
+            + statement_calls(c, "UPDATE pepsi.workqueue q SET stage = r.stage%")
+            + statement_calls(c, "DELETE FROM pepsi.workqueue q USING unnest%")
+    };
+    let before = count(&mut c);
+    assert!(w.run(&ids).iter().all(|l| code(l) == 0));
+    count(&mut c) - before
+}
+
+#[test]
+fn round_trips_per_message_shrink_with_the_queue_limit() {
+    let one = statements_for(1, 32);
+    let sixteen = statements_for(16, 32);
+    eprintln!(
+        "metadata stage, 32 messages: QUEUE_LIMIT 1: {one} statements ({:.3}/message); QUEUE_LIMIT 16: {sixteen} statements ({:.3}/message)",
+        one as f64 / 32.0,
+        sixteen as f64 / 32.0
+    );
+    assert_eq!(one, 64, "a SELECT and an UPDATE per message");
+    assert_eq!(sixteen, 4, "a SELECT and an UPDATE per 16 messages");
+}
