@@ -26,6 +26,7 @@
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod dispatch;
 pub mod exit;
 pub mod logging;
 pub mod privilege;

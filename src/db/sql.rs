@@ -108,3 +108,111 @@ pub const PAUSE_UNHANDLED: &str = "UPDATE pepsi.workqueue \
          state = state || jsonb_build_object('last_error', $2::text) \
      WHERE workqueue_id = ANY ($1) AND status = 'running' \
      RETURNING workqueue_id";
+
+/// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
+pub const LISTEN_DISPATCHER: &str =
+    "LISTEN workqueue; LISTEN config_changed; LISTEN telemetry_changed";
+
+/// The advisory lock key that makes one dispatcher per database (session lock).
+pub const DISPATCH_LOCK_KEY: i64 = 0x7065_7073_6944_7370; // "pepsiDsp"
+
+/// Tries the dispatcher's session-level advisory lock. $1 the key (int8).
+pub const TRY_DISPATCH_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+
+/// Resets every running row to pending: orphans of a previous dispatcher at start-up,
+/// this dispatcher's in-flight rows at shutdown (its workers are dead by then). No
+/// parameters. Returns the count.
+pub const RESET_RUNNING: &str =
+    "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'";
+
+/// The batched oldest-first claim (§6): for every stage with free capacity at once,
+/// up to its own capacity, driven by the partial pending index so its cost stops at the
+/// cap. $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
+/// MATERIALIZED CTE so no plan can claim more than asked. The one claimer is the only
+/// pending → running writer, so no SKIP LOCKED. Also returns the seconds until the
+/// earliest paused row is due (NULL when none), with a NULL row when nothing was claimed.
+pub const CLAIM_OLDEST: &str = "WITH want AS ( \
+         SELECT w.stage, w.cap FROM unnest($1::text[], $2::int4[]) AS w(stage, cap) WHERE w.cap > 0 \
+     ), picked AS MATERIALIZED ( \
+         SELECT p.workqueue_id FROM want w CROSS JOIN LATERAL ( \
+             SELECT q.workqueue_id FROM pepsi.workqueue q \
+              WHERE q.stage = w.stage AND q.status = 'pending' \
+              ORDER BY q.workqueue_id LIMIT w.cap) p \
+     ), claimed AS ( \
+         UPDATE pepsi.workqueue q SET status = 'running' \
+           FROM picked WHERE q.workqueue_id = picked.workqueue_id AND q.status = 'pending' \
+         RETURNING q.workqueue_id, q.stage, q.sender_key \
+     ) \
+     SELECT c.workqueue_id, c.stage, c.sender_key, n.due \
+       FROM (SELECT extract(epoch FROM min(timeout) - now())::float8 AS due \
+               FROM pepsi.workqueue WHERE status = 'paused') n \
+       LEFT JOIN claimed c ON true";
+
+/// Flips due paused rows to pending and returns how many, with the seconds until the
+/// next paused row is due. No parameters.
+pub const FLIP_PAUSED: &str = "WITH flipped AS ( \
+         UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL \
+          WHERE status = 'paused' AND timeout <= now() RETURNING 1) \
+     SELECT (SELECT count(*) FROM flipped)::int8, \
+            (SELECT extract(epoch FROM min(timeout) - now())::float8 \
+               FROM pepsi.workqueue WHERE status = 'paused' AND timeout > now())";
+
+/// Puts claimed rows back to pending (siblings of a crash, rows of a worker that never
+/// became ready, a 75). $1 ids (int8[]), $2 their claimed stages (text[]); guarded.
+pub const REQUEUE: &str = "UPDATE pepsi.workqueue q SET status = 'pending' \
+     FROM unnest($1::int8[], $2::text[]) AS r(id, stage) \
+     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.stage \
+     RETURNING q.workqueue_id";
+
+/// Records a strike (§8.2). $1 id, $2 stage, $3 'crashed' or 'timed-out', $4 the
+/// reason. Returns (strikes, status, seconds until due) or no row when the guard failed.
+pub const STRIKE: &str = "SELECT s.strikes, s.status::text, \
+            (SELECT extract(epoch FROM w.timeout - now())::float8 FROM pepsi.workqueue w WHERE w.workqueue_id = $1) \
+       FROM pepsi.workqueue_strike($1, $2, $3, $4) s";
+
+/// Defers a message whose worker lost its database connection (§8.4): paused for 30
+/// seconds at the same stage. $1 id, $2 claimed stage; guarded. Returns the seconds
+/// until it is due.
+pub const DEFER: &str = "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '30 seconds' \
+     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 \
+     RETURNING extract(epoch FROM timeout - now())::float8";
+
+/// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
+/// always runs to completion). $1 stages (text[]),
+/// $2 passes, $3 fused passes, $4 failures, $5 crashes, $6 timeouts, $7 requeues,
+/// $8 busy microseconds (int8[] each), $9 stages executed, $10 claims, $11 rows
+/// claimed, $12 worker starts (int8). Only the dispatcher writes these tables.
+pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
+         INSERT INTO pepsi.stage_stats AS s \
+             (stage, passes, fused_passes, failures, crashes, timeouts, requeues, busy_us) \
+         SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], \
+                              $6::int8[], $7::int8[], $8::int8[]) \
+         ON CONFLICT (stage) DO UPDATE SET \
+             passes = s.passes + EXCLUDED.passes, \
+             fused_passes = s.fused_passes + EXCLUDED.fused_passes, \
+             failures = s.failures + EXCLUDED.failures, \
+             crashes = s.crashes + EXCLUDED.crashes, \
+             timeouts = s.timeouts + EXCLUDED.timeouts, \
+             requeues = s.requeues + EXCLUDED.requeues, \
+             busy_us = s.busy_us + EXCLUDED.busy_us, \
+             updated = now()) \
+     UPDATE pepsi.dispatch_stats SET \
+         stages_executed = stages_executed + $9, claims = claims + $10, \
+         rows_claimed = rows_claimed + $11, worker_starts = worker_starts + $12, \
+         updated = now()";
+
+/// The body GC tick (§10). $1 the limit (int4).
+pub const BODY_GC: &str = "SELECT pepsi.workqueue_body_gc($1)";
+
+/// Pending rows at stages that are not in the stage table: a loose index scan over the
+/// stages of the pending index, then a count for each unknown one. $1 the known stages
+/// (text[]).
+pub const UNKNOWN_STAGES: &str = "WITH RECURSIVE s AS ( \
+         (SELECT stage FROM pepsi.workqueue WHERE status = 'pending' ORDER BY stage LIMIT 1) \
+         UNION ALL \
+         SELECT (SELECT q.stage FROM pepsi.workqueue q \
+                  WHERE q.status = 'pending' AND q.stage > s.stage ORDER BY q.stage LIMIT 1) \
+           FROM s WHERE s.stage IS NOT NULL) \
+     SELECT s.stage, (SELECT count(*) FROM pepsi.workqueue q \
+                       WHERE q.status = 'pending' AND q.stage = s.stage)::int8 \
+       FROM s WHERE s.stage IS NOT NULL AND s.stage <> ALL ($1::text[])";

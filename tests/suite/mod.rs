@@ -1,4 +1,5 @@
 //! The integration test modules, one per area.
 
+mod dispatch;
 mod foundation;
 mod worker;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod dispatcher;
 pub mod pg;
 pub mod worker;
 

@@ -1,0 +1,94 @@
+//! The messages other threads send to the loop thread, and the sender that wakes the
+//! poller after each one (send first, then wake, so the loop never sleeps past it).
+
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+
+use super::stats::Deltas;
+use crate::config::graph::OverrideRow;
+use crate::exit::Failure;
+
+/// A claimed row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedRow {
+    /// `workqueue_id`.
+    pub id: i64,
+    /// Its stage.
+    pub stage: String,
+    /// Its fairness key.
+    pub sender_key: String,
+}
+
+/// Something the loop must learn about.
+#[derive(Debug)]
+pub enum Event {
+    /// A claim finished: the rows, what was asked per stage, and the seconds until the
+    /// earliest paused row is due (negative when overdue), if any.
+    Claimed {
+        /// The claimed rows.
+        rows: Vec<ClaimedRow>,
+        /// The capacity asked per stage.
+        asked: Vec<(String, i32)>,
+        /// Seconds until the earliest paused row is due.
+        next_paused: Option<f64>,
+    },
+    /// A claim could not be made (database trouble); nothing was claimed.
+    ClaimFailed {
+        /// The capacity asked per stage.
+        asked: Vec<(String, i32)>,
+    },
+    /// Due paused rows were flipped to pending.
+    Flipped {
+        /// How many.
+        count: i64,
+        /// Seconds until the next paused row is due.
+        next_paused: Option<f64>,
+    },
+    /// A row was paused by the dispatcher (strike or deferral); it is due in this many
+    /// seconds.
+    Paused(f64),
+    /// The coordinator lost its connection and with it the advisory lock.
+    LockLost,
+    /// The coordinator has its connection and the lock again.
+    LockRegained,
+    /// The coordinator cannot go on (lock not regained in time, or taken by another).
+    Fatal(Failure),
+    /// The coordinator finished the shutdown reset.
+    ResetDone(Result<u64, String>),
+    /// A notification arrived on this channel.
+    Notify(String),
+    /// The LISTEN session is (re)connected: catch up with a claim.
+    ListenerUp,
+    /// The overlay was read for a reload.
+    Overlay(Result<Vec<OverrideRow>, String>),
+    /// A statistics flush ended; on failure the deltas come back to be retried.
+    Flushed(Result<(), (String, Box<Deltas>)>),
+    /// Rows wait at stages that have no section: (stage, count).
+    UnknownStages(Vec<(String, i64)>),
+}
+
+/// Sends events to the loop and wakes it.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: Sender<Event>,
+    waker: Arc<mio::Waker>,
+}
+
+impl EventSender {
+    /// A sender over `tx` that wakes `waker`.
+    pub fn new(tx: Sender<Event>, waker: Arc<mio::Waker>) -> EventSender {
+        EventSender { tx, waker }
+    }
+
+    /// Sends an event, then wakes the loop. Fails only when the loop is gone.
+    pub fn send(&self, event: Event) -> bool {
+        if self.tx.send(event).is_err() {
+            return false;
+        }
+        if let Err(e) = self.waker.wake() {
+            log::error!("cannot wake the dispatcher loop: {e}");
+        }
+        true
+    }
+}

@@ -1,0 +1,86 @@
+//! The LISTEN session: a thread owning its own connection (the sync client exposes no
+//! file descriptor to register with mio), forwarding every notification on
+//! `workqueue`, `config_changed` and `telemetry_changed` to the loop.
+//!
+//! After every (re)connect it reports `ListenerUp`, because notifications sent while it
+//! was away are lost and the loop must catch up with a claim (§6).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use super::events::{Event, EventSender};
+use crate::db::{self, sql};
+
+/// How long one wait for notifications lasts before the stop flag is checked.
+const WAIT: Duration = Duration::from_millis(500);
+/// Reconnect backoff bounds.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Starts the listener thread.
+pub fn spawn(conninfo: String, events: EventSender, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("listener".into())
+        .spawn(move || run(&conninfo, &events, &stop))
+        .map(|_| ())
+}
+
+fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {
+    let mut delay = RETRY_FIRST;
+    while !stop.load(Ordering::Relaxed) {
+        let mut client = match db::connect(conninfo, "pepsi-dispatch listener")
+            .and_then(|mut c| c.batch_execute(sql::LISTEN_DISPATCHER).map(|()| c))
+        {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!(
+                    "LISTEN session: cannot connect: {}; retrying in {delay:?}",
+                    db::describe(&e)
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(RETRY_MAX);
+                continue;
+            }
+        };
+        delay = RETRY_FIRST;
+        log::debug!("LISTEN session connected");
+        if !events.send(Event::ListenerUp) {
+            return;
+        }
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let mut notes = client.notifications();
+            let mut it = notes.timeout_iter(WAIT);
+            let mut failed = None;
+            loop {
+                match it.next() {
+                    Ok(Some(n)) => {
+                        if !events.send(Event::Notify(n.channel().to_string())) {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            drop(it);
+            drop(notes);
+            if let Some(e) = failed {
+                log::warn!("LISTEN session lost: {}; reconnecting", db::describe(&e));
+                break;
+            }
+            if client.is_closed() {
+                log::warn!("LISTEN session closed; reconnecting");
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! `pepsi-dispatch serve`: the one long-running process per system that claims pending
+//! messages and hands their ids to elastic pools of worker processes (SPEC §6–§11).
+//!
+//! Threads, each owning its state and talking over crossbeam channels:
+//! - the loop thread ([`event_loop`]) owns every worker process ([`process`]), the stage
+//!   table and all pool state; it polls the child pipes, the signal sockets
+//!   ([`signals`]) and a `mio::Waker`;
+//! - the coordinator ([`coordinator`]) owns the claiming connection and the advisory
+//!   lock and performs every queue write, serially;
+//! - the listener ([`listener`]) owns the LISTEN session;
+//! - a small thread pool ([`background`]) flushes statistics ([`stats`]), runs the body
+//!   GC and reads the overlay for reloads.
+//!
+//! Other threads send [`events::Event`]s and wake the loop; the loop sends commands
+//! and jobs. Nothing here is async.
+
+pub mod background;
+pub mod coordinator;
+pub mod event_loop;
+pub mod events;
+pub mod listener;
+pub mod process;
+pub mod signals;
+pub mod stats;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::cli::{Invocation, Program};
+use crate::config::raw::join_errors;
+use crate::config::{Config, StageGraph};
+use crate::db::{self, pool::Pool};
+use crate::exit::Failure;
+
+/// The program's description.
+pub const PROGRAM: Program = Program {
+    name: "pepsi-dispatch",
+    synopsis: "serve",
+    about: "Runs the Pepsi dispatcher until SIGINT or SIGTERM: claims pending messages from pepsi.workqueue \
+            and hands their ids to pools of stage workers. Exactly one per database. SIGHUP reloads the \
+            stage configuration.\nExit status: 0 clean shutdown, 1 an error at start (configuration, database, \
+            lock held by another dispatcher), 78 an invalid stage graph at a reload or a schema mismatch.",
+};
+
+/// How long the thread pool waits for a connection.
+const POOL_CHECKOUT: Duration = Duration::from_secs(10);
+
+/// Runs `pepsi-dispatch serve`.
+pub fn run(invocation: Invocation) -> Result<(), Failure> {
+    invocation.expect_only(&PROGRAM, &["serve"])?;
+    let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
+    crate::privilege::drop_to(&config.pepsi.run_as)?;
+    let conninfo = config.postgres.connection.clone();
+    let mut client = coordinator::start(&conninfo)?;
+    let overlay = db::read_overlay(&mut client).map_err(|e| {
+        Failure::general(format!(
+            "cannot read pepsi.config_override: {}",
+            db::describe(&e)
+        ))
+    })?;
+    let graph = StageGraph::build(&config.stage_sections, &overlay).map_err(|errors| {
+        Failure::general(format!(
+            "the stage graph is invalid:\n{}",
+            join_errors(&errors)
+        ))
+    })?;
+    let signals = signals::install()?;
+    let poll =
+        mio::Poll::new().map_err(|e| Failure::general(format!("cannot create the poller: {e}")))?;
+    let waker = Arc::new(
+        mio::Waker::new(poll.registry(), event_loop::WAKER_TOKEN)
+            .map_err(|e| Failure::general(format!("cannot create the waker: {e}")))?,
+    );
+    let (event_tx, event_rx) = crossbeam_channel::unbounded();
+    let events = events::EventSender::new(event_tx, waker);
+    let (command_tx, command_rx) = crossbeam_channel::unbounded();
+    let thread_err = |e: std::io::Error| Failure::general(format!("cannot start a thread: {e}"));
+    coordinator::spawn(client, conninfo.clone(), command_rx, events.clone()).map_err(thread_err)?;
+    let stop_listener = Arc::new(AtomicBool::new(false));
+    listener::spawn(conninfo.clone(), events.clone(), stop_listener.clone()).map_err(thread_err)?;
+    let pg = db::connection_config(&conninfo, "pepsi-dispatch")
+        .map_err(|e| Failure::general(format!("[pepsi-postgres] CONNECTION: {e}")))?;
+    let pool = Pool::new(pg, config.dispatch.db_pool_size, POOL_CHECKOUT);
+    let jobs = background::spawn(pool, events).map_err(thread_err)?;
+    log::info!(
+        "pepsi-dispatch {} serving {} stages: {}",
+        env!("CARGO_PKG_VERSION"),
+        graph.stages().count(),
+        graph
+            .stages()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let dispatcher = event_loop::Dispatcher::new(event_loop::Parts {
+        poll,
+        signals,
+        events: event_rx,
+        coordinator: command_tx,
+        jobs,
+        config,
+        graph,
+    })?;
+    let result = dispatcher.run();
+    stop_listener.store(true, std::sync::atomic::Ordering::Relaxed);
+    result
+}

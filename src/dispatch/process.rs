@@ -1,0 +1,298 @@
+//! One worker process, the mechanism only: starting `PROGRAM [-c FILE] worker` with
+//! piped stdin/stdout (stderr inherited), dying with the dispatcher
+//! (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the queue of ids
+//! handed to it in order, writing ids in one buffer, reading status lines until
+//! `WouldBlock`, and killing and reaping. What to do with a line or a death is the
+//! loop's decision ([`super::event_loop`]).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use mio::unix::pipe::{Receiver, Sender};
+use mio::{Interest, Registry, Token};
+
+/// A line longer than this is garbage (the protocol's lines are short).
+const MAX_LINE: usize = 64 * 1024;
+
+/// Where a worker is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Started; no `ready` yet.
+    Starting,
+    /// Ready and taking ids.
+    Ready,
+    /// Takes no more ids; its stdin is closed once its queue drains.
+    Retiring,
+    /// Its stdin is closed; it should exit.
+    Closing,
+}
+
+/// An id handed to the worker.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    /// The message.
+    pub id: i64,
+    /// Has it been written to the worker's stdin?
+    pub written: bool,
+    /// When it reached the head of the queue (written and first): MAX_RUNTIME counts
+    /// from here.
+    pub head_since: Option<Instant>,
+}
+
+/// How a stage's workers are started.
+pub struct Launch<'a> {
+    /// `PROGRAM`.
+    pub program: &'a str,
+    /// `CONFIG_FILE`, passed as `-c FILE`.
+    pub config_file: Option<&'a Path>,
+    /// Without `CONFIG_FILE`, the worker gets `PEPSI_CONFIG` set to this (the file the
+    /// dispatcher read).
+    pub inherited_config: &'a Path,
+}
+
+/// One running worker process.
+pub struct WorkerProc {
+    /// A serial number never reused: a late event of a dead worker is ignored.
+    pub serial: u64,
+    /// The stage it serves.
+    pub stage: String,
+    /// Its pid.
+    pub pid: u32,
+    /// Where it is in its life.
+    pub phase: Phase,
+    /// The ids handed to it, oldest first; the front is the one being worked on.
+    pub queue: VecDeque<Slot>,
+    /// How many ids it was ever handed (MAX_MESSAGES).
+    pub assigned_total: u64,
+    /// When it was started.
+    pub started: Instant,
+    /// When its queue last became empty.
+    pub idle_since: Instant,
+    /// Token of its stdout.
+    pub out_token: Token,
+    /// Token of its stdin.
+    pub in_token: Token,
+    child: Child,
+    stdin: Option<Sender>,
+    stdout: Receiver,
+    write_buf: Vec<u8>,
+    read_buf: Vec<u8>,
+}
+
+/// What a read found.
+#[derive(Debug, Default)]
+pub struct ReadOutcome {
+    /// Complete lines.
+    pub lines: Vec<String>,
+    /// The worker closed its stdout.
+    pub eof: bool,
+    /// A line exceeded [`MAX_LINE`].
+    pub overlong: bool,
+}
+
+impl WorkerProc {
+    /// Starts a worker and registers its pipes.
+    pub fn spawn(
+        serial: u64,
+        stage: &str,
+        launch: &Launch<'_>,
+        registry: &Registry,
+        (out_token, in_token): (Token, Token),
+    ) -> io::Result<WorkerProc> {
+        let mut cmd = Command::new(launch.program);
+        match launch.config_file {
+            Some(file) => {
+                cmd.arg("-c").arg(file);
+            }
+            // Without CONFIG_FILE the worker searches as usual; $PEPSI_CONFIG points
+            // that search at the file the dispatcher itself read.
+            None => {
+                cmd.env("PEPSI_CONFIG", launch.inherited_config);
+            }
+        }
+        cmd.arg("worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe. The worker dies with the dispatcher, so a
+        // restarted dispatcher never races an orphaned worker.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let stdin = Sender::from(child.stdin.take().expect("piped"));
+        let mut stdout = Receiver::from(child.stdout.take().expect("piped"));
+        // mio's From does not make the pipes non-blocking.
+        stdin.set_nonblocking(true)?;
+        stdout.set_nonblocking(true)?;
+        let mut stdin = stdin;
+        registry.register(&mut stdout, out_token, Interest::READABLE)?;
+        registry.register(&mut stdin, in_token, Interest::WRITABLE)?;
+        let now = Instant::now();
+        Ok(WorkerProc {
+            serial,
+            stage: stage.to_string(),
+            pid: child.id(),
+            phase: Phase::Starting,
+            queue: VecDeque::new(),
+            assigned_total: 0,
+            started: now,
+            idle_since: now,
+            out_token,
+            in_token,
+            child,
+            stdin: Some(stdin),
+            stdout,
+            write_buf: Vec::new(),
+            read_buf: Vec::new(),
+        })
+    }
+
+    /// Hands an id to the worker; it is written at once when the worker is ready.
+    pub fn assign(&mut self, id: i64) {
+        self.queue.push_back(Slot {
+            id,
+            written: false,
+            head_since: None,
+        });
+        self.assigned_total += 1;
+    }
+
+    /// Queues every unwritten id for writing and writes what the pipe takes.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.phase == Phase::Starting {
+            return Ok(());
+        }
+        let now = Instant::now();
+        for slot in self.queue.iter_mut().filter(|s| !s.written) {
+            self.write_buf
+                .extend_from_slice(format!("{}\n", slot.id).as_bytes());
+            slot.written = true;
+        }
+        if let Some(front) = self.queue.front_mut() {
+            if front.written && front.head_since.is_none() {
+                front.head_since = Some(now);
+            }
+        }
+        let Some(stdin) = self.stdin.as_mut() else {
+            self.write_buf.clear();
+            return Ok(());
+        };
+        while !self.write_buf.is_empty() {
+            match stdin.write(&self.write_buf) {
+                Ok(n) => {
+                    self.write_buf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until the pipe would block.
+    pub fn read(&mut self) -> ReadOutcome {
+        let mut out = ReadOutcome::default();
+        let mut chunk = [0u8; 8192];
+        loop {
+            match self.stdout.read(&mut chunk) {
+                Ok(0) => {
+                    out.eof = true;
+                    break;
+                }
+                Ok(n) => self.read_buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    out.eof = true;
+                    break;
+                }
+            }
+        }
+        while let Some(end) = self.read_buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.read_buf.drain(..=end).collect();
+            out.lines
+                .push(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
+        }
+        if self.read_buf.len() > MAX_LINE {
+            out.overlong = true;
+        }
+        out
+    }
+
+    /// The front id was answered: pops it and starts the next one's clock.
+    pub fn pop_front(&mut self) -> Option<Slot> {
+        let slot = self.queue.pop_front();
+        let now = Instant::now();
+        match self.queue.front_mut() {
+            Some(next) if next.written => next.head_since = Some(now),
+            Some(_) => {}
+            None => self.idle_since = now,
+        }
+        slot
+    }
+
+    /// Closes the worker's stdin: it answers what it has and exits.
+    pub fn close_stdin(&mut self, registry: &Registry) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = registry.deregister(&mut stdin);
+        }
+        self.phase = Phase::Closing;
+    }
+
+    /// Kills the process (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Deregisters the pipes and reaps the process, killing it if it does not exit on
+    /// its own within `grace` (it closed its stdout, so it normally has).
+    pub fn reap(&mut self, registry: &Registry, grace: Duration) -> Option<ExitStatus> {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = registry.deregister(&mut stdin);
+        }
+        let _ = registry.deregister(&mut self.stdout);
+        let deadline = Instant::now() + grace;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    return self.child.wait().ok();
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// When the front message's MAX_RUNTIME runs out.
+    pub fn front_deadline(&self, max_runtime: Duration) -> Option<Instant> {
+        self.queue.front()?.head_since.map(|t| t + max_runtime)
+    }
+}
+
+/// Describes how a process ended.
+pub fn describe_exit(status: Option<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "ended (status unknown)".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exited with status {c}"),
+            (None, Some(sig)) => format!("was killed by signal {sig}"),
+            (None, None) => "ended".into(),
+        },
+    }
+}

@@ -1,0 +1,51 @@
+//! Signals as readable sockets for the poll loop: SIGINT and SIGTERM ask for shutdown,
+//! SIGHUP for a configuration reload (the same as a `config_changed` notification).
+//!
+//! signal-hook writes a byte to a socket from the handler; the loop drains the socket
+//! and acts on the flag. Registered before any worker starts.
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+
+use crate::exit::Failure;
+
+/// The read ends, registered with the poller.
+pub struct Signals {
+    /// Readable on SIGINT / SIGTERM.
+    pub shutdown: mio::net::UnixStream,
+    /// Readable on SIGHUP.
+    pub reload: mio::net::UnixStream,
+}
+
+fn pair(signals: &[libc::c_int]) -> Result<mio::net::UnixStream, Failure> {
+    let err = |e: std::io::Error| Failure::general(format!("cannot set up signal handling: {e}"));
+    let (read, write) = UnixStream::pair().map_err(err)?;
+    for &signal in signals {
+        let w = write.try_clone().map_err(err)?;
+        signal_hook::low_level::pipe::register(signal, w).map_err(err)?;
+    }
+    read.set_nonblocking(true).map_err(err)?;
+    Ok(mio::net::UnixStream::from_std(read))
+}
+
+/// Installs the handlers.
+pub fn install() -> Result<Signals, Failure> {
+    Ok(Signals {
+        shutdown: pair(&[libc::SIGINT, libc::SIGTERM])?,
+        reload: pair(&[libc::SIGHUP])?,
+    })
+}
+
+/// Reads everything pending on a signal socket; true when a signal arrived.
+pub fn drain(stream: &mut mio::net::UnixStream) -> bool {
+    let mut any = false;
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return any,
+            Ok(_) => any = true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return any,
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Statistics (§10): per-stage and global counters accumulated in memory by the loop
+//! and written as deltas in one statement by the thread pool. No deltas, no write.
+//!
+//! Best effort by design: deltas not yet flushed die with the dispatcher; a failed
+//! flush hands its deltas back to be merged and retried.
+
+use std::collections::BTreeMap;
+
+use postgres::types::Type;
+
+use crate::db::sql;
+
+/// Counters of one stage.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StageCounters {
+    /// Executions of the stage (fused ones included).
+    pub passes: i64,
+    /// Executions fused into another stage's pass.
+    pub fused_passes: i64,
+    /// Messages the worker marked failed.
+    pub failures: i64,
+    /// Worker crashes blamed on a message at the front.
+    pub crashes: i64,
+    /// Messages killed at MAX_RUNTIME.
+    pub timeouts: i64,
+    /// Claimed rows put back to pending without running.
+    pub requeues: i64,
+    /// Microseconds of work.
+    pub busy_us: i64,
+}
+
+impl StageCounters {
+    fn add(&mut self, o: &StageCounters) {
+        self.passes += o.passes;
+        self.fused_passes += o.fused_passes;
+        self.failures += o.failures;
+        self.crashes += o.crashes;
+        self.timeouts += o.timeouts;
+        self.requeues += o.requeues;
+        self.busy_us += o.busy_us;
+    }
+}
+
+/// Everything accumulated since the last flush.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deltas {
+    /// Per stage.
+    pub stages: BTreeMap<String, StageCounters>,
+    /// Worker passes (a fused chain counts once).
+    pub stages_executed: i64,
+    /// Claim statements that claimed at least one row.
+    pub claims: i64,
+    /// Rows claimed.
+    pub rows_claimed: i64,
+    /// Worker processes started.
+    pub worker_starts: i64,
+}
+
+impl Deltas {
+    /// Is there nothing to write?
+    pub fn is_empty(&self) -> bool {
+        self == &Deltas::default()
+    }
+
+    /// The counters of a stage, created on first use.
+    pub fn stage(&mut self, name: &str) -> &mut StageCounters {
+        if !self.stages.contains_key(name) {
+            self.stages
+                .insert(name.to_string(), StageCounters::default());
+        }
+        self.stages.get_mut(name).expect("just inserted")
+    }
+
+    /// Adds other deltas (a failed flush coming back).
+    pub fn merge(&mut self, other: &Deltas) {
+        for (name, c) in &other.stages {
+            self.stage(name).add(c);
+        }
+        self.stages_executed += other.stages_executed;
+        self.claims += other.claims;
+        self.rows_claimed += other.rows_claimed;
+        self.worker_starts += other.worker_starts;
+    }
+}
+
+/// Writes deltas in one statement.
+pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::Error> {
+    let names: Vec<&str> = d.stages.keys().map(String::as_str).collect();
+    let col = |f: fn(&StageCounters) -> i64| d.stages.values().map(f).collect::<Vec<i64>>();
+    let (passes, fused, failures, crashes, timeouts, requeues, busy) = (
+        col(|c| c.passes),
+        col(|c| c.fused_passes),
+        col(|c| c.failures),
+        col(|c| c.crashes),
+        col(|c| c.timeouts),
+        col(|c| c.requeues),
+        col(|c| c.busy_us),
+    );
+    client.query_typed(
+        sql::FLUSH_STATS,
+        &[
+            (&names, Type::TEXT_ARRAY),
+            (&passes, Type::INT8_ARRAY),
+            (&fused, Type::INT8_ARRAY),
+            (&failures, Type::INT8_ARRAY),
+            (&crashes, Type::INT8_ARRAY),
+            (&timeouts, Type::INT8_ARRAY),
+            (&requeues, Type::INT8_ARRAY),
+            (&busy, Type::INT8_ARRAY),
+            (&d.stages_executed, Type::INT8),
+            (&d.claims, Type::INT8),
+            (&d.rows_claimed, Type::INT8),
+            (&d.worker_starts, Type::INT8),
+        ],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_adds_everything() {
+        let mut a = Deltas::default();
+        assert!(a.is_empty());
+        a.stage("x").passes = 2;
+        a.claims = 1;
+        let mut b = Deltas::default();
+        b.stage("x").passes = 3;
+        b.stage("y").busy_us = 7;
+        b.worker_starts = 4;
+        a.merge(&b);
+        assert_eq!(a.stages["x"].passes, 5);
+        assert_eq!(a.stages["y"].busy_us, 7);
+        assert_eq!(a.claims, 1);
+        assert_eq!(a.worker_starts, 4);
+        assert!(!a.is_empty());
+    }
+}

@@ -1,0 +1,962 @@
+//! `pepsi-dispatch serve` end to end: real PostgreSQL, real worker processes (the
+//! built-in stages and the fault-injecting `examples/fault_worker.rs`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+use postgres::fallible_iterator::FallibleIterator;
+
+use crate::util::dispatcher::{Dispatcher, alive, fault_worker};
+use crate::util::{TempDir, TestDb, row_at, stage, state_of, wait_until, write_config};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A configuration: test-friendly `[pepsi-dispatch]` timers overridden by `dispatch`,
+/// then `stages` with `{pass}`, `{if}`, `{discard}`, `{exec}`, `{fault}` replaced by the
+/// programs.
+fn conf(dir: &TempDir, db: &TestDb, dispatch: &str, stages: &str) -> PathBuf {
+    let mut keys: Vec<(String, String)> = [
+        ("POLL_INTERVAL", "1s"),
+        ("STATS_INTERVAL", "60s"),
+        ("WORKER_IDLE_TIMEOUT", "1s"),
+        ("MAX_RUNTIME", "30s"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for line in dispatch.lines().filter(|l| l.contains('=')) {
+        let (k, v) = line.split_once('=').unwrap();
+        keys.retain(|(key, _)| key != k.trim());
+        keys.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let mut text = String::from("[pepsi-dispatch]\n");
+    for (k, v) in keys {
+        text.push_str(&format!("{k} = {v}\n"));
+    }
+    text.push('\n');
+    let mut stages = stages.to_string();
+    for name in ["pass", "if", "discard", "exec"] {
+        stages = stages.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
+    }
+    stages = stages.replace("{fault}", fault_worker().to_str().unwrap());
+    text.push_str(&stages);
+    write_config(dir, db, &text)
+}
+
+fn count(c: &mut Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).unwrap().get(0)
+}
+
+fn queue_len(c: &mut Client) -> i64 {
+    count(c, "SELECT count(*) FROM pepsi.workqueue")
+}
+
+/// Injects `n` messages in one transaction (one notification).
+fn inject_many(c: &mut Client, stage: &str, from: &str, n: i64) -> Vec<i64> {
+    c.query(
+        "SELECT pepsi.workqueue_inject($1, $2, ARRAY['r@y.example'], 'Subject: x\r\n'::bytea, 'body'::bytea) \
+         FROM generate_series(1, $3::int8)",
+        &[&stage, &from, &n],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Injects a message with `state.fault` set.
+fn inject_fault(c: &mut Client, stage: &str, fault: &str) -> i64 {
+    c.query_one(
+        "SELECT pepsi.workqueue_inject($1, 'f@x.example', ARRAY['r@y.example'], NULL, NULL, NULL, NULL, NULL, NULL, \
+         jsonb_build_object('fault', $2::text))",
+        &[&stage, &fault],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// Makes a paused row due now (tests do not wait out the real minutes).
+fn due_now(c: &mut Client, id: i64) {
+    c.execute(
+        "UPDATE pepsi.workqueue SET timeout = now() WHERE workqueue_id = $1 AND status = 'paused'",
+        &[&id],
+    )
+    .unwrap();
+}
+
+#[track_caller]
+fn wait_status(c: &mut Client, id: i64, want: (&str, &str), timeout: Duration) {
+    let want = Some((want.0.to_string(), want.1.to_string()));
+    wait_until(timeout, &format!("message {id} is {want:?}"), || {
+        row_at(c, id) == want
+    });
+}
+
+#[track_caller]
+fn wait_empty(c: &mut Client, timeout: Duration) {
+    wait_until(timeout, "the queue is empty", || queue_len(c) == 0);
+}
+
+#[test]
+fn a_pipeline_drains_1000_messages_and_every_row_ends_where_its_stages_say() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-drain");
+    let out = dir.path("delivered");
+    std::fs::create_dir(&out).unwrap();
+    let script = dir.write(
+        "deliver.sh",
+        &format!("#!/bin/sh\ncat > {}/$PEPSI_ID\n", out.display()),
+    );
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        &format!(
+            "[stage-a]\nPROGRAM = {{pass}}\nNEXT = b\n\n\
+             [stage-b]\nPROGRAM = {{if}}\nFUSION = no\nMATCH = sender-domain is drop.example\nNEXT = c\nELSE_STAGE = d\n\n\
+             [stage-c]\nPROGRAM = {{discard}}\nFUSION = no\n\n\
+             [stage-d]\nPROGRAM = {{exec}}\nCOMMAND = {}\n",
+            script.display()
+        ),
+    );
+    let mut c = db.client();
+    let keep = inject_many(&mut c, "a", "s@keep.example", 500);
+    inject_many(&mut c, "a", "s@drop.example", 500);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_empty(&mut c, Duration::from_secs(120));
+    let delivered = std::fs::read_dir(&out).unwrap().count();
+    assert_eq!(delivered, 500, "the kept half was delivered by d");
+    for id in keep.iter().take(5) {
+        assert!(out.join(id.to_string()).exists(), "message {id} delivered");
+    }
+    assert!(d.terminate().success(), "{}", d.log());
+    let passes = |c: &mut Client, s: &str| -> i64 {
+        c.query_one(
+            "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats WHERE stage = $1",
+            &[&s],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(passes(&mut c, "a"), 1000);
+    assert_eq!(passes(&mut c, "b"), 1000);
+    assert_eq!(passes(&mut c, "c"), 500);
+    assert_eq!(passes(&mut c, "d"), 500);
+}
+
+#[test]
+fn a_worker_receives_up_to_queue_limit_ids_before_answering_any() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-pipe");
+    let log = dir.path("batches");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "s", "a@x.example", 12);
+    let mut d = Dispatcher::start(
+        &conf,
+        &[
+            ("FAULT_LOG", log.to_str().unwrap()),
+            ("FAULT_DELAY_MS", "200"),
+        ],
+    );
+    wait_empty(&mut c, Duration::from_secs(30));
+    let batches: Vec<usize> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_start_matches("batch ").parse().unwrap())
+        .collect();
+    assert_eq!(batches.iter().max(), Some(&4), "batches read: {batches:?}");
+    assert_eq!(batches.iter().sum::<usize>(), 12);
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn a_burst_grows_a_stage_to_parallelism_and_idle_workers_stop() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-elastic");
+    let conf = conf(
+        &dir,
+        &db,
+        "WORKER_IDLE_TIMEOUT = 1s",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 3\nQUEUE_LIMIT = 1\n",
+    );
+    let mut c = db.client();
+    let d = Dispatcher::start(&conf, &[]);
+    d.wait_log("serving 1 stages", Duration::from_secs(10));
+    assert!(
+        d.children().is_empty(),
+        "no worker runs before its stage sees traffic"
+    );
+    for _ in 0..15 {
+        inject_fault(&mut c, "s", "slow");
+    }
+    let mut most = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while queue_len(&mut c) > 0 && Instant::now() < deadline {
+        most = most.max(d.children().len());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(queue_len(&mut c), 0);
+    assert_eq!(most, 3, "the pool grew to PARALLELISM and no further");
+    wait_until(Duration::from_secs(10), "idle workers stop", || {
+        d.children().is_empty()
+    });
+}
+
+#[test]
+fn max_messages_10_over_35_messages_starts_4_processes() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-recycle");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {pass}\nNEXT = end\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nMAX_MESSAGES = 10\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "s", "a@x.example", 35);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_empty(&mut c, Duration::from_secs(30));
+    assert!(d.terminate().success());
+    assert_eq!(
+        count(&mut c, "SELECT worker_starts FROM pepsi.dispatch_stats"),
+        4,
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT passes FROM pepsi.stage_stats WHERE stage = 's'"
+        ),
+        35
+    );
+}
+
+#[test]
+fn a_crash_strikes_the_front_message_and_requeues_its_siblings() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-crash");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n",
+    );
+    let mut c = db.client();
+    let poison = inject_fault(&mut c, "s", "crash");
+    let siblings = inject_many(&mut c, "s", "a@x.example", 3);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, poison, ("s", "paused"), Duration::from_secs(20));
+    let st = state_of(&mut c, poison);
+    assert_eq!(st["strikes"], 1);
+    assert_eq!(st["strike_stage"], "s");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("exited with status 3"),
+        "{st}"
+    );
+    for id in &siblings {
+        wait_until(Duration::from_secs(20), "the siblings complete", || {
+            row_at(&mut c, *id).is_none()
+        });
+    }
+    let due: f64 = c
+        .query_one("SELECT extract(epoch FROM timeout - now())::float8 FROM pepsi.workqueue WHERE workqueue_id = $1", &[&poison])
+        .unwrap()
+        .get(0);
+    assert!(
+        (40.0..=61.0).contains(&due),
+        "strike 1 retries after a minute, due in {due}s"
+    );
+    due_now(&mut c, poison);
+    wait_until(Duration::from_secs(20), "strike 2", || {
+        state_of(&mut c, poison)["strikes"] == 2
+    });
+    due_now(&mut c, poison);
+    wait_status(&mut c, poison, ("s", "failed"), Duration::from_secs(20));
+    let st = state_of(&mut c, poison);
+    assert_eq!(st["strikes"], 3);
+    assert_eq!(st["failure_class"], "crashed");
+    assert_eq!(st["failed_stage"], "s");
+    assert!(d.terminate().success());
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT crashes FROM pepsi.stage_stats WHERE stage = 's'"
+        ),
+        3
+    );
+}
+
+#[test]
+fn a_hang_is_killed_at_max_runtime_and_the_third_times_out() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-hang");
+    let conf = conf(
+        &dir,
+        &db,
+        "MAX_RUNTIME = 1s",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 2\n",
+    );
+    let mut c = db.client();
+    let hang = inject_fault(&mut c, "s", "hang");
+    let sibling = inject_many(&mut c, "s", "a@x.example", 1)[0];
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, hang, ("s", "paused"), Duration::from_secs(20));
+    assert!(
+        state_of(&mut c, hang)["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("MAX_RUNTIME")
+    );
+    wait_until(Duration::from_secs(20), "the sibling completes", || {
+        row_at(&mut c, sibling).is_none()
+    });
+    for strikes in [2, 3] {
+        due_now(&mut c, hang);
+        wait_until(Duration::from_secs(20), "the next strike", || {
+            state_of(&mut c, hang)["strikes"] == strikes
+        });
+    }
+    wait_status(&mut c, hang, ("s", "timeout"), Duration::from_secs(5));
+    assert_eq!(state_of(&mut c, hang)["failure_class"], "timed-out");
+    wait_until(
+        Duration::from_secs(10),
+        "the killed workers are gone",
+        || d.children().is_empty(),
+    );
+    assert!(d.terminate().success());
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT timeouts FROM pepsi.stage_stats WHERE stage = 's'"
+        ),
+        3
+    );
+}
+
+/// A stage whose worker cannot start blames nobody, observes a cooldown, and recovers
+/// once fixed.
+fn start_failure_recovers(mode: &str) {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-start");
+    let control = dir.write("control", mode);
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\n",
+    );
+    let mut c = db.client();
+    let ids = inject_many(&mut c, "s", "a@x.example", 3);
+    let d = Dispatcher::start(&conf, &[("FAULT_CONTROL", control.to_str().unwrap())]);
+    d.wait_log("no worker started for 2s", Duration::from_secs(20));
+    d.wait_log("no worker started for 4s", Duration::from_secs(20));
+    if mode == "exit78" {
+        assert!(d.log().contains("refused to run (exit 78"), "{}", d.log());
+    }
+    for id in &ids {
+        let st = state_of(&mut c, *id);
+        assert!(st.get("strikes").is_none(), "nothing is blamed: {st}");
+        assert_ne!(row_at(&mut c, *id).unwrap().1, "failed");
+    }
+    assert!(
+        !d.log().contains("no worker started for 8s")
+            || d.log().matches("no worker started").count() <= 3
+    );
+    std::fs::write(&control, "ok").unwrap();
+    wait_empty(&mut c, Duration::from_secs(30));
+}
+
+#[test]
+fn exit_78_before_ready_blames_nothing_and_the_stage_recovers() {
+    start_failure_recovers("exit78");
+}
+
+#[test]
+fn death_before_ready_blames_nothing_and_the_stage_recovers() {
+    start_failure_recovers("die");
+}
+
+#[test]
+fn a_missing_program_blames_nothing_and_the_stage_recovers_when_fixed() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-missing");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = /nonexistent/pepsi-stage-nothing\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let id = inject_many(&mut c, "s", "a@x.example", 1)[0];
+    let d = Dispatcher::start(&conf, &[]);
+    d.wait_log(
+        "cannot start PROGRAM /nonexistent/pepsi-stage-nothing",
+        Duration::from_secs(20),
+    );
+    d.wait_log("no worker started for 2s", Duration::from_secs(20));
+    assert_eq!(row_at(&mut c, id), Some(("s".into(), "pending".into())));
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-s', 'PROGRAM', $1)",
+        &[&stage("pass").to_str().unwrap()],
+    )
+    .unwrap();
+    wait_empty(&mut c, Duration::from_secs(30));
+    assert!(d.log().contains("stage configuration reloaded"));
+}
+
+#[test]
+fn a_garbage_status_line_tears_the_worker_down_as_a_crash() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-garbage");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
+    );
+    let mut c = db.client();
+    let bad = inject_fault(&mut c, "s", "garbage-status");
+    let d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, bad, ("s", "paused"), Duration::from_secs(20));
+    let st = state_of(&mut c, bad);
+    assert_eq!(st["strikes"], 1);
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("unreadable status line"),
+        "{st}"
+    );
+    drop(d);
+}
+
+#[test]
+fn a_garbage_report_still_completes_the_message() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-badreport");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
+    );
+    let mut c = db.client();
+    let id = inject_fault(&mut c, "s", "garbage-report");
+    let after = inject_many(&mut c, "s", "a@x.example", 2);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_empty(&mut c, Duration::from_secs(20));
+    assert!(
+        d.log()
+            .contains(&format!("message {id}: unreadable REPORT")),
+        "{}",
+        d.log()
+    );
+    assert!(!after.is_empty());
+    assert!(d.terminate().success());
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT crashes FROM pepsi.stage_stats WHERE stage = 's'"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT passes FROM pepsi.stage_stats WHERE stage = 's'"
+        ),
+        3
+    );
+}
+
+#[test]
+fn status_75_requeues_the_message_and_halves_the_biggest_stage() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-75");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-big]\nPROGRAM = {fault}\nPARALLELISM = 4\nQUEUE_LIMIT = 1\n\n[stage-small]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
+    );
+    let mut c = db.client();
+    for _ in 0..40 {
+        inject_fault(&mut c, "big", "slow");
+    }
+    let d = Dispatcher::start(&conf, &[]);
+    wait_until(Duration::from_secs(20), "big runs 4 workers", || {
+        d.children().len() >= 4
+    });
+    let id = inject_fault(&mut c, "small", "tempfail-once");
+    d.wait_log(
+        "stage big runs the most workers (4); its PARALLELISM is capped at 2",
+        Duration::from_secs(20),
+    );
+    assert!(
+        d.log()
+            .contains("raise PostgreSQL max_connections or lower PARALLELISM")
+    );
+    // Back to pending, then run again (the fault cleared itself) to completion.
+    wait_until(Duration::from_secs(20), "the 75 message completes", || {
+        row_at(&mut c, id).is_none()
+    });
+    assert!(
+        d.log()
+            .contains(&format!("small: message {id}: the database refused")),
+        "{}",
+        d.log()
+    );
+    // The cap holds: big shrinks to at most 2 workers.
+    wait_until(
+        Duration::from_secs(20),
+        "big drains to the halved cap",
+        || d.children().len() <= 2,
+    );
+}
+
+#[test]
+fn status_74_pauses_the_message_for_30_seconds() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-74");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    let id = inject_fault(&mut c, "s", "ioerr");
+    let d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, id, ("s", "paused"), Duration::from_secs(20));
+    let due: f64 = c
+        .query_one("SELECT extract(epoch FROM timeout - now())::float8 FROM pepsi.workqueue WHERE workqueue_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert!((20.0..=31.0).contains(&due), "deferred ~30s, due in {due}s");
+    assert!(
+        state_of(&mut c, id).get("strikes").is_none(),
+        "not the message's fault"
+    );
+    d.wait_log(
+        &format!("s: message {id}: its worker lost the database connection; deferred for 30s"),
+        SEC * 5,
+    );
+}
+
+#[test]
+fn a_paused_row_is_retried_within_about_a_second_of_its_due_time() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-due");
+    let conf = conf(
+        &dir,
+        &db,
+        "POLL_INTERVAL = 60s",
+        "[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log("serving 2 stages", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    // A row paused by someone else, due in 3 s, inserted without a notification.
+    let paused: i64 = c
+        .query_one(
+            "INSERT INTO pepsi.workqueue (stage, status, timeout, mail_from, rcpt_to) \
+             VALUES ('s', 'paused', now() + interval '3 seconds', 'a@x.example', ARRAY['r@y.example']) RETURNING workqueue_id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    // A worker's report brings the dispatcher to a claim, which re-reads the due time.
+    let other = inject_many(&mut c, "s", "a@x.example", 1)[0];
+    wait_until(
+        Duration::from_secs(10),
+        "the other message completes",
+        || row_at(&mut c, other).is_none(),
+    );
+    let due = Instant::now() + Duration::from_secs_f64(
+        c.query_one("SELECT extract(epoch FROM timeout - now())::float8 FROM pepsi.workqueue WHERE workqueue_id = $1", &[&paused])
+            .unwrap()
+            .get::<_, f64>(0),
+    );
+    wait_until(Duration::from_secs(10), "the paused row completes", || {
+        row_at(&mut c, paused).is_none()
+    });
+    let late = Instant::now().saturating_duration_since(due);
+    assert!(
+        late < Duration::from_millis(2500),
+        "retried {late:?} after its due time"
+    );
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn a_second_dispatcher_exits_1_after_about_10_seconds_and_touches_nothing() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-second");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    let held = inject_fault(&mut c, "s", "hang");
+    let first = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, held, ("s", "running"), Duration::from_secs(20));
+    let started = Instant::now();
+    let mut second = Dispatcher::start(&conf, &[]);
+    let status = second.wait(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(1), "{}", second.log());
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "it waited for the lock"
+    );
+    assert!(
+        second
+            .log()
+            .contains("another pepsi-dispatch holds the dispatcher lock"),
+        "{}",
+        second.log()
+    );
+    assert_eq!(
+        row_at(&mut c, held),
+        Some(("s".into(), "running".into())),
+        "the first's row was not reset"
+    );
+    drop(first);
+}
+
+#[test]
+fn after_sigkill_no_worker_survives_and_a_new_dispatcher_finishes_the_rows() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-kill9");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nQUEUE_LIMIT = 2\n",
+    );
+    let mut c = db.client();
+    let held = inject_fault(&mut c, "s", "hang");
+    let first = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, held, ("s", "running"), Duration::from_secs(20));
+    let workers = first.children();
+    assert!(!workers.is_empty());
+    first.signal(libc::SIGKILL);
+    wait_until(
+        Duration::from_secs(10),
+        "the killed dispatcher's workers die with it",
+        || workers.iter().all(|&p| !alive(p)),
+    );
+    drop(first);
+    assert_eq!(row_at(&mut c, held), Some(("s".into(), "running".into())));
+    c.execute(
+        "UPDATE pepsi.workqueue SET state = '{}' WHERE workqueue_id = $1",
+        &[&held],
+    )
+    .unwrap();
+    let mut second = Dispatcher::start(&conf, &[]);
+    second.wait_log(
+        "reset 1 running rows left by a previous dispatcher",
+        Duration::from_secs(20),
+    );
+    wait_empty(&mut c, Duration::from_secs(20));
+    assert!(second.terminate().success());
+}
+
+#[test]
+fn sigterm_mid_burst_exits_0_with_no_row_running_and_stats_flushed() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-term");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "a", "a@x.example", 3000);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_until(Duration::from_secs(30), "the burst is under way", || {
+        queue_len(&mut c) < 2800
+    });
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}\n{}", d.log());
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'"
+        ),
+        0
+    );
+    let deleted = 3000 - queue_len(&mut c);
+    let moved = count(
+        &mut c,
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'b'",
+    ) + deleted;
+    let passes_a = count(
+        &mut c,
+        "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats WHERE stage = 'a'",
+    );
+    let passes_b = count(
+        &mut c,
+        "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats WHERE stage = 'b'",
+    );
+    // Every answered pass was flushed; a pass whose answer died with its killed worker
+    // is not counted (at most the in-flight capacity of 16 per stage).
+    assert!(
+        passes_a <= moved && passes_a >= moved - 16,
+        "a: {passes_a} passes, {moved} moved"
+    );
+    assert!(
+        passes_b <= deleted && passes_b >= deleted - 16,
+        "b: {passes_b} passes, {deleted} deleted"
+    );
+}
+
+#[test]
+fn a_stage_added_through_the_overlay_routes_new_messages_without_restart() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-reload");
+    let conf = conf(
+        &dir,
+        &db,
+        "STATS_INTERVAL = 1s",
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = end\nFUSION = no\n\n[stage-end]\nPROGRAM = {discard}\nFUSION = no\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "a", "a@x.example", 5);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_empty(&mut c, Duration::from_secs(20));
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-a', 'NEXT', 'extra'), ('stage-extra', 'PROGRAM', $1), \
+         ('stage-extra', 'NEXT', 'end'), ('stage-extra', 'FUSION', 'no')",
+        &[&stage("pass").to_str().unwrap()],
+    )
+    .unwrap();
+    d.wait_log(
+        "stage configuration reloaded: 3 stages",
+        Duration::from_secs(10),
+    );
+    inject_many(&mut c, "a", "a@x.example", 5);
+    wait_empty(&mut c, Duration::from_secs(20));
+    assert!(d.terminate().success());
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT passes FROM pepsi.stage_stats WHERE stage = 'extra'"
+        ),
+        5
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT passes FROM pepsi.stage_stats WHERE stage = 'a'"
+        ),
+        10
+    );
+}
+
+#[test]
+fn an_invalid_graph_at_reload_exits_78_with_rows_back_to_pending() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-badreload");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nQUEUE_LIMIT = 2\n",
+    );
+    let mut c = db.client();
+    let held = inject_fault(&mut c, "s", "hang");
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, held, ("s", "running"), Duration::from_secs(20));
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-s', 'NEXT', 'nowhere')",
+        &[],
+    )
+    .unwrap();
+    let status = d.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(78), "{}", d.log());
+    assert!(
+        d.log().contains("NEXT: names stage \"nowhere\""),
+        "{}",
+        d.log()
+    );
+    assert_eq!(row_at(&mut c, held), Some(("s".into(), "pending".into())));
+}
+
+#[test]
+fn statistics_are_one_transaction_per_flush_and_nothing_is_written_while_idle() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-stats");
+    let conf = conf(
+        &dir,
+        &db,
+        "STATS_INTERVAL = 1s\nPOLL_INTERVAL = 60s",
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n",
+    );
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE TABLE stats_writes (txid bigint, tbl text);
+         CREATE FUNCTION stats_write() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO stats_writes VALUES (txid_current(), TG_TABLE_NAME); RETURN NULL; END $$;
+         CREATE TRIGGER w AFTER INSERT OR UPDATE ON pepsi.stage_stats FOR EACH STATEMENT EXECUTE FUNCTION stats_write();
+         CREATE TRIGGER w AFTER INSERT OR UPDATE ON pepsi.dispatch_stats FOR EACH STATEMENT EXECUTE FUNCTION stats_write();",
+    )
+    .unwrap();
+    let mut d = Dispatcher::start(&conf, &[]);
+    inject_many(&mut c, "a", "a@x.example", 200);
+    wait_empty(&mut c, Duration::from_secs(30));
+    wait_until(
+        Duration::from_secs(10),
+        "the burst's numbers are flushed",
+        || {
+            count(
+                &mut c,
+                "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats",
+            ) == 400
+        },
+    );
+    let per_tx = c
+        .query(
+            "SELECT txid, count(DISTINCT tbl) FROM stats_writes GROUP BY txid",
+            &[],
+        )
+        .unwrap();
+    assert!(!per_tx.is_empty());
+    for row in &per_tx {
+        assert_eq!(
+            row.get::<_, i64>(1),
+            2,
+            "each flush writes both tables in one transaction"
+        );
+    }
+    let writes = count(&mut c, "SELECT count(*) FROM stats_writes");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        count(&mut c, "SELECT count(*) FROM stats_writes"),
+        writes,
+        "an idle dispatcher writes no statistics"
+    );
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn an_advance_issues_no_notify() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-nonotify");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {pass}\nNEXT = c\nFUSION = no\n\n[stage-c]\nPROGRAM = {discard}\nFUSION = no\n",
+    );
+    let mut c = db.client();
+    let mut listener = db.client();
+    listener
+        .batch_execute(
+            "LISTEN workqueue; LISTEN workqueue_failed; LISTEN config_changed; LISTEN sentinel",
+        )
+        .unwrap();
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log("serving 3 stages", Duration::from_secs(10));
+    inject_many(&mut c, "a", "a@x.example", 300);
+    wait_empty(&mut c, Duration::from_secs(30));
+    c.batch_execute("NOTIFY sentinel").unwrap();
+    let mut seen = Vec::new();
+    let mut notes = listener.notifications();
+    let mut it = notes.timeout_iter(Duration::from_secs(10));
+    while let Some(n) = it.next().unwrap() {
+        if n.channel() == "sentinel" {
+            break;
+        }
+        seen.push(n.channel().to_string());
+    }
+    assert_eq!(
+        seen,
+        vec!["workqueue"],
+        "only the injection notified; 900 advances did not"
+    );
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn the_claim_never_takes_more_than_free_capacity_even_with_a_deep_backlog() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-cap");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\nQUEUE_LIMIT = 3\n",
+    );
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, state) \
+         SELECT 's', 'a@x.example', ARRAY['r@y.example'], '{\"fault\": \"slow\"}' FROM generate_series(1, 5000)",
+        &[],
+    )
+    .unwrap();
+    let mut d = Dispatcher::start(&conf, &[]);
+    let mut most = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        most = most.max(count(
+            &mut c,
+            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'",
+        ));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(most > 0, "the stage ran");
+    assert!(
+        most <= 6,
+        "at most QUEUE_LIMIT × PARALLELISM = 6 rows running, saw {most}"
+    );
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn the_claim_uses_the_partial_pending_index() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
+         SELECT CASE WHEN g % 10 = 0 THEN 'a' ELSE 'b' END, \
+                CASE WHEN g % 3 = 0 THEN 'pending' ELSE 'paused' END::pepsi.workqueue_status, \
+                'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, 20000) g",
+        &[],
+    )
+    .unwrap();
+    c.batch_execute("ANALYZE pepsi.workqueue").unwrap();
+    let stages = vec!["a".to_string(), "b".to_string()];
+    let caps = vec![4i32, 8];
+    let plan: Vec<String> = c
+        .query(
+            &format!("EXPLAIN {}", pepsi::db::sql::CLAIM_OLDEST),
+            &[&stages, &caps],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("workqueue_pending_idx"), "{plan}");
+    assert!(!plan.contains("Seq Scan on workqueue q"), "{plan}");
+    // And it takes exactly the capacities asked, though thousands wait.
+    let rows = c
+        .query(pepsi::db::sql::CLAIM_OLDEST, &[&stages, &caps])
+        .unwrap();
+    let claimed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.get::<_, Option<String>>(1))
+        .collect();
+    assert_eq!(claimed.iter().filter(|s| *s == "a").count(), 4);
+    assert_eq!(claimed.iter().filter(|s| *s == "b").count(), 8);
+}
