@@ -1,0 +1,351 @@
+//! The pipeline benchmark: `cargo bench --bench pipeline` (release build). Prints, all
+//! measured in one run against one PostgreSQL server (a throwaway cluster, or
+//! `DATABASE_URL`):
+//!
+//! (a) the raw hop rate: N client threads each running the SELECT by id + advancing
+//!     UPDATE loop of a stage worker, `synchronous_commit = off`;
+//! (b) the dispatcher's hop rate through a 5-stage pipeline (four `pass`, one
+//!     `discard`) with fusion off, at QUEUE_LIMIT 4 and 16, and the ratio (b)/(a);
+//! (c) messages/s end to end, fusion off and on;
+//! (d) the dispatcher's CPU seconds per 1,000 hops (from /proc);
+//! (e) median and p99 latency from inject to the row's deletion for a trickle of
+//!     single messages.
+//!
+//! `BENCH_MESSAGES` (default 5000) sets the burst size. Figures, never assertions.
+
+#[allow(dead_code)]
+#[path = "../tests/util/pg.rs"]
+mod pg;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pg::TestDb;
+use postgres::{Client, NoTls};
+
+fn messages() -> i64 {
+    std::env::var("BENCH_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000)
+}
+
+/// Clock ticks per second, for /proc CPU times.
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// CPU seconds (user + system) used so far by a process.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the comm field: state is 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) / clk_tck()
+}
+
+/// (a): `threads` clients, each advancing its own rows through `hops` SELECT+UPDATE
+/// pairs. Returns hops/s.
+fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
+         SELECT 's0', 'running', 'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, $1::int4)",
+        &[&((threads * 16) as i32)],
+    )
+    .unwrap();
+    let ids: Vec<i64> = c
+        .query("SELECT workqueue_id FROM pepsi.workqueue ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let mine: Vec<i64> = ids[t * 16..(t + 1) * 16].to_vec();
+        let conninfo = format!("{} options='-c synchronous_commit=off'", db.conninfo);
+        let barrier = barrier.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut c = Client::connect(&conninfo, NoTls).unwrap();
+            let select = c
+                .prepare(
+                    "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
+                     FROM pepsi.workqueue WHERE workqueue_id = $1",
+                )
+                .unwrap();
+            let update = c
+                .prepare(
+                    "UPDATE pepsi.workqueue SET stage = $2, status = 'running' \
+                     WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
+                )
+                .unwrap();
+            let mut stage_of: Vec<u64> = vec![0; mine.len()];
+            barrier.wait();
+            for h in 0..hops_per_thread {
+                let i = h % mine.len();
+                let row = c.query_one(&select, &[&mine[i]]).unwrap();
+                let stage: String = row.get(1);
+                stage_of[i] += 1;
+                let next = format!("s{}", stage_of[i]);
+                c.execute(&update, &[&mine[i], &next, &stage]).unwrap();
+            }
+        }));
+    }
+    barrier.wait();
+    let t0 = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    (threads * hops_per_thread) as f64 / t0.elapsed().as_secs_f64()
+}
+
+struct Setup {
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = std::env::temp_dir().join(format!("pepsi-bench-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for s in ["pass", "discard"] {
+            std::os::unix::fs::symlink(
+                env!("CARGO_BIN_EXE_pepsi-stage"),
+                bin.join(format!("pepsi-stage-{s}")),
+            )
+            .unwrap();
+        }
+        Setup { dir, bin }
+    }
+
+    fn config(&self, db: &TestDb, fusion: bool, queue_limit: u32) -> PathBuf {
+        let mut text = format!(
+            "[pepsi]\nRUN_AS = root\nALLOW_FUSION = {}\n\n[pepsi-postgres]\nCONNECTION = {}\n\n\
+             [pepsi-dispatch]\nSTATS_INTERVAL = 60s\n\n",
+            if fusion { "yes" } else { "no" },
+            db.conninfo
+        );
+        for i in 1..=4 {
+            text.push_str(&format!(
+                "[stage-p{i}]\nPROGRAM = {}\nNEXT = p{}\nQUEUE_LIMIT = {queue_limit}\n\n",
+                self.bin.join("pepsi-stage-pass").display(),
+                i + 1
+            ));
+        }
+        text.push_str(&format!(
+            "[stage-p5]\nPROGRAM = {}\nQUEUE_LIMIT = {queue_limit}\n",
+            self.bin.join("pepsi-stage-discard").display()
+        ));
+        let path = self
+            .dir
+            .join(format!("bench-{}-{queue_limit}.conf", fusion));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_dispatcher(conf: &Path, log: &Path) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_pepsi-dispatch"))
+        .arg("-c")
+        .arg(conf)
+        .arg("-L")
+        .arg("warn")
+        .arg("serve")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start pepsi-dispatch")
+}
+
+fn stop(mut child: Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
+
+fn queue_len(c: &mut Client) -> i64 {
+    c.query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// Waits until the dispatcher has claimed once (its workers are not started yet).
+fn settle(c: &mut Client) {
+    // The dispatcher's first claim happens right after its lock; give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = queue_len(c);
+}
+
+struct Burst {
+    seconds: f64,
+    cpu: f64,
+}
+
+/// (b)/(c)/(d): a burst of `n` messages through the 5-stage pipeline.
+fn burst(setup: &Setup, fusion: bool, queue_limit: u32, n: i64) -> Burst {
+    let db = TestDb::new();
+    let conf = setup.config(&db, fusion, queue_limit);
+    let child = start_dispatcher(&conf, &setup.dir.join("dispatch.log"));
+    let pid = child.id();
+    let mut c = db.client();
+    settle(&mut c);
+    let cpu0 = cpu_seconds(pid);
+    c.execute(
+        "SELECT count(pepsi.workqueue_inject('p1', 'a' || (g % 50) || '@x.example', ARRAY['r@y.example'], NULL, NULL)) \
+         FROM generate_series(1, $1::int8) g",
+        &[&n],
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while queue_len(&mut c) > 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu0;
+    stop(child);
+    Burst { seconds, cpu }
+}
+
+/// (e): single messages, one every 10 ms, through the fused pipeline. Returns (p50,
+/// p99) milliseconds from inject to deletion.
+fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
+    let db = TestDb::new();
+    let conf = setup.config(&db, true, 4);
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE TABLE latency (ms float8);
+         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000); RETURN NULL; END $$;
+         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION record_latency();",
+    )
+    .unwrap();
+    let child = start_dispatcher(&conf, &setup.dir.join("trickle.log"));
+    settle(&mut c);
+    // Warm the workers up, then measure.
+    for i in 0..(count + 20) {
+        if i == 20 {
+            while queue_len(&mut c) > 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            c.execute("DELETE FROM latency", &[]).unwrap();
+        }
+        c.execute(
+            "SELECT pepsi.workqueue_inject('p1', 'a@x.example', ARRAY['r@y.example'], NULL, NULL)",
+            &[],
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while queue_len(&mut c) > 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop(child);
+    let row = c
+        .query_one(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FROM latency",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a plain `cargo test --benches` run lists nothing.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let n = messages();
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    writeln!(
+        out,
+        "pepsi pipeline benchmark: {n} messages per burst, {} CPUs",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )
+    .unwrap();
+    let setup = Setup::new();
+
+    let mut raw = Vec::new();
+    for threads in [8, 16] {
+        let rate = raw_hop_rate(threads, 2500);
+        writeln!(
+            out,
+            "(a) raw SELECT+UPDATE hop loop, {threads:2} clients:        {rate:8.0} hops/s"
+        )
+        .unwrap();
+        raw.push(rate);
+    }
+    let raw_best = raw.iter().cloned().fold(0.0, f64::max);
+
+    let mut unfused_best = (0.0, 0.0, 0);
+    for ql in [4, 16] {
+        let b = burst(&setup, false, ql, n);
+        let hops = (5 * n) as f64;
+        let rate = hops / b.seconds;
+        writeln!(
+            out,
+            "(b) dispatcher, 5 stages, fusion off, QUEUE_LIMIT {ql:2}: {rate:8.0} hops/s  ({:.0} messages/s; dispatcher CPU {:.3} s per 1,000 hops = {:.1}% of a core per 1,000 hops/s)",
+            n as f64 / b.seconds,
+            b.cpu / hops * 1000.0,
+            b.cpu / hops * 1000.0 * 100.0,
+        )
+        .unwrap();
+        if rate > unfused_best.0 {
+            unfused_best = (rate, n as f64 / b.seconds, ql);
+        }
+    }
+    let mut fused_best = 0.0f64;
+    for ql in [4, 16] {
+        let b = burst(&setup, true, ql, n);
+        let rate = n as f64 / b.seconds;
+        writeln!(
+            out,
+            "(c) dispatcher, 5 stages, fusion on,  QUEUE_LIMIT {ql:2}: {rate:8.0} messages/s ({:.0} stage executions/s; dispatcher CPU {:.3} s per 1,000 passes)",
+            rate * 5.0,
+            b.cpu / n as f64 * 1000.0,
+        )
+        .unwrap();
+        fused_best = fused_best.max(rate);
+    }
+    let (p50, p99) = trickle(&setup, 300);
+    writeln!(out, "(e) latency inject -> deletion, 300 single messages, fused: p50 {p50:.2} ms, p99 {p99:.2} ms").unwrap();
+    writeln!(out, "---").unwrap();
+    writeln!(
+        out,
+        "ratio (b)/(a): {:.2}  (best unfused dispatcher hop rate {:.0} at QUEUE_LIMIT {} / best raw loop {:.0})",
+        unfused_best.0 / raw_best,
+        unfused_best.0,
+        unfused_best.2,
+        raw_best
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "fused / unfused message rate: {:.2}  ({:.0} / {:.0} messages/s)",
+        fused_best / unfused_best.1,
+        fused_best,
+        unfused_best.1
+    )
+    .unwrap();
+}
