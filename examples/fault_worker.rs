@@ -3,11 +3,12 @@
 //!
 //! Start-up is steered by the file named in `$FAULT_CONTROL` (re-read at every start):
 //! `ok`, `exit78` (refuse to run), `die` (exit 1 before ready), `garbage` (print
-//! something else than ready). Each message is steered by its row's `state.fault`:
+//! something else than ready), `ready78` (ready, then exit 78 at the first id). Each message is steered by its row's `state.fault`:
 //! `crash` (exit without answering), `hang`, `garbage-status`, `garbage-report`,
 //! `tempfail` (75), `tempfail-once` (75, clearing the fault), `ioerr` (74), `slow` (300 ms), anything else advances the row to the
 //! stage's `NEXT` (or deletes it). Every batch read from stdin is logged to
-//! `$FAULT_LOG` as `batch N`.
+//! `$FAULT_LOG` as `batch N`; with `$FAULT_BATCH_ANSWERS` set a batch is answered only
+//! once all of it ran, as the runtime's batched stages do.
 
 use std::io::Write;
 
@@ -53,7 +54,15 @@ fn main() {
         .ok()
         .and_then(|d| d.parse().ok())
         .unwrap_or(0);
+    // Answer a batch only once all of it ran, as the runtime's batched stages do.
+    let batch_answers = std::env::var_os("FAULT_BATCH_ANSWERS").is_some();
+    let mut pending_lines: Vec<String> = Vec::new();
+    let mut writes: Vec<(i64, String, Option<String>)> = Vec::new();
     while let Some(ids) = input.next_batch(64).expect("ids") {
+        if mode == "ready78" {
+            eprintln!("fault_worker: refusing to run after ready (told to by the control file)");
+            std::process::exit(78);
+        }
         if let Some(path) = &log {
             let mut f = std::fs::OpenOptions::new()
                 .create(true)
@@ -71,56 +80,79 @@ fn main() {
                 )
                 .expect("load");
             let Some(row) = row else {
-                writeln!(out, "0").unwrap();
+                pending_lines.push("0".into());
                 continue;
             };
             let (stage, fault): (String, String) = (row.get(0), row.get(1));
-            let advance = |db: &mut Client| {
-                let next = graph.get(&stage).and_then(|s| s.next.clone());
-                match next {
-                    Some(next) => db.execute(
-                        "UPDATE pepsi.workqueue SET stage = $2, status = 'pending' \
-                         WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
-                        &[&id, &next, &stage],
-                    ),
-                    None => db.execute(
-                        "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' AND stage = $2",
-                        &[&id, &stage],
-                    ),
+            let next = graph.get(&stage).and_then(|s| s.next.clone());
+            // Batched answers also mean batched writes: nothing is committed until the
+            // whole batch ran.
+            let mut advance = |db: &mut Client| {
+                writes.push((id, stage.clone(), next.clone()));
+                if !batch_answers {
+                    commit(db, &mut writes);
                 }
-                .expect("write");
             };
             match fault.as_str() {
                 "crash" => std::process::exit(3),
                 "hang" => loop {
                     std::thread::sleep(std::time::Duration::from_secs(60));
                 },
-                "garbage-status" => writeln!(out, "what?").unwrap(),
+                "garbage-status" => pending_lines.push("what?".into()),
                 "garbage-report" => {
                     advance(&mut db);
-                    writeln!(out, "0 {{broken").unwrap();
+                    pending_lines.push("0 {broken".into());
                 }
-                "tempfail" => writeln!(out, "75").unwrap(),
+                "tempfail" => pending_lines.push("75".into()),
                 "tempfail-once" => {
                     db.execute(
                         "UPDATE pepsi.workqueue SET state = state - 'fault' WHERE workqueue_id = $1",
                         &[&id],
                     )
                     .expect("clear the fault");
-                    writeln!(out, "75").unwrap();
+                    pending_lines.push("75".into());
                 }
-                "ioerr" => writeln!(out, "74").unwrap(),
+                "ioerr" => pending_lines.push("74".into()),
                 "slow" => {
                     std::thread::sleep(std::time::Duration::from_millis(300));
                     advance(&mut db);
-                    writeln!(out, "0").unwrap();
+                    pending_lines.push("0".into());
                 }
                 _ => {
                     advance(&mut db);
-                    writeln!(out, "0").unwrap();
+                    pending_lines.push("0".into());
                 }
             }
-            out.flush().unwrap();
+            if !batch_answers {
+                answer(&mut out, &mut pending_lines);
+            }
         }
+        commit(&mut db, &mut writes);
+        answer(&mut out, &mut pending_lines);
+    }
+}
+
+fn answer(out: &mut impl Write, lines: &mut Vec<String>) {
+    for line in lines.drain(..) {
+        writeln!(out, "{line}").unwrap();
+    }
+    out.flush().unwrap();
+}
+
+/// Advances (or, without a NEXT, deletes) rows, guarded like the runtime's writes.
+fn commit(db: &mut Client, writes: &mut Vec<(i64, String, Option<String>)>) {
+    for (id, stage, next) in writes.drain(..) {
+        match next {
+            Some(next) => db.execute(
+                "UPDATE pepsi.workqueue SET stage = $2, status = 'pending' \
+                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
+                &[&id, &next, &stage],
+            ),
+            None => db.execute(
+                "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' AND stage = $2",
+                &[&id, &stage],
+            ),
+        }
+        .expect("write");
     }
 }

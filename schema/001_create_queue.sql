@@ -298,9 +298,10 @@ END $$;
 -- (p_kind 'crashed') or hung past MAX_RUNTIME ('timed-out'). Strikes count per stage.
 -- Strikes 1 and 2 pause the row for 1 and 2 minutes; the third fails it ('failed' for a
 -- crash, 'timeout' for a hang). Guarded: the row must still be running at p_stage.
--- Returns the strike count and the new status, or no row when the guard did not match.
+-- Returns the strike count, the new status and the retry time (NULL when it failed),
+-- or no row when the guard did not match.
 CREATE FUNCTION pepsi.workqueue_strike(p_id bigint, p_stage text, p_kind text, p_error text)
-RETURNS TABLE (strikes integer, status pepsi.workqueue_status)
+RETURNS TABLE (strikes integer, status pepsi.workqueue_status, due timestamptz)
 LANGUAGE sql AS $$
     WITH cur AS (
         SELECT w.workqueue_id,
@@ -323,7 +324,7 @@ LANGUAGE sql AS $$
                                                    'failed_stage', p_stage) END
       FROM cur
      WHERE w.workqueue_id = cur.workqueue_id AND w.status = 'running' AND w.stage = p_stage
-    RETURNING cur.n, w.status
+    RETURNING cur.n, w.status, w.timeout
 $$;
 
 -- Configuration overlay over the [stage-*] sections of pepsi.conf. An empty value

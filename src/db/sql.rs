@@ -99,14 +99,13 @@ pub const DELETE_FINISHED: &str = "DELETE FROM pepsi.workqueue q \
 pub const SPLIT: &str =
     "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6)";
 
-/// Last resort when a worker cannot load or write rows for a non-connection reason:
-/// pause them for a minute with the error. $1 ids (int8[]), $2 the error (text).
-/// Guarded by `running` only (the worker does not know their stages then; nobody else
-/// writes a running row). Returns the paused ids.
-pub const PAUSE_UNHANDLED: &str = "UPDATE pepsi.workqueue \
+/// Last resort when a worker cannot write a row's outcome for a non-connection
+/// reason: pause it for a minute with the error. $1 id (int8), $2 claimed stage (text),
+/// $3 the error (text); guarded. Returns the paused id.
+pub const PAUSE_UNWRITTEN: &str = "UPDATE pepsi.workqueue \
      SET status = 'paused', timeout = now() + interval '1 minute', \
-         state = state || jsonb_build_object('last_error', $2::text) \
-     WHERE workqueue_id = ANY ($1) AND status = 'running' \
+         state = state || jsonb_build_object('last_error', $3::text) \
+     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 \
      RETURNING workqueue_id";
 
 /// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
@@ -157,6 +156,12 @@ pub const FLIP_PAUSED: &str = "WITH flipped AS ( \
             (SELECT extract(epoch FROM min(timeout) - now())::float8 \
                FROM pepsi.workqueue WHERE status = 'paused' AND timeout > now())";
 
+/// Resets running rows that are not in $1 (int8[], the ids this dispatcher holds):
+/// after the lock was lost and taken again, a claim may have committed whose answer
+/// never arrived. Returns the reset ids.
+pub const RESET_RUNNING_EXCEPT: &str = "UPDATE pepsi.workqueue SET status = 'pending' \
+     WHERE status = 'running' AND workqueue_id <> ALL ($1::int8[]) RETURNING workqueue_id";
+
 /// Puts claimed rows back to pending (siblings of a crash, rows of a worker that never
 /// became ready, a 75). $1 ids (int8[]), $2 their claimed stages (text[]); guarded.
 pub const REQUEUE: &str = "UPDATE pepsi.workqueue q SET status = 'pending' \
@@ -165,9 +170,9 @@ pub const REQUEUE: &str = "UPDATE pepsi.workqueue q SET status = 'pending' \
      RETURNING q.workqueue_id";
 
 /// Records a strike (§8.2). $1 id, $2 stage, $3 'crashed' or 'timed-out', $4 the
-/// reason. Returns (strikes, status, seconds until due) or no row when the guard failed.
-pub const STRIKE: &str = "SELECT s.strikes, s.status::text, \
-            (SELECT extract(epoch FROM w.timeout - now())::float8 FROM pepsi.workqueue w WHERE w.workqueue_id = $1) \
+/// reason. Returns (strikes, status, seconds until due or NULL when it failed) or no
+/// row when the guard failed.
+pub const STRIKE: &str = "SELECT s.strikes, s.status::text, extract(epoch FROM s.due - now())::float8 \
        FROM pepsi.workqueue_strike($1, $2, $3, $4) s";
 
 /// Defers a message whose worker lost its database connection (§8.4): paused for 30

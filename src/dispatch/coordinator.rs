@@ -5,7 +5,9 @@
 //!
 //! If its connection breaks, the lock is gone with it: it tells the loop (which stops
 //! claiming at once), reconnects and re-takes the lock within ten seconds, or reports a
-//! fatal error. Queue writes run through the transient-error retry helper.
+//! fatal error. Queue writes run through the transient-error retry helper; a write that
+//! fails otherwise is tried again with backoff, so no row is left running by a passing
+//! error while the dispatcher lives.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,7 @@ use postgres::Client;
 use postgres::types::Type;
 
 use super::events::{ClaimedRow, Event, EventSender};
+use super::scheduler::ClaimRequest;
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::Failure;
 
@@ -23,6 +26,9 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 const LOCK_RETRY: Duration = Duration::from_millis(500);
 /// How long a deferral (§8.4) is retried when the dispatcher cannot write it either.
 const DEFER_RETRY: Duration = Duration::from_secs(30);
+/// A failed write is retried after this, doubling up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Why a row gets a strike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,10 +50,10 @@ impl StrikeKind {
 }
 
 /// A request to the coordinator.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Command {
-    /// Claim up to these capacities, per stage.
-    Claim(Vec<(String, i32)>),
+    /// Claim as the policy asks.
+    Claim(ClaimRequest),
     /// Flip due paused rows to pending.
     FlipPaused,
     /// Put claimed rows back to pending: (id, claimed stage).
@@ -70,8 +76,25 @@ pub enum Command {
         /// Its claimed stage.
         stage: String,
     },
+    /// After the lock was lost and taken again: reset running rows this dispatcher
+    /// does not hold (a claim that committed but whose answer was lost).
+    Reconcile(Vec<i64>),
     /// Shutdown: reset every running row to pending, then stop.
     Reset,
+}
+
+impl Command {
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Claim(_) => "claim",
+            Command::FlipPaused => "paused-row flip",
+            Command::Requeue(_) => "requeue",
+            Command::Strike { .. } => "strike",
+            Command::Defer { .. } => "deferral",
+            Command::Reconcile(_) => "reconcile",
+            Command::Reset => "shutdown reset",
+        }
+    }
 }
 
 /// Connects, checks the schema, takes the lock (retrying for about ten seconds) and
@@ -140,59 +163,154 @@ pub fn spawn(
                 client: Some(client),
                 conninfo,
                 events,
-                deferred: Vec::new(),
+                retries: Vec::new(),
             }
             .run(&commands)
         })
         .map(|_| ())
 }
 
+/// A write that failed and is tried again.
+struct Retry {
+    command: Command,
+    next: Instant,
+    backoff: Duration,
+    /// Deferrals give up after half a minute (the row stays running for the next
+    /// start); other writes are retried as long as the dispatcher lives.
+    give_up: Option<Instant>,
+}
+
 struct Coordinator {
     client: Option<Client>,
     conninfo: String,
     events: EventSender,
-    /// Deferrals that could not be written yet, with their give-up time.
-    deferred: Vec<(i64, String, Instant)>,
-}
-
-/// The outcome of one command against the database.
-enum Outcome {
-    Done,
-    /// The connection broke: retry the command after reconnecting.
-    Reconnect,
+    retries: Vec<Retry>,
 }
 
 impl Coordinator {
     fn run(mut self, commands: &Receiver<Command>) {
         loop {
-            let command = match commands.recv_timeout(Duration::from_secs(1)) {
-                Ok(c) => Some(c),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            self.retry_deferred();
-            let Some(command) = command else { continue };
-            let shutdown = matches!(command, Command::Reset);
-            loop {
-                if self.client.is_none() && !self.reconnect() {
-                    return;
-                }
-                match self.execute(&command) {
-                    Outcome::Done => break,
-                    Outcome::Reconnect => {
-                        self.client = None;
-                        if shutdown || matches!(command, Command::Claim(_)) {
-                            // A claim is asked again by the loop once the lock is back;
-                            // a failed shutdown reset leaves the rows for the next start.
-                            break;
-                        }
+            let wait = self
+                .retries
+                .iter()
+                .map(|r| r.next.saturating_duration_since(Instant::now()))
+                .min()
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(1));
+            match commands.recv_timeout(wait) {
+                Ok(command) => {
+                    let shutdown = matches!(command, Command::Reset);
+                    if !self.handle(command) || shutdown {
+                        return;
                     }
                 }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
             }
-            if shutdown {
+            if !self.run_retries() {
                 return;
             }
         }
+    }
+
+    /// Runs a command until it is done, answered as failed, or queued for a retry.
+    /// False when the coordinator cannot go on (the loop was told).
+    fn handle(&mut self, command: Command) -> bool {
+        loop {
+            if self.client.is_none() && !self.reconnect() {
+                if let Command::Reset = command {
+                    self.events
+                        .send(Event::ResetDone(Err("no database connection".into())));
+                }
+                return false;
+            }
+            let Err(e) = self.execute(&command) else {
+                return true;
+            };
+            let connection = db::classify(&e) == ErrorKind::Connection;
+            if connection {
+                log::warn!(
+                    "coordinator: database connection lost: {}",
+                    db::describe(&e)
+                );
+                self.client = None;
+            } else {
+                log::error!(
+                    "coordinator: {} failed: {}",
+                    command.name(),
+                    db::describe(&e)
+                );
+            }
+            match command {
+                // The loop asks again when it can.
+                Command::Claim(request) => {
+                    self.events.send(Event::ClaimFailed {
+                        asked: request.asked().to_vec(),
+                    });
+                    return true;
+                }
+                Command::FlipPaused => {
+                    self.events.send(Event::FlipFailed);
+                    return true;
+                }
+                Command::Reset => {
+                    self.events.send(Event::ResetDone(Err(db::describe(&e))));
+                    return true;
+                }
+                // A broken connection: run it again on the new one.
+                _ if connection => continue,
+                other => {
+                    let give_up = matches!(other, Command::Defer { .. })
+                        .then(|| Instant::now() + DEFER_RETRY);
+                    self.retries.push(Retry {
+                        command: other,
+                        next: Instant::now() + RETRY_FIRST,
+                        backoff: RETRY_FIRST,
+                        give_up,
+                    });
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Runs the writes that failed before and are due again.
+    fn run_retries(&mut self) -> bool {
+        let now = Instant::now();
+        let (due, later): (Vec<Retry>, Vec<Retry>) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|r| r.next <= now);
+        self.retries = later;
+        for mut retry in due {
+            if self.client.is_none() && !self.reconnect() {
+                return false;
+            }
+            match self.execute(&retry.command) {
+                Ok(()) => log::info!("coordinator: {} succeeded on a retry", retry.command.name()),
+                Err(e) => {
+                    if db::classify(&e) == ErrorKind::Connection {
+                        self.client = None;
+                    }
+                    if retry.give_up.is_some_and(|t| t <= now) {
+                        log::warn!(
+                            "coordinator: giving up on {} ({}); the row stays running until the next start resets it",
+                            retry.command.name(),
+                            db::describe(&e)
+                        );
+                        continue;
+                    }
+                    log::warn!(
+                        "coordinator: {} failed again: {}",
+                        retry.command.name(),
+                        db::describe(&e)
+                    );
+                    retry.backoff = (retry.backoff * 2).min(RETRY_MAX);
+                    retry.next = now + retry.backoff;
+                    self.retries.push(retry);
+                }
+            }
+        }
+        true
     }
 
     /// Reconnects and re-takes the lock within [`LOCK_WAIT`]; false when it could not
@@ -228,13 +346,15 @@ impl Coordinator {
         false
     }
 
-    fn execute(&mut self, command: &Command) -> Outcome {
+    fn execute(&mut self, command: &Command) -> Result<(), postgres::Error> {
         let client = self.client.as_mut().expect("connected");
-        let result = match command {
-            Command::Claim(asked) => claim(client, asked).map(|event| {
+        match command {
+            Command::Claim(request) => {
+                let event = claim(client, request)?;
                 self.events.send(event);
-            }),
-            Command::FlipPaused => db::retry_transient(|| client.query_one(sql::FLIP_PAUSED, &[])).map(|row| {
+            }
+            Command::FlipPaused => {
+                let row = db::retry_transient(|| client.query_one(sql::FLIP_PAUSED, &[]))?;
                 let count: i64 = row.get(0);
                 if count > 0 {
                     log::debug!("{count} paused rows are due: back to pending");
@@ -243,153 +363,105 @@ impl Coordinator {
                     count,
                     next_paused: row.get(1),
                 });
-            }),
+            }
             Command::Requeue(rows) => {
                 let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
                 let stages: Vec<String> = rows.iter().map(|r| r.1.clone()).collect();
-                db::retry_transient(|| {
-                    client.query_typed(sql::REQUEUE, &[(&ids, Type::INT8_ARRAY), (&stages, Type::TEXT_ARRAY)])
-                })
-                .map(|done| {
-                    if done.len() < rows.len() {
-                        log::warn!(
-                            "{} of {} rows to requeue were no longer running at their stage; left as they are",
-                            rows.len() - done.len(),
-                            rows.len()
-                        );
-                    }
-                })
+                let done = db::retry_transient(|| {
+                    client.query_typed(
+                        sql::REQUEUE,
+                        &[(&ids, Type::INT8_ARRAY), (&stages, Type::TEXT_ARRAY)],
+                    )
+                })?;
+                if done.len() < rows.len() {
+                    log::warn!(
+                        "{} of {} rows to requeue were no longer running at their stage; left as they are",
+                        rows.len() - done.len(),
+                        rows.len()
+                    );
+                }
             }
-            Command::Strike { id, stage, kind, error } => {
-                db::retry_transient(|| client.query_opt(sql::STRIKE, &[id, stage, &kind.class(), error])).map(|row| {
-                    match row {
-                        None => log::warn!("{stage}: message {id} was no longer running there; no strike recorded"),
-                        Some(row) => {
-                            let strikes: i32 = row.get(0);
-                            let status: String = row.get(1);
-                            if status == "paused" {
+            Command::Strike {
+                id,
+                stage,
+                kind,
+                error,
+            } => {
+                let row = db::retry_transient(|| {
+                    client.query_opt(sql::STRIKE, &[id, stage, &kind.class(), error])
+                })?;
+                match row {
+                    None => log::warn!(
+                        "{stage}: message {id} was no longer running there; no strike recorded"
+                    ),
+                    Some(row) => {
+                        let strikes: i32 = row.get(0);
+                        let status: String = row.get(1);
+                        match row.get::<_, Option<f64>>(2) {
+                            Some(due) => {
                                 log::warn!(
                                     "{stage}: message {id}: strike {strikes} ({}): {error}; retry in {} min",
                                     kind.class(),
                                     strikes
                                 );
-                                if let Some(due) = row.get::<_, Option<f64>>(2) {
-                                    self.events.send(Event::Paused(due));
-                                }
-                            } else {
-                                log::warn!(
-                                    "{stage}: message {id}: strike {strikes} ({}): {error}; now {status}",
-                                    kind.class()
-                                );
+                                self.events.send(Event::Paused(due));
                             }
+                            None => log::warn!(
+                                "{stage}: message {id}: strike {strikes} ({}): {error}; now {status}",
+                                kind.class()
+                            ),
                         }
                     }
-                })
-            }
-            Command::Defer { id, stage } => match defer(client, *id, stage) {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    if db::classify(&e) == ErrorKind::Connection {
-                        self.deferred.push((*id, stage.clone(), Instant::now() + DEFER_RETRY));
-                    }
-                    Err(e)
                 }
-            },
-            Command::Reset => {
-                let result = db::retry_transient(|| client.execute(sql::RESET_RUNNING, &[]));
-                self.events.send(Event::ResetDone(result.as_ref().map(|n| *n).map_err(db::describe)));
-                result.map(|_| ())
             }
-        };
-        match result {
-            Ok(()) => Outcome::Done,
-            Err(e) => {
-                let kind = db::classify(&e);
-                if let Command::Claim(asked) = command {
-                    self.events.send(Event::ClaimFailed {
-                        asked: asked.clone(),
-                    });
-                }
-                match kind {
-                    ErrorKind::Connection => {
+            Command::Defer { id, stage } => {
+                match db::retry_transient(|| client.query_opt(sql::DEFER, &[id, stage]))? {
+                    Some(row) => {
                         log::warn!(
-                            "coordinator: database connection lost: {}",
-                            db::describe(&e)
+                            "{stage}: message {id}: its worker lost the database connection; deferred for 30s"
                         );
-                        if matches!(command, Command::Defer { .. }) {
-                            // Kept in `deferred` for its half minute; not retried here.
-                            self.client = None;
-                            return Outcome::Done;
-                        }
-                        Outcome::Reconnect
+                        self.events.send(Event::Paused(row.get(0)));
                     }
-                    _ => {
-                        log::error!("coordinator: {command:?} failed: {}", db::describe(&e));
-                        Outcome::Done
-                    }
+                    None => log::warn!(
+                        "{stage}: message {id} was no longer running there; not deferred"
+                    ),
                 }
             }
-        }
-    }
-
-    /// Retries deferrals that could not be written, for about half a minute each.
-    fn retry_deferred(&mut self) {
-        if self.deferred.is_empty() {
-            return;
-        }
-        if self.client.is_none() && !self.reconnect() {
-            return;
-        }
-        let now = Instant::now();
-        let mut keep = Vec::new();
-        for (id, stage, give_up) in std::mem::take(&mut self.deferred) {
-            let client = match self.client.as_mut() {
-                Some(c) => c,
-                None => {
-                    keep.push((id, stage, give_up));
-                    continue;
+            Command::Reconcile(in_flight) => {
+                let n = db::retry_transient(|| {
+                    client.query_typed(sql::RESET_RUNNING_EXCEPT, &[(in_flight, Type::INT8_ARRAY)])
+                })?
+                .len();
+                if n > 0 {
+                    log::warn!(
+                        "{n} running rows this dispatcher does not hold (a claim whose answer was lost) back to pending"
+                    );
+                    self.events
+                        .send(Event::Notify(sql::CHANNEL_WORKQUEUE.to_string()));
                 }
-            };
-            match defer(client, id, &stage) {
-                Ok(()) => {}
-                Err(e) if db::classify(&e) == ErrorKind::Connection && now < give_up => {
-                    self.client = None;
-                    keep.push((id, stage, give_up));
-                }
-                Err(e) => log::warn!(
-                    "{stage}: message {id}: cannot pause it ({}); it stays running until the next start resets it",
-                    db::describe(&e)
-                ),
+            }
+            Command::Reset => {
+                let n = db::retry_transient(|| client.execute(sql::RESET_RUNNING, &[]))?;
+                self.events.send(Event::ResetDone(Ok(n)));
             }
         }
-        self.deferred = keep;
+        Ok(())
     }
 }
 
-fn defer(client: &mut Client, id: i64, stage: &str) -> Result<(), postgres::Error> {
-    match db::retry_transient(|| client.query_opt(sql::DEFER, &[&id, &stage]))? {
-        Some(_) => {
-            log::warn!(
-                "{stage}: message {id}: its worker lost the database connection; deferred for 30s"
-            );
-            Ok(())
+fn claim(client: &mut Client, request: &ClaimRequest) -> Result<Event, postgres::Error> {
+    let rows = match request {
+        ClaimRequest::Oldest(asked) => {
+            let stages: Vec<String> = asked.iter().map(|a| a.0.clone()).collect();
+            let caps: Vec<i32> = asked.iter().map(|a| a.1).collect();
+            db::retry_transient(|| {
+                client.query_typed(
+                    sql::CLAIM_OLDEST,
+                    &[(&stages, Type::TEXT_ARRAY), (&caps, Type::INT4_ARRAY)],
+                )
+            })?
         }
-        None => {
-            log::warn!("{stage}: message {id} was no longer running there; not deferred");
-            Ok(())
-        }
-    }
-}
-
-fn claim(client: &mut Client, asked: &[(String, i32)]) -> Result<Event, postgres::Error> {
-    let stages: Vec<String> = asked.iter().map(|a| a.0.clone()).collect();
-    let caps: Vec<i32> = asked.iter().map(|a| a.1).collect();
-    let rows = db::retry_transient(|| {
-        client.query_typed(
-            sql::CLAIM_OLDEST,
-            &[(&stages, Type::TEXT_ARRAY), (&caps, Type::INT4_ARRAY)],
-        )
-    })?;
+    };
     let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(3));
     let rows = rows
         .iter()
@@ -403,7 +475,7 @@ fn claim(client: &mut Client, asked: &[(String, i32)]) -> Result<Event, postgres
         .collect();
     Ok(Event::Claimed {
         rows,
-        asked: asked.to_vec(),
+        asked: request.asked().to_vec(),
         next_paused,
     })
 }

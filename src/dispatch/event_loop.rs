@@ -8,7 +8,7 @@
 //! Handlers record facts; the policy step decides. Nothing here returns early on an
 //! error: only shutdown leaves the loop.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -18,6 +18,7 @@ use super::background::Job;
 use super::coordinator::{Command, StrikeKind};
 use super::events::Event;
 use super::process::{Launch, Phase, WorkerProc, describe_exit};
+use super::scheduler::{self, ClaimPolicy};
 use super::signals::{self, Signals};
 use super::stats::Deltas;
 use crate::config::raw::join_errors;
@@ -48,14 +49,22 @@ const UNKNOWN_STAGE_GAP: Duration = Duration::from_secs(60);
 const RELOAD_RETRY: Duration = Duration::from_secs(5);
 /// How long a worker may take to exit after its stdout closed before it is killed.
 const REAP_GRACE: Duration = Duration::from_millis(200);
+/// A worker whose stdin was closed is killed if it has not exited after this.
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Overload halvings closer together than this are one episode (a batch of 75s).
+const THROTTLE_GAP: Duration = Duration::from_secs(1);
+/// A failed paused-row flip is tried again after this.
+const FLIP_RETRY: Duration = Duration::from_secs(1);
+/// Suspects remembered at most (they are only a hint).
+const MAX_SUSPECTS: usize = 10_000;
 /// How long shutdown waits for the coordinator's reset and the last flush.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
 
 /// One stage of the table.
 struct StageState {
     section: StageSection,
-    /// Claimed ids not yet handed to a worker.
-    queue: VecDeque<i64>,
+    /// Claimed ids (with their sender keys) not yet handed to a worker.
+    queue: VecDeque<(i64, String)>,
     /// Capacity asked in the claim in flight.
     reserved: usize,
     /// Its workers (including retiring ones), by serial.
@@ -132,7 +141,12 @@ pub struct Dispatcher {
     want_reload: bool,
     reload_in_flight: bool,
     reload_retry_at: Option<Instant>,
-    unknown_checked: Option<Instant>,
+    unknown_checked: Instant,
+    last_throttle: Option<Instant>,
+    policy: Box<dyn ClaimPolicy>,
+    /// Siblings of a crash or hang in a batching worker: each runs alone next time,
+    /// so the culprit ends up at the front of its worker's queue.
+    suspects: HashSet<i64>,
     stop: Option<Stop>,
 }
 
@@ -174,6 +188,7 @@ impl Dispatcher {
             .map_err(|e| Failure::general(format!("cannot register the signal sockets: {e}")))?;
         let now = Instant::now();
         let opts = parts.config.dispatch.clone();
+        let policy = scheduler::from_options(&opts);
         let stages = parts
             .graph
             .stages()
@@ -207,7 +222,10 @@ impl Dispatcher {
             want_reload: false,
             reload_in_flight: false,
             reload_retry_at: None,
-            unknown_checked: None,
+            unknown_checked: now,
+            last_throttle: None,
+            policy,
+            suspects: HashSet::new(),
             stop: None,
         })
     }
@@ -301,14 +319,13 @@ impl Dispatcher {
                 }
                 let mut stray = Vec::new();
                 for row in rows {
+                    self.policy.claimed(&row.stage, &row.sender_key);
                     match self.stages.get_mut(&row.stage) {
-                        Some(s) if !s.removed => s.queue.push_back(row.id),
-                        _ => stray.push((row.id, row.stage)),
+                        Some(s) if !s.removed => s.queue.push_back((row.id, row.sender_key)),
+                        _ => stray.push((row.id, row.stage, row.sender_key)),
                     }
                 }
-                if !stray.is_empty() {
-                    self.requeue(stray);
-                }
+                self.requeue(stray);
             }
             Event::ClaimFailed { asked } => {
                 self.claim_in_flight = false;
@@ -326,6 +343,10 @@ impl Dispatcher {
                     self.want_claim = true;
                 }
             }
+            Event::FlipFailed => {
+                self.flip_in_flight = false;
+                self.next_paused = Some(Instant::now() + FLIP_RETRY);
+            }
             Event::Paused(due) => self.set_next_paused(Some(due)),
             Event::LockLost => {
                 if self.lock_held {
@@ -338,6 +359,19 @@ impl Dispatcher {
             Event::LockRegained => {
                 self.lock_held = true;
                 self.want_claim = true;
+                // A claim that committed while its answer was lost left rows running
+                // that no worker holds: reset every running row not in flight here.
+                let mut held: Vec<i64> = self
+                    .workers
+                    .values()
+                    .flat_map(|w| w.queue.iter().map(|s| s.id))
+                    .collect();
+                held.extend(
+                    self.stages
+                        .values()
+                        .flat_map(|s| s.queue.iter().map(|q| q.0)),
+                );
+                self.send(Command::Reconcile(held));
             }
             Event::Fatal(failure) => {
                 if self.stop.is_none() {
@@ -436,12 +470,20 @@ impl Dispatcher {
             .expect("checked by the caller");
         if w.phase == Phase::Starting {
             if line == protocol::READY {
-                w.phase = Phase::Ready;
                 let stage = w.stage.clone();
-                if let Some(s) = self.stages.get_mut(&stage) {
-                    s.cooldown_step = 0;
-                }
+                let max_messages = self
+                    .stages
+                    .get(&stage)
+                    .map_or(u64::MAX, |s| s.section.max_messages);
+                w.phase = if w.retire_on_ready || w.assigned_total >= max_messages {
+                    Phase::Retiring
+                } else {
+                    Phase::Ready
+                };
                 log::debug!("{stage}: worker {serial} (pid {}) is ready", w.pid);
+                if w.phase == Phase::Retiring && w.queue.is_empty() {
+                    w.close_stdin(self.poll.registry());
+                }
                 self.write_to(serial);
             } else {
                 self.worker_gone(
@@ -466,15 +508,20 @@ impl Dispatcher {
             return;
         };
         let stage = w.stage.clone();
-        let measured = slot
-            .head_since
-            .map_or(0, |t| t.elapsed().as_micros() as i64);
+        if w.answered == 1 {
+            // It started and works: the stage's start failures are over.
+            if let Some(s) = self.stages.get_mut(&stage) {
+                s.cooldown_step = 0;
+            }
+        }
+        let took = slot.head_since.map_or(Duration::ZERO, |t| t.elapsed());
         let retired = w.phase == Phase::Retiring;
         let drained = w.queue.is_empty();
         let id = slot.id;
-        self.count_pass(&stage, id, &parsed.report, measured);
+        self.suspects.remove(&id);
         match parsed.status {
-            protocol::STATUS_OK => {}
+            // Nothing was committed: neither a pass nor the message's fault, and a
+            // deferral is counted nowhere else (§8.4).
             protocol::STATUS_IOERR => {
                 self.send(Command::Defer {
                     id,
@@ -485,10 +532,16 @@ impl Dispatcher {
                 log::warn!(
                     "{stage}: message {id}: the database refused its worker a connection (overload); back to pending"
                 );
-                self.requeue(vec![(id, stage.clone())]);
+                self.requeue(vec![(id, stage.clone(), slot.sender_key)]);
                 self.throttle_biggest();
             }
-            _ => self.deltas.stage(&stage).failures += 1,
+            status => {
+                self.policy.ran(&stage, &slot.sender_key, took);
+                self.count_pass(&stage, id, &parsed.report, took.as_micros() as i64);
+                if status != protocol::STATUS_OK {
+                    self.deltas.stage(&stage).failures += 1;
+                }
+            }
         }
         if drained && retired {
             if let Some(w) = self.workers.get_mut(&serial) {
@@ -533,10 +586,7 @@ impl Dispatcher {
         };
         self.tokens.remove(&w.out_token);
         self.tokens.remove(&w.in_token);
-        if matches!(
-            why,
-            Gone::Garbage(_) | Gone::Hang | Gone::Crash(_) | Gone::StartTimeout
-        ) {
+        if !matches!(why, Gone::Eof) {
             w.kill();
         }
         let status = w.reap(self.poll.registry(), REAP_GRACE);
@@ -544,32 +594,41 @@ impl Dispatcher {
         if let Some(s) = self.stages.get_mut(&stage) {
             s.workers.retain(|&x| x != serial);
         }
-        let ids: Vec<i64> = w.queue.iter().map(|s| s.id).collect();
-        // A death frees capacity; a worker we closed had none to free.
-        if w.phase != Phase::Closing || !ids.is_empty() {
-            self.want_claim = true;
-        }
-        if w.phase == Phase::Starting {
+        // Capacity was freed (or a retired worker's slot): claim again.
+        self.want_claim = true;
+        let slots: Vec<_> = w.queue.drain(..).collect();
+        let refused = w.answered == 0 && status.and_then(|s| s.code()) == Some(78);
+        if w.phase == Phase::Starting || refused {
             // Failed at its own start: nobody is blamed (§8.1).
             let cause = match &why {
                 Gone::Garbage(what) => format!("printed {what}"),
-                Gone::StartTimeout => format!("was not ready within {}s and was killed", self.opts.max_runtime.as_secs()),
-                _ => match status.and_then(|s| s.code()) {
-                    Some(78) => "refused to run (exit 78: schema or configuration mismatch; its stderr says why)".into(),
-                    _ => describe_exit(status),
-                },
+                Gone::StartTimeout => format!(
+                    "was not ready within {}s and was killed",
+                    self.opts.max_runtime.as_secs()
+                ),
+                _ if refused => {
+                    "refused to run (exit 78: schema or configuration mismatch; its stderr says why)".into()
+                }
+                _ => describe_exit(status),
             };
+            let before = if w.phase == Phase::Starting {
+                "before it was ready"
+            } else {
+                "before answering anything"
+            };
+            let back: Vec<(i64, String, String)> = slots
+                .into_iter()
+                .map(|s| (s.id, stage.clone(), s.sender_key))
+                .collect();
             self.start_failed(
                 &stage,
-                &format!(
-                    "worker {serial} (pid {}) {cause} before it was ready",
-                    w.pid
-                ),
-                &ids,
+                &format!("worker {serial} (pid {}) {cause} {before}", w.pid),
+                back,
             );
             return;
         }
-        let Some((&front, rest)) = ids.split_first() else {
+        let mut slots = slots.into_iter();
+        let Some(front) = slots.next() else {
             if w.phase != Phase::Closing {
                 log::warn!(
                     "{stage}: idle worker {serial} (pid {}) {}",
@@ -579,6 +638,29 @@ impl Dispatcher {
             }
             return;
         };
+        let rest_slots: Vec<_> = slots.collect();
+        let read_by_worker: Vec<i64> = rest_slots
+            .iter()
+            .filter(|s| s.written)
+            .map(|s| s.id)
+            .collect();
+        let rest: Vec<(i64, String, String)> = rest_slots
+            .into_iter()
+            .map(|s| (s.id, stage.clone(), s.sender_key))
+            .collect();
+        if !front.written {
+            // It never reached the worker: not its fault.
+            let mut back = vec![(front.id, stage.clone(), front.sender_key)];
+            back.extend(rest);
+            log::warn!(
+                "{stage}: worker {serial} (pid {}) {}; {} messages it never read back to pending",
+                w.pid,
+                describe_exit(status),
+                back.len()
+            );
+            self.requeue(back);
+            return;
+        }
         let (kind, reason) = match &why {
             Gone::Hang => (
                 StrikeKind::TimedOut,
@@ -602,30 +684,45 @@ impl Dispatcher {
             ),
         };
         log::warn!(
-            "{stage}: message {front}: {reason}; {} pipelined messages back to pending",
+            "{stage}: message {}: {reason}; {} pipelined messages back to pending",
+            front.id,
             rest.len()
         );
         let c = self.deltas.stage(&stage);
         match kind {
-            StrikeKind::TimedOut => c.timeouts += 1,
-            StrikeKind::Crashed => c.crashes += 1,
+            StrikeKind::TimedOut => {
+                c.timeouts += 1;
+                self.policy.timed_out(&stage, &front.sender_key);
+            }
+            StrikeKind::Crashed => {
+                c.crashes += 1;
+                self.policy.ran(
+                    &stage,
+                    &front.sender_key,
+                    front.head_since.map_or(Duration::ZERO, |t| t.elapsed()),
+                );
+            }
         }
+        self.suspects.remove(&front.id);
+        // A batching worker may have died on any of the ids it had read: run each of
+        // them alone next time, so a poisoned one reaches the front and is blamed.
+        if self.suspects.len() + read_by_worker.len() > MAX_SUSPECTS {
+            self.suspects.clear();
+        }
+        self.suspects.extend(read_by_worker);
         self.send(Command::Strike {
-            id: front,
+            id: front.id,
             stage: stage.clone(),
             kind,
             error: reason,
         });
-        if !rest.is_empty() {
-            self.requeue(rest.iter().map(|&id| (id, stage.clone())).collect());
-        }
+        self.requeue(rest);
     }
 
     /// A worker died before `ready`, or its program could not start: its ids go back,
     /// the stage is held for a growing cooldown.
-    fn start_failed(&mut self, stage: &str, what: &str, ids: &[i64]) {
+    fn start_failed(&mut self, stage: &str, what: &str, mut back: Vec<(i64, String, String)>) {
         let now = Instant::now();
-        let mut back: Vec<(i64, String)> = ids.iter().map(|&id| (id, stage.to_string())).collect();
         let Some(s) = self.stages.get_mut(stage) else {
             self.requeue(back);
             return;
@@ -640,7 +737,11 @@ impl Dispatcher {
             .cooldown_until
             .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
         // Claimed ids waiting for a worker would wait out the cooldown as running.
-        back.extend(s.queue.drain(..).map(|id| (id, stage.to_string())));
+        back.extend(
+            s.queue
+                .drain(..)
+                .map(|(id, key)| (id, stage.to_string(), key)),
+        );
         log::warn!(
             "{stage}: {what}; {} messages back to pending, no worker started for {}s",
             back.len(),
@@ -649,19 +750,28 @@ impl Dispatcher {
         self.requeue(back);
     }
 
-    fn requeue(&mut self, rows: Vec<(i64, String)>) {
+    /// Puts claimed rows back to pending: (id, claimed stage, sender key).
+    fn requeue(&mut self, rows: Vec<(i64, String, String)>) {
         if rows.is_empty() {
             return;
         }
-        for (_, stage) in &rows {
+        for (_, stage, key) in &rows {
             self.deltas.stage(stage).requeues += 1;
+            self.policy.requeued(stage, key);
         }
-        self.send(Command::Requeue(rows));
+        self.send(Command::Requeue(
+            rows.into_iter().map(|(id, stage, _)| (id, stage)).collect(),
+        ));
     }
 
     /// Halves the PARALLELISM cap of the stage running the most workers (§8.3).
     fn throttle_biggest(&mut self) {
         let now = Instant::now();
+        // The 75s of one worker batch are one overload episode.
+        if self.last_throttle.is_some_and(|t| t + THROTTLE_GAP > now) {
+            return;
+        }
+        self.last_throttle = Some(now);
         let Some((name, s)) = self
             .stages
             .iter_mut()
@@ -687,21 +797,20 @@ impl Dispatcher {
         let idle = self.opts.worker_idle_timeout;
         let mut hung = Vec::new();
         let mut slow_start = Vec::new();
+        let mut stuck_closing = Vec::new();
         let mut idle_stop = Vec::new();
         for (&serial, w) in &self.workers {
             match w.phase {
                 Phase::Starting if w.started + max_runtime <= now => slow_start.push(serial),
                 Phase::Starting => {}
-                _ => {
-                    if w.front_deadline(max_runtime).is_some_and(|d| d <= now) {
-                        hung.push(serial);
-                    } else if w.phase == Phase::Ready
-                        && w.queue.is_empty()
-                        && w.idle_since + idle <= now
-                    {
-                        idle_stop.push(serial);
-                    }
+                _ if w.front_deadline(max_runtime).is_some_and(|d| d <= now) => hung.push(serial),
+                Phase::Closing if w.closing_since.is_some_and(|t| t + CLOSE_GRACE <= now) => {
+                    stuck_closing.push(serial)
                 }
+                Phase::Ready if w.queue.is_empty() && w.idle_since + idle <= now => {
+                    idle_stop.push(serial)
+                }
+                _ => {}
             }
         }
         for serial in hung {
@@ -709,6 +818,20 @@ impl Dispatcher {
         }
         for serial in slow_start {
             self.worker_gone(serial, Gone::StartTimeout);
+        }
+        for serial in stuck_closing {
+            if let Some(w) = self.workers.get(&serial) {
+                log::warn!(
+                    "{}: worker {serial} (pid {}) did not exit within {}s of its end of input; killing it",
+                    w.stage,
+                    w.pid,
+                    CLOSE_GRACE.as_secs()
+                );
+            }
+            self.worker_gone(
+                serial,
+                Gone::Crash("it did not exit at end of input".into()),
+            );
         }
         for serial in idle_stop {
             if let Some(w) = self.workers.get_mut(&serial) {
@@ -733,17 +856,15 @@ impl Dispatcher {
         }
         if self.last_claim + self.opts.poll_interval <= now {
             self.want_claim = true;
-            if self
-                .unknown_checked
-                .is_none_or(|t| t + UNKNOWN_STAGE_GAP <= now)
-            {
-                self.unknown_checked = Some(now);
-                let known: Vec<String> = self.stages.keys().cloned().collect();
-                let _ = self.jobs.send(Job::UnknownStages(known));
-            }
+        }
+        if self.unknown_checked + UNKNOWN_STAGE_GAP <= now {
+            self.unknown_checked = now;
+            let known: Vec<String> = self.stages.keys().cloned().collect();
+            let _ = self.jobs.send(Job::UnknownStages(known));
         }
         if self.next_paused.is_some_and(|t| t <= now) && !self.flip_in_flight && self.lock_held {
             self.flip_in_flight = true;
+            self.next_paused = None;
             self.send(Command::FlipPaused);
         }
         if self.reload_retry_at.is_some_and(|t| t <= now) {
@@ -759,10 +880,10 @@ impl Dispatcher {
             }
         }
         // The pipeline went idle: show a finished burst's numbers at once.
-        let busy = self.busy();
-        if busy {
+        if self.busy() {
             self.was_busy = true;
-        } else if self.was_busy && self.last_flush + IDLE_FLUSH_GAP <= now {
+        } else if self.was_busy && !self.flush_in_flight && self.last_flush + IDLE_FLUSH_GAP <= now
+        {
             self.was_busy = false;
             self.flush_stats();
         }
@@ -784,14 +905,26 @@ impl Dispatcher {
         let _ = self.jobs.send(Job::Flush(Box::new(deltas)));
     }
 
+    /// The earliest time a timer needs the loop. Deadlines whose action is blocked
+    /// (a claim or flip in flight, the lock lost) are left out, so the loop sleeps
+    /// until the event that unblocks them instead of spinning.
     fn next_deadline(&self) -> Option<Instant> {
         let max_runtime = self.opts.max_runtime;
         let idle = self.opts.worker_idle_timeout;
+        let can_claim = self.lock_held && !self.claim_in_flight;
         let mut times = vec![
-            self.last_claim + self.opts.poll_interval,
             self.next_stats_tick,
+            self.unknown_checked + UNKNOWN_STAGE_GAP,
         ];
-        times.extend(self.next_paused);
+        if can_claim {
+            times.push(self.last_claim + self.opts.poll_interval);
+            if self.want_claim {
+                times.push(Instant::now());
+            }
+        }
+        if self.lock_held && !self.flip_in_flight {
+            times.extend(self.next_paused);
+        }
         times.extend(self.reload_retry_at);
         for w in self.workers.values() {
             match w.phase {
@@ -801,6 +934,9 @@ impl Dispatcher {
                     if w.phase == Phase::Ready && w.queue.is_empty() {
                         times.push(w.idle_since + idle);
                     }
+                    if let Some(t) = w.closing_since {
+                        times.push(t + CLOSE_GRACE);
+                    }
                 }
             }
         }
@@ -808,11 +944,8 @@ impl Dispatcher {
             times.extend(s.cooldown_until);
             times.extend(s.throttle.map(|t| t.1));
         }
-        if self.was_busy && !self.busy() {
+        if self.was_busy && !self.busy() && !self.flush_in_flight {
             times.push(self.last_flush + IDLE_FLUSH_GAP);
-        }
-        if self.want_claim && !self.claim_in_flight && self.lock_held {
-            times.push(Instant::now());
         }
         times.into_iter().min()
     }
@@ -832,25 +965,43 @@ impl Dispatcher {
         self.claim();
     }
 
-    /// Hands claimed ids to workers, packing them onto as few as possible, starting a
-    /// worker only when every existing one is full.
+    /// Hands claimed ids to workers, packing them onto as few as possible (ready ones
+    /// first), starting a worker only when every existing one is full. A suspect of an
+    /// earlier crash goes alone to an empty worker.
     fn assign(&mut self) {
         let now = Instant::now();
         let names: Vec<String> = self.stages.keys().cloned().collect();
         for name in names {
             loop {
                 let s = &self.stages[&name];
-                let Some(&id) = s.queue.front() else { break };
-                let limit = s.section.queue_limit as usize;
+                let Some((id, key)) = s.queue.front().cloned() else {
+                    break;
+                };
+                let suspect = self.suspects.contains(&id);
+                let limit = if suspect {
+                    1
+                } else {
+                    s.section.queue_limit as usize
+                };
                 let max_messages = s.section.max_messages;
                 let target = s
                     .workers
                     .iter()
                     .filter_map(|serial| self.workers.get(serial))
                     .filter(|w| {
-                        matches!(w.phase, Phase::Starting | Phase::Ready) && w.queue.len() < limit
+                        matches!(w.phase, Phase::Starting | Phase::Ready)
+                            && !w.retire_on_ready
+                            && !w.isolated
+                            && w.assigned_total < max_messages
+                            && w.queue.len() < limit
                     })
-                    .max_by_key(|w| (w.queue.len(), std::cmp::Reverse(w.serial)))
+                    .max_by_key(|w| {
+                        (
+                            w.phase == Phase::Ready,
+                            w.queue.len(),
+                            std::cmp::Reverse(w.serial),
+                        )
+                    })
                     .map(|w| w.serial);
                 let serial = match target {
                     Some(serial) => serial,
@@ -863,13 +1014,13 @@ impl Dispatcher {
                     None => {
                         if s.cooling(now) && s.workers.is_empty() {
                             // Nothing can run them during the cooldown.
-                            let back: Vec<(i64, String)> = self
+                            let back: Vec<(i64, String, String)> = self
                                 .stages
                                 .get_mut(&name)
                                 .expect("exists")
                                 .queue
                                 .drain(..)
-                                .map(|id| (id, name.clone()))
+                                .map(|(id, key)| (id, name.clone(), key))
                                 .collect();
                             self.requeue(back);
                         }
@@ -882,13 +1033,11 @@ impl Dispatcher {
                     .queue
                     .pop_front();
                 let w = self.workers.get_mut(&serial).expect("exists");
-                w.assign(id);
-                if w.assigned_total >= max_messages {
+                w.assign(id, key);
+                w.isolated = suspect;
+                if w.assigned_total >= max_messages && w.phase == Phase::Ready {
                     // Recycled once its pipeline drains (MAX_MESSAGES).
-                    w.phase = match w.phase {
-                        Phase::Starting => Phase::Starting,
-                        _ => Phase::Retiring,
-                    };
+                    w.phase = Phase::Retiring;
                 }
             }
         }
@@ -940,7 +1089,11 @@ impl Dispatcher {
                 Some(serial)
             }
             Err(e) => {
-                self.start_failed(stage, &format!("cannot start PROGRAM {program}: {e}"), &[]);
+                self.start_failed(
+                    stage,
+                    &format!("cannot start PROGRAM {program}: {e}"),
+                    Vec::new(),
+                );
                 None
             }
         }
@@ -995,7 +1148,8 @@ impl Dispatcher {
         }
         self.claim_in_flight = true;
         self.last_claim = now;
-        self.send(Command::Claim(asked));
+        let request = self.policy.request(asked);
+        self.send(Command::Claim(request));
     }
 
     // ---- reload --------------------------------------------------------------------
@@ -1034,7 +1188,7 @@ impl Dispatcher {
                 }
                 None => {
                     s.removed = true;
-                    back.extend(s.queue.drain(..).map(|id| (id, name.clone())));
+                    back.extend(s.queue.drain(..).map(|(id, key)| (id, name.clone(), key)));
                 }
             }
         }
@@ -1062,7 +1216,7 @@ impl Dispatcher {
                         w.phase = Phase::Retiring;
                     } else if w.phase == Phase::Starting {
                         // It gets the ids it holds, then no more.
-                        w.assigned_total = u64::MAX / 2;
+                        w.retire_on_ready = true;
                     }
                 }
             }
@@ -1102,8 +1256,9 @@ impl Dispatcher {
                         break;
                     }
                     Ok(Event::Flushed(result)) => self.on_event(Event::Flushed(result)),
-                    Ok(Event::Claimed { rows, .. }) => {
-                        self.deltas.rows_claimed += rows.len() as i64
+                    Ok(Event::Claimed { rows, .. }) if !rows.is_empty() => {
+                        self.deltas.claims += 1;
+                        self.deltas.rows_claimed += rows.len() as i64;
                     }
                     Ok(_) => {}
                     Err(_) => {

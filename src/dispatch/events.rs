@@ -45,6 +45,8 @@ pub enum Event {
         /// Seconds until the next paused row is due.
         next_paused: Option<f64>,
     },
+    /// The paused-row flip failed; try again later.
+    FlipFailed,
     /// A row was paused by the dispatcher (strike or deferral); it is due in this many
     /// seconds.
     Paused(f64),

@@ -20,6 +20,7 @@ pub mod event_loop;
 pub mod events;
 pub mod listener;
 pub mod process;
+pub mod scheduler;
 pub mod signals;
 pub mod stats;
 

@@ -36,6 +36,8 @@ pub enum Phase {
 pub struct Slot {
     /// The message.
     pub id: i64,
+    /// Its fairness key (for the claim policy).
+    pub sender_key: String,
     /// Has it been written to the worker's stdin?
     pub written: bool,
     /// When it reached the head of the queue (written and first): MAX_RUNTIME counts
@@ -72,6 +74,14 @@ pub struct WorkerProc {
     pub started: Instant,
     /// When its queue last became empty.
     pub idle_since: Instant,
+    /// When its stdin was closed.
+    pub closing_since: Option<Instant>,
+    /// How many ids it answered.
+    pub answered: u64,
+    /// Retire it as soon as it is ready (a reload while it was starting).
+    pub retire_on_ready: bool,
+    /// It runs a suspect of an earlier crash alone: no other id until that answers.
+    pub isolated: bool,
     /// Token of its stdout.
     pub out_token: Token,
     /// Token of its stdin.
@@ -147,6 +157,10 @@ impl WorkerProc {
             assigned_total: 0,
             started: now,
             idle_since: now,
+            closing_since: None,
+            answered: 0,
+            retire_on_ready: false,
+            isolated: false,
             out_token,
             in_token,
             child,
@@ -158,9 +172,10 @@ impl WorkerProc {
     }
 
     /// Hands an id to the worker; it is written at once when the worker is ready.
-    pub fn assign(&mut self, id: i64) {
+    pub fn assign(&mut self, id: i64, sender_key: String) {
         self.queue.push_back(Slot {
             id,
+            sender_key,
             written: false,
             head_since: None,
         });
@@ -233,6 +248,8 @@ impl WorkerProc {
     /// The front id was answered: pops it and starts the next one's clock.
     pub fn pop_front(&mut self) -> Option<Slot> {
         let slot = self.queue.pop_front();
+        self.answered += 1;
+        self.isolated = false;
         let now = Instant::now();
         match self.queue.front_mut() {
             Some(next) if next.written => next.head_since = Some(now),
@@ -248,6 +265,7 @@ impl WorkerProc {
             let _ = registry.deregister(&mut stdin);
         }
         self.phase = Phase::Closing;
+        self.closing_since = Some(Instant::now());
     }
 
     /// Kills the process (SIGKILL).

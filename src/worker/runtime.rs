@@ -338,7 +338,7 @@ impl Worker {
             conn.query_typed(query, &[(&id_list, Type::INT8_ARRAY)])
         }) {
             Ok(rows) => rows,
-            Err(e) => return self.unhandled(&mut conn, ids, "load", &e),
+            Err(e) => return self.load_failed(ids, &e),
         };
         let mut by_id: HashMap<i64, postgres::Row> =
             rows.into_iter().map(|r| (r.get(0), r)).collect();
@@ -418,46 +418,48 @@ impl Worker {
         plans
     }
 
-    /// Loading or writing failed: connection errors answer 74/75 with nothing written; anything
-    /// else pauses the rows with the error so the dispatcher is not told a lie.
-    fn unhandled(
-        &mut self,
-        conn: &mut PgConn,
-        ids: &[i64],
-        what: &str,
-        err: &postgres::Error,
-    ) -> Vec<Plan> {
-        let answer = match db::classify(err) {
-            ErrorKind::Connection => protocol::STATUS_IOERR,
-            ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
-            _ => {
-                let error = format!("cannot {what} the message: {}", db::describe(err));
-                log::warn!("messages {ids:?}: {error}; pausing them for a minute");
-                let id_list = ids.to_vec();
-                match conn.query_typed(
-                    sql::PAUSE_UNHANDLED,
-                    &[(&id_list, Type::INT8_ARRAY), (&error, Type::TEXT)],
-                ) {
-                    Ok(_) => protocol::STATUS_OK,
-                    Err(e) => {
-                        log::warn!(
-                            "messages {ids:?}: cannot pause them either: {}",
-                            db::describe(&e)
-                        );
-                        protocol::STATUS_IOERR
-                    }
-                }
-            }
-        };
-        if answer == protocol::STATUS_IOERR {
-            log::warn!(
-                "database connection lost; cannot {what} messages {ids:?}: {}",
-                db::describe(err)
-            );
-        }
+    /// Loading failed. Nothing was committed, and without the rows the worker does not
+    /// know their stages to guard a write with, so every id is answered 74 (75 for
+    /// overload) and the dispatcher defers it, guarded by the stage it claimed it at.
+    fn load_failed(&self, ids: &[i64], err: &postgres::Error) -> Vec<Plan> {
+        let answer = status_for(db::classify(err));
+        log::warn!(
+            "cannot load messages {ids:?}: {}; answering {answer}",
+            db::describe(err)
+        );
         ids.iter()
             .map(|&id| Plan::answer_only(id, answer))
             .collect()
+    }
+
+    /// Writing an outcome failed for a non-connection reason: pause the row at its
+    /// claimed stage with the error, as a last resort, so it is retried.
+    fn pause_unwritten(&self, conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 {
+        let error = format!("cannot write the outcome: {}", db::describe(err));
+        log::warn!(
+            "{}: message {}: {error}; pausing it for a minute",
+            plan.claimed,
+            plan.id
+        );
+        match conn.query_typed(
+            sql::PAUSE_UNWRITTEN,
+            &[
+                (&plan.id, Type::INT8),
+                (&plan.claimed, Type::TEXT),
+                (&error, Type::TEXT),
+            ],
+        ) {
+            Ok(_) => protocol::STATUS_OK,
+            Err(e) => {
+                log::warn!(
+                    "{}: message {}: cannot pause it either: {}",
+                    plan.claimed,
+                    plan.id,
+                    db::describe(&e)
+                );
+                status_for(db::classify(&e))
+            }
+        }
     }
 
     /// Runs the claimed stage and any fused successors on one message.
@@ -834,7 +836,7 @@ impl Worker {
                     protocol::STATUS_IOERR
                 }
                 ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
-                _ => self.unhandled(conn, &[plan.id], "write the outcome of", err)[0].answer,
+                _ => self.pause_unwritten(conn, plan, err),
             };
         }
     }

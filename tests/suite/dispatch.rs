@@ -303,6 +303,44 @@ fn a_crash_strikes_the_front_message_and_requeues_its_siblings() {
 }
 
 #[test]
+fn a_poisoned_message_inside_a_batch_is_run_alone_and_blamed_itself() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-suspect");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n",
+    );
+    let mut c = db.client();
+    let front = inject_many(&mut c, "s", "a@x.example", 2);
+    let poison = inject_fault(&mut c, "s", "crash");
+    let last = inject_many(&mut c, "s", "a@x.example", 1)[0];
+    // The worker answers a batch only after all of it ran, so the crash on the third
+    // id strikes the first (the front, §8.2) and requeues the rest as suspects.
+    let d = Dispatcher::start(&conf, &[("FAULT_BATCH_ANSWERS", "1")]);
+    wait_status(&mut c, front[0], ("s", "paused"), Duration::from_secs(20));
+    // Each suspect runs alone: the innocent ones complete, the poison is blamed itself.
+    wait_status(&mut c, poison, ("s", "paused"), Duration::from_secs(20));
+    assert_eq!(state_of(&mut c, poison)["strikes"], 1);
+    for id in [front[1], last] {
+        wait_until(
+            Duration::from_secs(20),
+            "the innocent suspects complete",
+            || row_at(&mut c, id).is_none(),
+        );
+    }
+    assert_eq!(state_of(&mut c, front[0])["strikes"], 1);
+    due_now(&mut c, front[0]);
+    wait_until(
+        Duration::from_secs(20),
+        "the struck front completes on its retry",
+        || row_at(&mut c, front[0]).is_none(),
+    );
+    drop(d);
+}
+
+#[test]
 fn a_hang_is_killed_at_max_runtime_and_the_third_times_out() {
     let db = TestDb::new();
     let dir = TempDir::new("d-hang");
@@ -366,8 +404,11 @@ fn start_failure_recovers(mode: &str) {
     let d = Dispatcher::start(&conf, &[("FAULT_CONTROL", control.to_str().unwrap())]);
     d.wait_log("no worker started for 2s", Duration::from_secs(20));
     d.wait_log("no worker started for 4s", Duration::from_secs(20));
-    if mode == "exit78" {
+    if mode == "exit78" || mode == "ready78" {
         assert!(d.log().contains("refused to run (exit 78"), "{}", d.log());
+    }
+    if mode == "ready78" {
+        assert!(d.log().contains("before answering anything"), "{}", d.log());
     }
     for id in &ids {
         let st = state_of(&mut c, *id);
@@ -385,6 +426,11 @@ fn start_failure_recovers(mode: &str) {
 #[test]
 fn exit_78_before_ready_blames_nothing_and_the_stage_recovers() {
     start_failure_recovers("exit78");
+}
+
+#[test]
+fn exit_78_after_ready_but_before_any_answer_blames_nothing() {
+    start_failure_recovers("ready78");
 }
 
 #[test]
