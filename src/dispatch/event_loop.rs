@@ -222,7 +222,8 @@ impl Dispatcher {
             want_reload: false,
             reload_in_flight: false,
             reload_retry_at: None,
-            unknown_checked: now,
+            // The first check runs at the first turn.
+            unknown_checked: now.checked_sub(UNKNOWN_STAGE_GAP).unwrap_or(now),
             last_throttle: None,
             policy,
             suspects: HashSet::new(),

@@ -1006,3 +1006,84 @@ fn the_claim_uses_the_partial_pending_index() {
     assert_eq!(claimed.iter().filter(|s| *s == "a").count(), 4);
     assert_eq!(claimed.iter().filter(|s| *s == "b").count(), 8);
 }
+
+#[test]
+fn rows_at_a_stage_without_a_section_are_left_alone_and_reported() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-ghost");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let ghost = inject_many(&mut c, "ghost", "a@x.example", 2);
+    let d = Dispatcher::start(&conf, &[]);
+    d.wait_log(
+        "2 pending rows are at stage \"ghost\", which has no [stage-ghost] section",
+        Duration::from_secs(20),
+    );
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_until(Duration::from_secs(20), "the known stage drains", || {
+        queue_len(&mut c) == 2
+    });
+    for id in ghost {
+        assert_eq!(row_at(&mut c, id), Some(("ghost".into(), "pending".into())));
+    }
+}
+
+#[test]
+fn telemetry_changed_retires_every_worker_and_keeps_the_stage_table() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-telemetry");
+    let conf = conf(
+        &dir,
+        &db,
+        "WORKER_IDLE_TIMEOUT = 60s",
+        "[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let d = Dispatcher::start(&conf, &[]);
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_empty(&mut c, Duration::from_secs(20));
+    let before = d.children();
+    assert_eq!(before.len(), 1, "one idle worker stays (idle timeout 60s)");
+    c.batch_execute("NOTIFY telemetry_changed").unwrap();
+    wait_until(Duration::from_secs(10), "the worker is retired", || {
+        d.children().is_empty()
+    });
+    d.wait_log("telemetry setting changed: retiring every worker", SEC);
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_empty(&mut c, Duration::from_secs(20));
+    let after = d.children();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after, before, "a fresh worker");
+}
+
+#[test]
+fn the_stats_tick_collects_orphaned_bodies_after_activity() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-gc");
+    let conf = conf(
+        &dir,
+        &db,
+        "STATS_INTERVAL = 1s",
+        "[stage-s]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue_body (body) VALUES ('left behind by two concurrent deletes')",
+        &[],
+    )
+    .unwrap();
+    let d = Dispatcher::start(&conf, &[]);
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_empty(&mut c, Duration::from_secs(20));
+    wait_until(
+        Duration::from_secs(10),
+        "the orphaned body is collected",
+        || count(&mut c, "SELECT count(*) FROM pepsi.workqueue_body") == 0,
+    );
+    drop(d);
+}
