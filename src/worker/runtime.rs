@@ -581,22 +581,16 @@ impl Worker {
     ) -> Result<bool, StageError> {
         let json_groups =
             json!(groups.iter().map(|g| &g.recipients).collect::<Vec<_>>()).to_string();
-        let none: Option<String> = None;
-        let row = db::retry_transient(|| {
-            conn.query_typed_one(
-                sql::SPLIT,
-                &[
-                    (&message.id, Type::INT8),
-                    (&json_groups, Type::TEXT),
-                    (&message.claimed_stage, Type::TEXT),
-                    (&none, Type::TEXT),
-                    (&none, Type::TEXT),
-                    (&false, Type::BOOL),
-                ],
-            )
-        })
+        let new = split_row(
+            conn,
+            message.id,
+            &json_groups,
+            &message.claimed_stage,
+            None,
+            None,
+            false,
+        )
         .map_err(|e| StageError::from_db(&e))?;
-        let new: Option<Vec<i64>> = row.get(0);
         match new {
             None => {
                 log::warn!(
@@ -746,23 +740,18 @@ impl Worker {
             else {
                 continue;
             };
-            let (groups, stage, state) =
-                (groups.to_string(), Some(stage.clone()), Some(state.clone()));
-            let result = db::retry_transient(|| {
-                conn.query_typed_one(
-                    sql::SPLIT,
-                    &[
-                        (&plan.id, Type::INT8),
-                        (&groups, Type::TEXT),
-                        (&plan.claimed, Type::TEXT),
-                        (&stage, Type::TEXT),
-                        (&state, Type::TEXT),
-                        (&true, Type::BOOL),
-                    ],
-                )
-            });
+            let (groups, stage, state) = (groups.to_string(), stage.clone(), state.clone());
+            let result = split_row(
+                conn,
+                plan.id,
+                &groups,
+                &plan.claimed,
+                Some(&stage),
+                Some(&state),
+                true,
+            );
             match result {
-                Ok(row) if row.get::<_, Option<Vec<i64>>>(0).is_none() => {
+                Ok(None) => {
                     log::warn!(
                         "{}: message {} was taken away; its split was not written",
                         plan.claimed,
@@ -840,6 +829,32 @@ impl Worker {
             };
         }
     }
+}
+
+/// Calls `workqueue_split` (one round trip); `None` when the guard did not match.
+fn split_row(
+    conn: &mut PgConn,
+    id: i64,
+    groups: &str,
+    claimed: &str,
+    stage: Option<&str>,
+    state: Option<&str>,
+    release: bool,
+) -> Result<Option<Vec<i64>>, postgres::Error> {
+    let row = db::retry_transient(|| {
+        conn.query_typed_one(
+            sql::SPLIT,
+            &[
+                (&id, Type::INT8),
+                (&groups, Type::TEXT),
+                (&claimed, Type::TEXT),
+                (&stage, Type::TEXT),
+                (&state, Type::TEXT),
+                (&release, Type::BOOL),
+            ],
+        )
+    })?;
+    Ok(row.get(0))
 }
 
 #[derive(Clone, Copy)]
