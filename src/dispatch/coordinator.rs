@@ -76,6 +76,9 @@ pub enum Command {
         /// Its claimed stage.
         stage: String,
     },
+    /// Check the connection (and with it the lock) now: the LISTEN session was lost,
+    /// so the database may have restarted while the coordinator was idle.
+    Check,
     /// After the lock was lost and taken again: reset running rows this dispatcher
     /// does not hold (a claim that committed but whose answer was lost).
     Reconcile(Vec<i64>),
@@ -91,6 +94,7 @@ impl Command {
             Command::Requeue(_) => "requeue",
             Command::Strike { .. } => "strike",
             Command::Defer { .. } => "deferral",
+            Command::Check => "connection check",
             Command::Reconcile(_) => "reconcile",
             Command::Reset => "shutdown reset",
         }
@@ -426,6 +430,9 @@ impl Coordinator {
                         "{stage}: message {id} was no longer running there; not deferred"
                     ),
                 }
+            }
+            Command::Check => {
+                client.simple_query("")?;
             }
             Command::Reconcile(in_flight) => {
                 let n = db::retry_transient(|| {

@@ -390,6 +390,7 @@ impl Dispatcher {
                 other => log::debug!("ignoring a notification on {other}"),
             },
             Event::ListenerUp => self.want_claim = true,
+            Event::ListenerLost => self.send(Command::Check),
             Event::Overlay(result) => {
                 self.reload_in_flight = false;
                 match result {

@@ -62,6 +62,8 @@ pub enum Event {
     Notify(String),
     /// The LISTEN session is (re)connected: catch up with a claim.
     ListenerUp,
+    /// The LISTEN session was lost: the database may have restarted.
+    ListenerLost,
     /// The overlay was read for a reload.
     Overlay(Result<Vec<OverrideRow>, String>),
     /// A statistics flush ended; on failure the deltas come back to be retried.

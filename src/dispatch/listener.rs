@@ -75,10 +75,12 @@ fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {
             drop(notes);
             if let Some(e) = failed {
                 log::warn!("LISTEN session lost: {}; reconnecting", db::describe(&e));
+                events.send(Event::ListenerLost);
                 break;
             }
             if client.is_closed() {
                 log::warn!("LISTEN session closed; reconnecting");
+                events.send(Event::ListenerLost);
                 break;
             }
         }

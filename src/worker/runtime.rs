@@ -334,10 +334,35 @@ impl Worker {
             Load::Full => (sql::LOAD_FULL, Load::Full),
         };
         let id_list: Vec<i64> = ids.to_vec();
-        let rows = match db::retry_transient(|| {
-            conn.query_typed(query, &[(&id_list, Type::INT8_ARRAY)])
-        }) {
+        let load = |conn: &mut PgConn| {
+            db::retry_transient(|| conn.query_typed(query, &[(&id_list, Type::INT8_ARRAY)]))
+        };
+        let rows = match load(&mut conn) {
             Ok(rows) => rows,
+            // A pooled connection that died while idle (a database restart) is noticed
+            // only now, before anything was done: one fresh connection, then 74.
+            Err(e) if db::classify(&e) == ErrorKind::Connection => {
+                log::debug!(
+                    "pooled connection was dead ({}); reconnecting",
+                    db::describe(&e)
+                );
+                drop(conn);
+                conn = match self.pool.get() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        log::warn!("cannot reconnect for messages {ids:?}: {}", e.message);
+                        let answer = status_for(e.kind);
+                        return ids
+                            .iter()
+                            .map(|&id| Plan::answer_only(id, answer))
+                            .collect();
+                    }
+                };
+                match load(&mut conn) {
+                    Ok(rows) => rows,
+                    Err(e) => return self.load_failed(ids, &e),
+                }
+            }
             Err(e) => return self.load_failed(ids, &e),
         };
         let mut by_id: HashMap<i64, postgres::Row> =

@@ -1087,3 +1087,30 @@ fn the_stats_tick_collects_orphaned_bodies_after_activity() {
     );
     drop(d);
 }
+
+#[test]
+fn after_its_connections_are_killed_the_dispatcher_retakes_the_lock_and_goes_on() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-reconnect");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let mut d = Dispatcher::start(&conf, &[]);
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_empty(&mut c, Duration::from_secs(20));
+    // As if the database restarted: every session of the dispatcher and its workers.
+    let killed = count(
+        &mut c,
+        "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name LIKE 'pepsi-%'",
+    );
+    assert!(killed >= 2, "killed {killed} sessions");
+    d.wait_log("the dispatcher lock is held again", Duration::from_secs(20));
+    inject_many(&mut c, "s", "a@x.example", 3);
+    wait_empty(&mut c, Duration::from_secs(20));
+    assert!(d.terminate().success(), "{}", d.log());
+}

@@ -494,35 +494,58 @@ fn past_max_lifetime_without_a_bounce_stage_the_message_fails() {
     );
 }
 
+/// Terminates the sessions of a worker program in this database.
+fn terminate(c: &mut Client, application: &str) -> i64 {
+    c.query_one(
+        "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = $1",
+        &[&application],
+    )
+    .unwrap()
+    .get(0)
+}
+
 #[test]
-fn a_terminated_connection_answers_74_and_commits_nothing() {
+fn a_connection_lost_mid_message_answers_74_and_commits_nothing() {
     let db = TestDb::new();
-    let dir = TempDir::new("w-kill");
-    let conf = config(&dir, &db, false, CHAIN);
+    let s = exec_setup(&db, "");
     let mut c = db.client();
-    let a = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
-    let b = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
+    let a = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    let b = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
     claim(&mut c, &[a, b]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
-    // The worker's pool connection was opened at start; terminate it while idle.
-    let killed: i64 = c
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
-             WHERE datname = current_database() AND application_name = 'pepsi-stage-pass'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(killed, 1);
-    assert_eq!(code(&w.run(&[a])[0]), 74);
+    let script = s.conf.parent().unwrap().join("deliver.sh");
+    let text = std::fs::read_to_string(&script).unwrap();
+    // Within the stage's TIMEOUT of 1s.
+    std::fs::write(&script, text.replace("exit $mode", "sleep 0.6; exit $mode")).unwrap();
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    w.send(&[a]);
+    // The command runs; meanwhile the database drops the worker's connection.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(terminate(&mut c, "pepsi-stage-exec"), 1);
+    assert_eq!(code(&w.status()), 74);
     assert_eq!(
         row_at(&mut c, a),
-        Some(("pass".into(), "running".into())),
+        Some(("deliver".into(), "running".into())),
         "nothing committed"
     );
     // The next message gets a fresh connection.
     assert_eq!(code(&w.run(&[b])[0]), 0);
-    assert_eq!(row_at(&mut c, b), Some(("if".into(), "pending".into())));
+    assert_eq!(row_at(&mut c, b), None, "delivered and fused into done");
+}
+
+#[test]
+fn a_connection_that_died_while_idle_is_replaced_before_the_next_message() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-idlekill");
+    let conf = config(&dir, &db, false, CHAIN);
+    let mut c = db.client();
+    let a = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
+    claim(&mut c, &[a]);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    // As after a database restart: the pooled connection is gone before any work.
+    assert_eq!(terminate(&mut c, "pepsi-stage-pass"), 1);
+    assert_eq!(code(&w.run(&[a])[0]), 0);
+    assert_eq!(row_at(&mut c, a), Some(("if".into(), "pending".into())));
 }
 
 const ROUTE: &str = "[stage-route]\nPROGRAM = {if}\nMATCH = sender-domain is nowhere.example\nNEXT = a\nELSE_STAGE = b\n\n\
