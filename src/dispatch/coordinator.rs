@@ -5,7 +5,8 @@
 //!
 //! If its connection breaks, the lock is gone with it: it tells the loop (which stops
 //! claiming at once), reconnects and re-takes the lock within ten seconds, or reports a
-//! fatal error. Queue writes run through the transient-error retry helper; a write that
+//! fatal error. Every queue write is one statement sent in one round trip
+//! (`query_typed`: no separate prepare). Queue writes run through the transient-error retry helper; a write that
 //! fails otherwise is tried again with backoff, so no row is left running by a passing
 //! error while the dispatcher lives.
 
@@ -127,7 +128,7 @@ pub fn start(conninfo: &str) -> Result<Client, Failure> {
             LOCK_WAIT.as_secs()
         )));
     }
-    let reset = client.execute(sql::RESET_RUNNING, &[]).map_err(|e| {
+    let reset = client.execute_typed(sql::RESET_RUNNING, &[]).map_err(|e| {
         Failure::general(format!("cannot reset orphaned rows: {}", db::describe(&e)))
     })?;
     if reset > 0 {
@@ -358,7 +359,7 @@ impl Coordinator {
                 self.events.send(event);
             }
             Command::FlipPaused => {
-                let row = db::retry_transient(|| client.query_one(sql::FLIP_PAUSED, &[]))?;
+                let row = db::retry_transient(|| client.query_typed_one(sql::FLIP_PAUSED, &[]))?;
                 let count: i64 = row.get(0);
                 if count > 0 {
                     log::debug!("{count} paused rows are due: back to pending");
@@ -392,7 +393,15 @@ impl Coordinator {
                 error,
             } => {
                 let row = db::retry_transient(|| {
-                    client.query_opt(sql::STRIKE, &[id, stage, &kind.class(), error])
+                    client.query_typed_opt(
+                        sql::STRIKE,
+                        &[
+                            (id, Type::INT8),
+                            (stage, Type::TEXT),
+                            (&kind.class(), Type::TEXT),
+                            (error, Type::TEXT),
+                        ],
+                    )
                 })?;
                 match row {
                     None => log::warn!(
@@ -419,7 +428,9 @@ impl Coordinator {
                 }
             }
             Command::Defer { id, stage } => {
-                match db::retry_transient(|| client.query_opt(sql::DEFER, &[id, stage]))? {
+                match db::retry_transient(|| {
+                    client.query_typed_opt(sql::DEFER, &[(id, Type::INT8), (stage, Type::TEXT)])
+                })? {
                     Some(row) => {
                         log::warn!(
                             "{stage}: message {id}: its worker lost the database connection; deferred for 30s"
@@ -448,7 +459,7 @@ impl Coordinator {
                 }
             }
             Command::Reset => {
-                let n = db::retry_transient(|| client.execute(sql::RESET_RUNNING, &[]))?;
+                let n = db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[]))?;
                 self.events.send(Event::ResetDone(Ok(n)));
             }
         }
