@@ -595,6 +595,10 @@ impl Dispatcher {
         let stage = w.stage.clone();
         if let Some(s) = self.stages.get_mut(&stage) {
             s.workers.retain(|&x| x != serial);
+            // A stage removed by a reload goes with its last worker.
+            if s.removed && s.workers.is_empty() && s.queue.is_empty() {
+                self.stages.remove(&stage);
+            }
         }
         // Capacity was freed (or a retired worker's slot): claim again.
         self.want_claim = true;
