@@ -501,14 +501,20 @@ impl Worker {
         let mut depth = 0;
         loop {
             let base = self.graph.get(&stage).cloned();
-            let Some(builtin) = base.as_ref().and_then(|s| builtin_by_name(&s.program)) else {
-                let why = match &base {
-                    None => format!("there is no [stage-{stage}] section"),
-                    Some(s) => format!(
-                        "PROGRAM {} is not a built-in stage of this program",
-                        s.program
-                    ),
-                };
+            let builtin = base.as_ref().and_then(|s| builtin_by_name(&s.program));
+            let unusable = match (&base, builtin) {
+                (None, _) => Some(format!("there is no [stage-{stage}] section")),
+                (Some(s), None) => Some(format!(
+                    "PROGRAM {} is not a built-in stage of this program",
+                    s.program
+                )),
+                (Some(_), Some(b)) if b.loads() > loaded => Some(format!(
+                    "stage {stage} needs the message body, which this program does not load"
+                )),
+                _ => None,
+            };
+            let (Some(builtin), None) = (builtin, unusable.clone()) else {
+                let why = unusable.unwrap_or_default();
                 self.handle_error(
                     &mut plan,
                     message,
@@ -518,19 +524,6 @@ impl Worker {
                 );
                 return plan;
             };
-            if builtin.loads() > loaded {
-                let why = format!(
-                    "stage {stage} needs the message body, which this program does not load"
-                );
-                self.handle_error(
-                    &mut plan,
-                    message,
-                    &stage,
-                    base.as_ref(),
-                    StageError::host(why),
-                );
-                return plan;
-            }
             let mut groups = settings::groups(&message, &stage);
             if groups.len() > 1 {
                 // Only the claimed stage splits: fusion refuses a divergent successor.

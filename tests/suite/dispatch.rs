@@ -692,8 +692,11 @@ fn after_sigkill_no_worker_survives_and_a_new_dispatcher_finishes_the_rows() {
     let held = inject_fault(&mut c, "s", "hang");
     let first = Dispatcher::start(&conf, &[]);
     wait_status(&mut c, held, ("s", "running"), Duration::from_secs(20));
+    // The row is claimed a moment before its worker is started.
+    wait_until(Duration::from_secs(10), "its worker runs", || {
+        !first.children().is_empty()
+    });
     let workers = first.children();
-    assert!(!workers.is_empty());
     first.signal(libc::SIGKILL);
     wait_until(
         Duration::from_secs(10),
