@@ -24,7 +24,7 @@ pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
 pub const DEFAULT_CONNECTION: &str = "host=/var/run/postgresql dbname=pepsi user=pepsi";
 
 /// `[pepsi]`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PepsiOptions {
     /// Global switch for stage fusion (§12.6).
     pub allow_fusion: bool,
@@ -35,7 +35,7 @@ pub struct PepsiOptions {
 }
 
 /// `[pepsi-postgres]`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostgresOptions {
     /// libpq conninfo or URL.
     pub connection: String,

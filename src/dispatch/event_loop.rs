@@ -120,6 +120,7 @@ pub struct Dispatcher {
     coordinator: Sender<Command>,
     jobs: Sender<Job>,
     config: Config,
+    graph: StageGraph,
     opts: DispatchOptions,
     stages: BTreeMap<String, StageState>,
     workers: HashMap<u64, WorkerProc>,
@@ -202,6 +203,7 @@ impl Dispatcher {
             jobs: parts.jobs,
             next_stats_tick: now + opts.stats_interval,
             config: parts.config,
+            graph: parts.graph,
             opts,
             stages,
             workers: HashMap::new(),
@@ -389,7 +391,12 @@ impl Dispatcher {
                 }
                 other => log::debug!("ignoring a notification on {other}"),
             },
-            Event::ListenerUp => self.want_claim = true,
+            // Notifications sent while the session was away are lost: catch up with a
+            // claim, and re-read the configuration in case it changed meanwhile.
+            Event::ListenerUp => {
+                self.want_claim = true;
+                self.want_reload = true;
+            }
             Event::ListenerLost => self.send(Command::Check),
             Event::Overlay(result) => {
                 self.reload_in_flight = false;
@@ -1181,6 +1188,15 @@ impl Dispatcher {
                 return;
             }
         };
+        // What workers read at start: the stage graph and the file's [pepsi] and
+        // [pepsi-postgres]. Nothing of it changed: keep the workers.
+        if graph == self.graph
+            && file.pepsi == self.config.pepsi
+            && file.postgres == self.config.postgres
+        {
+            log::debug!("configuration re-read: unchanged");
+            return;
+        }
         log::info!(
             "stage configuration reloaded: {} stages; retiring every worker",
             graph.stages().count()
@@ -1203,7 +1219,10 @@ impl Dispatcher {
                 .entry(section.name.clone())
                 .or_insert_with(|| StageState::new(section.clone()));
         }
-        self.config.stage_sections = file.stage_sections;
+        // [pepsi-dispatch] is not reloaded: the pool and timers were made from it.
+        let dispatch = self.config.dispatch.clone();
+        self.config = Config { dispatch, ..file };
+        self.graph = graph;
         self.requeue(back);
         self.retire_all();
         self.stages
