@@ -7,7 +7,8 @@ use postgres::Client;
 
 use crate::util::worker::{Worker, code, report_stages};
 use crate::util::{
-    TempDir, TestDb, claim, due_in_secs, inject, row_at, stage, state_of, write_config,
+    TempDir, TestDb, claim, due_in_secs, inject, inject_claimed, row_at, stage, state_of,
+    write_config,
 };
 
 /// A config with `[pepsi] ALLOW_FUSION` and the given stage sections; `{pass}`, `{if}`,
@@ -223,8 +224,7 @@ fn fusion_off_for_a_successor_section_commits_the_hop() {
         &CHAIN.replace("[stage-if]\n", "[stage-if]\nFUSION = no\n"),
     );
     let mut c = db.client();
-    let id = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
-    claim(&mut c, &[id]);
+    let id = inject_claimed(&mut c, "pass", "a@match.example", &["r@y.example"]);
     let mut w = Worker::ready(&stage("pass"), &conf);
     let lines = w.run(&[id]);
     assert_eq!(report_stages(&lines[0]), vec!["pass"]);
@@ -288,6 +288,16 @@ struct ExecSetup {
     conf: PathBuf,
     control: PathBuf,
     out: PathBuf,
+}
+
+impl ExecSetup {
+    /// Makes the command take 0.6 s (within the stage's TIMEOUT of 1 s), so a test can
+    /// act while it runs.
+    fn slow_down(&self) {
+        let script = self.conf.parent().unwrap().join("deliver.sh");
+        let text = std::fs::read_to_string(&script).unwrap();
+        std::fs::write(&script, text.replace("exit $mode", "sleep 0.6; exit $mode")).unwrap();
+    }
 }
 
 fn exec_setup(db: &TestDb, extra: &str) -> ExecSetup {
@@ -363,8 +373,7 @@ fn exec_exit_65_fails_the_message_permanently() {
     let s = exec_setup(&db, "");
     std::fs::write(&s.control, "65").unwrap();
     let mut c = db.client();
-    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
-    claim(&mut c, &[id]);
+    let id = inject_claimed(&mut c, "deliver", "a@x.example", &["r@y.example"]);
     let mut w = Worker::ready(&stage("exec"), &s.conf);
     let line = &w.run(&[id])[0];
     assert_ne!(code(line), 0, "a failed row is answered non-zero");
@@ -513,10 +522,7 @@ fn a_connection_lost_mid_message_answers_74_and_commits_nothing() {
     let a = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
     let b = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
     claim(&mut c, &[a, b]);
-    let script = s.conf.parent().unwrap().join("deliver.sh");
-    let text = std::fs::read_to_string(&script).unwrap();
-    // Within the stage's TIMEOUT of 1s.
-    std::fs::write(&script, text.replace("exit $mode", "sleep 0.6; exit $mode")).unwrap();
+    s.slow_down();
     let mut w = Worker::ready(&stage("exec"), &s.conf);
     w.send(&[a]);
     // The command runs; meanwhile the database drops the worker's connection.
@@ -539,8 +545,7 @@ fn a_connection_that_died_while_idle_is_replaced_before_the_next_message() {
     let dir = TempDir::new("w-idlekill");
     let conf = config(&dir, &db, false, CHAIN);
     let mut c = db.client();
-    let a = inject(&mut c, "pass", "a@x.example", &["r@y.example"]);
-    claim(&mut c, &[a]);
+    let a = inject_claimed(&mut c, "pass", "a@x.example", &["r@y.example"]);
     let mut w = Worker::ready(&stage("pass"), &conf);
     // As after a database restart: the pooled connection is gone before any work.
     assert_eq!(terminate(&mut c, "pepsi-stage-pass"), 1);
@@ -644,8 +649,7 @@ fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently
         &[],
     )
     .unwrap();
-    let id = inject(&mut c, "route", "s@x.example", &["r@y.example"]);
-    claim(&mut c, &[id]);
+    let id = inject_claimed(&mut c, "route", "s@x.example", &["r@y.example"]);
     let mut w = Worker::ready(&stage("if"), &conf);
     assert_ne!(code(&w.run(&[id])[0]), 0);
     assert_eq!(row_at(&mut c, id), Some(("route".into(), "failed".into())));
@@ -664,17 +668,10 @@ fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently
 fn a_row_taken_away_while_the_worker_held_it_is_not_overwritten() {
     let db = TestDb::new();
     let s = exec_setup(&db, "");
-    std::fs::write(&s.control, "0").unwrap();
     let mut c = db.client();
-    let id = inject(&mut c, "deliver", "a@x.example", &["r@y.example"]);
-    claim(&mut c, &[id]);
+    let id = inject_claimed(&mut c, "deliver", "a@x.example", &["r@y.example"]);
     // The script sleeps while the row is moved elsewhere by another writer.
-    let script = std::fs::read_to_string(s.conf.parent().unwrap().join("deliver.sh")).unwrap();
-    std::fs::write(
-        s.conf.parent().unwrap().join("deliver.sh"),
-        script.replace("exit $mode", "sleep 1; exit $mode"),
-    )
-    .unwrap();
+    s.slow_down();
     let mut w = Worker::ready(&stage("exec"), &s.conf);
     w.send(&[id]);
     std::thread::sleep(std::time::Duration::from_millis(300));

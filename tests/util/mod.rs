@@ -130,6 +130,13 @@ pub fn inject(c: &mut postgres::Client, stage: &str, from: &str, to: &[&str]) ->
     .get(0)
 }
 
+/// Injects a message and marks it running, as if the dispatcher had claimed it.
+pub fn inject_claimed(c: &mut postgres::Client, stage: &str, from: &str, to: &[&str]) -> i64 {
+    let id = inject(c, stage, from, to);
+    claim(c, &[id]);
+    id
+}
+
 /// Marks rows running, as the dispatcher's claim does.
 pub fn claim(c: &mut postgres::Client, ids: &[i64]) {
     let n = c
