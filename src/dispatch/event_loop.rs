@@ -1260,6 +1260,10 @@ impl Dispatcher {
         let stop = self.stop.take().unwrap_or(Stop::Signal);
         log::info!("shutting down: stopping {} workers", self.workers.len());
         let serials: Vec<u64> = self.workers.keys().copied().collect();
+        // Answers already in the pipes are outcomes committed: count them before the kill.
+        for &serial in &serials {
+            self.read_from(serial);
+        }
         for serial in serials {
             if let Some(mut w) = self.workers.remove(&serial) {
                 w.kill();

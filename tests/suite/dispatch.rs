@@ -48,6 +48,16 @@ fn count(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap().get(0)
 }
 
+/// Waits until `sql` counts `want`: the statistics of the last answers reach the
+/// database on the idle flush, a moment after the queue empties.
+#[track_caller]
+fn wait_count(c: &mut Client, sql: &str, want: i64, timeout: Duration) {
+    wait_until(timeout, &format!("{sql} gives {want}"), || {
+        let rows = c.query(sql, &[]).unwrap();
+        rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) == Some(want)
+    });
+}
+
 fn queue_len(c: &mut Client) -> i64 {
     count(c, "SELECT count(*) FROM pepsi.workqueue")
 }
@@ -135,6 +145,12 @@ fn a_pipeline_drains_1000_messages_and_every_row_ends_where_its_stages_say() {
     for id in keep.iter().take(5) {
         assert!(out.join(id.to_string()).exists(), "message {id} delivered");
     }
+    wait_count(
+        &mut c,
+        "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats",
+        3000,
+        Duration::from_secs(20),
+    );
     assert!(d.terminate().success(), "{}", d.log());
     let passes = |c: &mut Client, s: &str| -> i64 {
         c.query_one(
@@ -221,13 +237,19 @@ fn max_messages_10_over_35_messages_starts_4_processes() {
     let conf = conf(
         &dir,
         &db,
-        "",
+        "WORKER_IDLE_TIMEOUT = 60s",
         "[stage-s]\nPROGRAM = {pass}\nNEXT = end\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nMAX_MESSAGES = 10\n\n[stage-end]\nPROGRAM = {discard}\n",
     );
     let mut c = db.client();
     inject_many(&mut c, "s", "a@x.example", 35);
     let mut d = Dispatcher::start(&conf, &[]);
     wait_empty(&mut c, Duration::from_secs(30));
+    wait_count(
+        &mut c,
+        "SELECT passes FROM pepsi.stage_stats WHERE stage = 's'",
+        35,
+        Duration::from_secs(20),
+    );
     assert!(d.terminate().success());
     assert_eq!(
         count(&mut c, "SELECT worker_starts FROM pepsi.dispatch_stats"),
@@ -347,7 +369,7 @@ fn a_hang_is_killed_at_max_runtime_and_the_third_times_out() {
     let conf = conf(
         &dir,
         &db,
-        "MAX_RUNTIME = 1s",
+        "MAX_RUNTIME = 3s",
         "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 2\n",
     );
     let mut c = db.client();
@@ -509,13 +531,17 @@ fn a_garbage_report_still_completes_the_message() {
     let after = inject_many(&mut c, "s", "a@x.example", 2);
     let mut d = Dispatcher::start(&conf, &[]);
     wait_empty(&mut c, Duration::from_secs(20));
-    assert!(
-        d.log()
-            .contains(&format!("message {id}: unreadable REPORT")),
-        "{}",
-        d.log()
+    d.wait_log(
+        &format!("message {id}: unreadable REPORT"),
+        Duration::from_secs(10),
     );
     assert!(!after.is_empty());
+    wait_count(
+        &mut c,
+        "SELECT passes FROM pepsi.stage_stats WHERE stage = 's'",
+        3,
+        Duration::from_secs(20),
+    );
     assert!(d.terminate().success());
     assert_eq!(
         count(
@@ -544,7 +570,8 @@ fn status_75_requeues_the_message_and_halves_the_biggest_stage() {
         "[stage-big]\nPROGRAM = {fault}\nPARALLELISM = 4\nQUEUE_LIMIT = 1\n\n[stage-small]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
     );
     let mut c = db.client();
-    for _ in 0..40 {
+    // About 11 s of work on 4 workers: big still runs 4 when small answers 75.
+    for _ in 0..150 {
         inject_fault(&mut c, "big", "slow");
     }
     let d = Dispatcher::start(&conf, &[]);
@@ -609,7 +636,7 @@ fn a_paused_row_is_retried_within_about_a_second_of_its_due_time() {
     let conf = conf(
         &dir,
         &db,
-        "POLL_INTERVAL = 60s",
+        "POLL_INTERVAL = 60s\nWORKER_IDLE_TIMEOUT = 60s",
         "[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
     );
     let mut c = db.client();
@@ -956,13 +983,14 @@ fn the_claim_never_takes_more_than_free_capacity_even_with_a_deep_backlog() {
     )
     .unwrap();
     let mut d = Dispatcher::start(&conf, &[]);
+    let running = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'";
+    wait_until(Duration::from_secs(20), "the first claim", || {
+        count(&mut c, running) > 0
+    });
     let mut most = 0;
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
-        most = most.max(count(
-            &mut c,
-            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'",
-        ));
+        most = most.max(count(&mut c, running));
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(most > 0, "the stage ran");
@@ -1058,7 +1086,10 @@ fn telemetry_changed_retires_every_worker_and_keeps_the_stage_table() {
     wait_until(Duration::from_secs(10), "the worker is retired", || {
         d.children().is_empty()
     });
-    d.wait_log("telemetry setting changed: retiring every worker", SEC);
+    d.wait_log(
+        "telemetry setting changed: retiring every worker",
+        Duration::from_secs(10),
+    );
     inject_many(&mut c, "s", "a@x.example", 3);
     wait_empty(&mut c, Duration::from_secs(20));
     let after = d.children();

@@ -2,13 +2,14 @@
 //! dispatcher drives them, with the rows checked in PostgreSQL.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use postgres::Client;
 
 use crate::util::worker::{Worker, code, report_stages};
 use crate::util::{
     TempDir, TestDb, claim, due_in_secs, inject, inject_claimed, row_at, stage, state_of,
-    write_config,
+    wait_until, write_config,
 };
 
 /// A config with `[pepsi] ALLOW_FUSION` and the given stage sections; `{pass}`, `{if}`,
@@ -291,12 +292,18 @@ struct ExecSetup {
 }
 
 impl ExecSetup {
-    /// Makes the command take 0.6 s (within the stage's TIMEOUT of 1 s), so a test can
+    /// Makes the command take 2 s (within the stage's TIMEOUT of 5 s), so a test can
     /// act while it runs.
     fn slow_down(&self) {
         let script = self.conf.parent().unwrap().join("deliver.sh");
         let text = std::fs::read_to_string(&script).unwrap();
-        std::fs::write(&script, text.replace("exit $mode", "sleep 0.6; exit $mode")).unwrap();
+        std::fs::write(&script, text.replace("exit $mode", "sleep 2; exit $mode")).unwrap();
+    }
+
+    /// Waits until the command runs for message `id` (it has written the envelope).
+    fn wait_running(&self, id: i64) {
+        let env = self.out.join(format!("{id}.env"));
+        wait_until(Duration::from_secs(10), "the command runs", || env.exists());
     }
 }
 
@@ -327,7 +334,7 @@ fn exec_setup(db: &TestDb, extra: &str) -> ExecSetup {
         db,
         true,
         &format!(
-            "[stage-deliver]\nPROGRAM = {{exec}}\nCOMMAND = {}\nTIMEOUT = 1s\nNEXT = done\n{extra}\n\n\
+            "[stage-deliver]\nPROGRAM = {{exec}}\nCOMMAND = {}\nTIMEOUT = 5s\nNEXT = done\n{extra}\n\n\
              [stage-done]\nPROGRAM = {{discard}}\n\n[stage-bounce]\nPROGRAM = {{discard}}\n",
             script.display()
         ),
@@ -422,7 +429,7 @@ fn exec_tempfail_and_hangs_pause_with_backoff_1_2_4_minutes() {
                 st["last_error"]
                     .as_str()
                     .unwrap()
-                    .contains("timed out after 1s"),
+                    .contains("timed out after 5s"),
                 "{st}"
             );
         }
@@ -526,7 +533,7 @@ fn a_connection_lost_mid_message_answers_74_and_commits_nothing() {
     let mut w = Worker::ready(&stage("exec"), &s.conf);
     w.send(&[a]);
     // The command runs; meanwhile the database drops the worker's connection.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    s.wait_running(a);
     assert_eq!(terminate(&mut c, "pepsi-stage-exec"), 1);
     assert_eq!(code(&w.status()), 74);
     assert_eq!(
@@ -674,7 +681,7 @@ fn a_row_taken_away_while_the_worker_held_it_is_not_overwritten() {
     s.slow_down();
     let mut w = Worker::ready(&stage("exec"), &s.conf);
     w.send(&[id]);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.wait_running(id);
     c.execute("UPDATE pepsi.workqueue SET stage = 'elsewhere', status = 'pending' WHERE workqueue_id = $1", &[&id])
         .unwrap();
     assert_eq!(code(&w.status()), 0, "a taken-away row is answered 0");
