@@ -88,7 +88,23 @@ pub fn retry_transient<T>(
     }
 }
 
-/// Parses a conninfo string or URL, naming the program in `application_name`.
+/// Text as PostgreSQL stores it: `text` and `jsonb` refuse NUL, so each becomes U+FFFD.
+/// An error message quoting a program's output must not make its own write fail.
+pub fn storable(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
+/// The client library's keepalive idle time when `CONNECTION` sets none.
+const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVES_RETRIES: u32 = 3;
+/// The same on the server's end of the session.
+const SERVER_KEEPALIVES: &str =
+    "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3";
+
+/// Parses a conninfo string or URL, naming the program in `application_name`, with
+/// keepalives that notice a vanished peer within about a minute.
 pub fn connection_config(
     conninfo: &str,
     application: &str,
@@ -100,6 +116,25 @@ pub fn connection_config(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
+    // A peer gone without a word (a dead host, a NAT that forgot the connection) is
+    // noticed within about a minute on both ends, instead of the system's two hours:
+    // here through the socket, on the server through its settings. Otherwise a stale
+    // server session would keep holding the dispatcher lock. Values from `CONNECTION`
+    // come later and win; over a Unix socket the server ignores them.
+    if config.get_keepalives_idle() == DEFAULT_KEEPALIVES_IDLE {
+        config.keepalives_idle(KEEPALIVES_IDLE);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVES_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVES_RETRIES);
+    }
+    let options = format!(
+        "{SERVER_KEEPALIVES} {}",
+        config.get_options().unwrap_or_default()
+    );
+    config.options(options.trim_end());
     Ok(config)
 }
 
@@ -135,6 +170,26 @@ pub fn describe(err: &postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keepalives_default_to_a_minute_and_connection_settings_win() {
+        let c = connection_config("host=/tmp dbname=x", "p").unwrap();
+        assert_eq!(c.get_keepalives_idle(), KEEPALIVES_IDLE);
+        assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVES_INTERVAL));
+        assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVES_RETRIES));
+        assert_eq!(c.get_options(), Some(SERVER_KEEPALIVES));
+        let c = connection_config(
+            "host=/tmp keepalives_idle=600 options='-c tcp_keepalives_idle=600'",
+            "p",
+        )
+        .unwrap();
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(600));
+        // Later -c settings override earlier ones on the server.
+        assert_eq!(
+            c.get_options(),
+            Some(format!("{SERVER_KEEPALIVES} -c tcp_keepalives_idle=600").as_str())
+        );
+    }
 
     #[test]
     fn sqlstates_are_classified() {

@@ -100,13 +100,18 @@ pub const SPLIT: &str =
     "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6)";
 
 /// Last resort when a worker cannot write a row's outcome for a non-connection
-/// reason: pause it for a minute with the error. $1 id (int8), $2 claimed stage (text),
-/// $3 the error (text); guarded. Returns the paused id.
+/// reason: pause it with the error, for 1 minute the first time and twice as long
+/// each time after (`state.unwritten` counts them), up to an hour, so a stage whose
+/// outcome never fits does not repeat its side effects every minute. $1 id (int8),
+/// $2 claimed stage (text), $3 the error (text); guarded. Returns the pause in minutes.
 pub const PAUSE_UNWRITTEN: &str = "UPDATE pepsi.workqueue \
-     SET status = 'paused', timeout = now() + interval '1 minute', \
-         state = state || jsonb_build_object('last_error', $3::text) \
+     SET status = 'paused', \
+         timeout = now() + make_interval(mins => \
+             least(60, power(2, least(coalesce((state->>'unwritten')::int, 0), 6)))::int), \
+         state = state || jsonb_build_object('last_error', $3::text, \
+             'unwritten', coalesce((state->>'unwritten')::int, 0) + 1) \
      WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 \
-     RETURNING workqueue_id";
+     RETURNING least(60, power(2, least(coalesce((state->>'unwritten')::int, 1) - 1, 6)))::int8";
 
 /// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
 pub const LISTEN_DISPATCHER: &str =

@@ -81,8 +81,9 @@ pub enum Command {
     /// so the database may have restarted while the coordinator was idle.
     Check,
     /// After the lock was lost and taken again: reset running rows this dispatcher
-    /// does not hold (a claim that committed but whose answer was lost).
-    Reconcile(Vec<i64>),
+    /// does not hold (a claim that committed but whose answer was lost). Only the
+    /// answer to the latest re-take counts; an older one is dropped.
+    Reconcile { held: Vec<i64>, generation: u64 },
     /// Shutdown: reset every running row to pending, then stop.
     Reset,
 }
@@ -96,7 +97,7 @@ impl Command {
             Command::Strike { .. } => "strike",
             Command::Defer { .. } => "deferral",
             Command::Check => "connection check",
-            Command::Reconcile(_) => "reconcile",
+            Command::Reconcile { .. } => "reconcile",
             Command::Reset => "shutdown reset",
         }
     }
@@ -169,6 +170,8 @@ pub fn spawn(
                 conninfo,
                 events,
                 retries: Vec::new(),
+                reconcile_due: false,
+                generation: 0,
             }
             .run(&commands)
         })
@@ -190,6 +193,11 @@ struct Coordinator {
     conninfo: String,
     events: EventSender,
     retries: Vec<Retry>,
+    /// The lock was re-taken: claims wait for the loop's reconcile, or the reset of
+    /// rows it does not hold would also reset rows this claim hands to workers.
+    reconcile_due: bool,
+    /// How often the lock was re-taken.
+    generation: u64,
 }
 
 impl Coordinator {
@@ -229,7 +237,30 @@ impl Coordinator {
                 }
                 return false;
             }
+            match &command {
+                Command::Claim(request) if self.reconcile_due => {
+                    log::debug!("coordinator: no claim until the reconcile after the reconnect");
+                    self.events.send(Event::ClaimFailed {
+                        asked: request.asked().to_vec(),
+                    });
+                    return true;
+                }
+                Command::Reconcile { generation, .. }
+                    if !self.reconcile_due || *generation != self.generation =>
+                {
+                    log::debug!("coordinator: dropping a reconcile for an earlier reconnect");
+                    return true;
+                }
+                Command::Reconcile { .. } => self.settle_retries(),
+                _ => {}
+            }
+            if self.client.is_none() {
+                continue;
+            }
             let Err(e) = self.execute(&command) else {
+                if matches!(command, Command::Reconcile { .. }) {
+                    self.reconcile_due = false;
+                }
                 return true;
             };
             let connection = db::classify(&e) == ErrorKind::Connection;
@@ -262,6 +293,15 @@ impl Coordinator {
                     self.events.send(Event::ResetDone(Err(db::describe(&e))));
                     return true;
                 }
+                // Not kept for a retry: a reconcile must run before any claim and after
+                // every other waiting write. A new session asks the loop for a new one.
+                Command::Reconcile { .. } => {
+                    if !connection {
+                        self.client = None;
+                        std::thread::sleep(LOCK_RETRY);
+                    }
+                    continue;
+                }
                 // A broken connection: run it again on the new one.
                 _ if connection => continue,
                 other => {
@@ -275,6 +315,30 @@ impl Coordinator {
                     });
                     return true;
                 }
+            }
+        }
+    }
+
+    /// Before a reconcile: tries every waiting write once, due or not, and drops those
+    /// that fail. A write left for later could otherwise requeue or strike a row the
+    /// reconcile resets and a later claim hands to a worker; the reconcile puts the rows
+    /// of dropped writes back to pending.
+    fn settle_retries(&mut self) {
+        for retry in std::mem::take(&mut self.retries) {
+            let result = match self.client {
+                Some(_) => self.execute(&retry.command).map_err(|e| {
+                    if db::classify(&e) == ErrorKind::Connection {
+                        self.client = None;
+                    }
+                    db::describe(&e)
+                }),
+                None => Err("no database connection".to_string()),
+            };
+            if let Err(e) = result {
+                log::warn!(
+                    "coordinator: dropping {} ({e}); the reconcile resets its row",
+                    retry.command.name()
+                );
             }
         }
     }
@@ -333,7 +397,9 @@ impl Coordinator {
                                 "database connection re-established; the dispatcher lock is held again"
                             );
                             self.client = Some(client);
-                            self.events.send(Event::LockRegained);
+                            self.reconcile_due = true;
+                            self.generation += 1;
+                            self.events.send(Event::LockRegained(self.generation));
                             return true;
                         }
                         Ok(_) => last = "another dispatcher holds the lock".into(),
@@ -445,9 +511,9 @@ impl Coordinator {
             Command::Check => {
                 client.simple_query("")?;
             }
-            Command::Reconcile(in_flight) => {
+            Command::Reconcile { held, .. } => {
                 let n = db::retry_transient(|| {
-                    client.query_typed(sql::RESET_RUNNING_EXCEPT, &[(in_flight, Type::INT8_ARRAY)])
+                    client.query_typed(sql::RESET_RUNNING_EXCEPT, &[(held, Type::INT8_ARRAY)])
                 })?
                 .len();
                 if n > 0 {

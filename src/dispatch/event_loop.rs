@@ -55,6 +55,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(10);
 const THROTTLE_GAP: Duration = Duration::from_secs(1);
 /// A failed paused-row flip is tried again after this.
 const FLIP_RETRY: Duration = Duration::from_secs(1);
+/// How soon a claim that failed is tried again.
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
 /// Suspects remembered at most (they are only a hint).
 const MAX_SUSPECTS: usize = 10_000;
 /// How long shutdown waits for the coordinator's reset and the last flush.
@@ -142,6 +144,7 @@ pub struct Dispatcher {
     want_reload: bool,
     reload_in_flight: bool,
     reload_retry_at: Option<Instant>,
+    claim_retry_at: Option<Instant>,
     unknown_checked: Instant,
     last_throttle: Option<Instant>,
     policy: Box<dyn ClaimPolicy>,
@@ -224,6 +227,7 @@ impl Dispatcher {
             want_reload: false,
             reload_in_flight: false,
             reload_retry_at: None,
+            claim_retry_at: None,
             // The first check runs at the first turn.
             unknown_checked: now.checked_sub(UNKNOWN_STAGE_GAP).unwrap_or(now),
             last_throttle: None,
@@ -337,6 +341,8 @@ impl Dispatcher {
                         s.reserved = 0;
                     }
                 }
+                // The wake-up that asked for it still stands.
+                self.claim_retry_at = Some(Instant::now() + CLAIM_RETRY);
             }
             Event::Flipped { count, next_paused } => {
                 self.flip_in_flight = false;
@@ -359,7 +365,7 @@ impl Dispatcher {
                 }
                 self.lock_held = false;
             }
-            Event::LockRegained => {
+            Event::LockRegained(generation) => {
                 self.lock_held = true;
                 self.want_claim = true;
                 // A claim that committed while its answer was lost left rows running
@@ -374,7 +380,7 @@ impl Dispatcher {
                         .values()
                         .flat_map(|s| s.queue.iter().map(|q| q.0)),
                 );
-                self.send(Command::Reconcile(held));
+                self.send(Command::Reconcile { held, generation });
             }
             Event::Fatal(failure) => {
                 if self.stop.is_none() {
@@ -450,6 +456,8 @@ impl Dispatcher {
                 serial,
                 w.pid
             );
+            // Its answers (and its exit) may already wait on stdout: read them first.
+            self.read_from(serial);
             self.worker_gone(serial, Gone::Crash(format!("its stdin failed: {e}")));
         }
     }
@@ -610,6 +618,11 @@ impl Dispatcher {
         // Capacity was freed (or a retired worker's slot): claim again.
         self.want_claim = true;
         let slots: Vec<_> = w.queue.drain(..).collect();
+        let delivered: HashSet<i64> = slots
+            .iter()
+            .filter(|s| w.delivered(s))
+            .map(|s| s.id)
+            .collect();
         let refused = w.answered == 0 && status.and_then(|s| s.code()) == Some(78);
         if w.phase == Phase::Starting || refused {
             // Failed at its own start: nobody is blamed (§8.1).
@@ -652,16 +665,27 @@ impl Dispatcher {
             return;
         };
         let rest_slots: Vec<_> = slots.collect();
+        if self.stop.is_some() {
+            // Shutting down: a signal meant for the dispatcher may have reached its
+            // workers too. Nobody is blamed; the shutdown reset puts the rows back.
+            log::info!(
+                "{stage}: worker {serial} (pid {}) {} during shutdown; its {} messages go back with the reset",
+                w.pid,
+                describe_exit(status),
+                rest_slots.len() + 1
+            );
+            return;
+        }
         let read_by_worker: Vec<i64> = rest_slots
             .iter()
-            .filter(|s| s.written)
+            .filter(|s| delivered.contains(&s.id))
             .map(|s| s.id)
             .collect();
         let rest: Vec<(i64, String, String)> = rest_slots
             .into_iter()
             .map(|s| (s.id, stage.clone(), s.sender_key))
             .collect();
-        if !front.written {
+        if !delivered.contains(&front.id) {
             // It never reached the worker: not its fault.
             let mut back = vec![(front.id, stage.clone(), front.sender_key)];
             back.extend(rest);
@@ -867,7 +891,9 @@ impl Dispatcher {
                 self.want_claim = true;
             }
         }
-        if self.last_claim + self.opts.poll_interval <= now {
+        if self.last_claim + self.opts.poll_interval <= now
+            || self.claim_retry_at.is_some_and(|t| t <= now)
+        {
             self.want_claim = true;
         }
         if self.unknown_checked + UNKNOWN_STAGE_GAP <= now {
@@ -931,6 +957,7 @@ impl Dispatcher {
         ];
         if can_claim {
             times.push(self.last_claim + self.opts.poll_interval);
+            times.extend(self.claim_retry_at);
             if self.want_claim {
                 times.push(Instant::now());
             }
@@ -1160,6 +1187,7 @@ impl Dispatcher {
             self.stages.get_mut(name).expect("exists").reserved = *cap as usize;
         }
         self.claim_in_flight = true;
+        self.claim_retry_at = None;
         self.last_claim = now;
         let request = self.policy.request(asked);
         self.send(Command::Claim(request));

@@ -52,8 +52,10 @@ pub enum Event {
     Paused(f64),
     /// The coordinator lost its connection and with it the advisory lock.
     LockLost,
-    /// The coordinator has its connection and the lock again.
-    LockRegained,
+    /// The coordinator has its connection and the lock again, for the n-th time; the
+    /// loop answers with a [`Command::Reconcile`](super::coordinator::Command) of the
+    /// same number.
+    LockRegained(u64),
     /// The coordinator cannot go on (lock not regained in time, or taken by another).
     Fatal(Failure),
     /// The coordinator finished the shutdown reset.

@@ -38,8 +38,11 @@ pub struct Slot {
     pub id: i64,
     /// Its fairness key (for the claim policy).
     pub sender_key: String,
-    /// Has it been written to the worker's stdin?
+    /// Has it been queued for the worker's stdin?
     pub written: bool,
+    /// Where its line ends in the byte stream to the worker: it reached the pipe
+    /// once that many bytes were written (see [`WorkerProc::delivered`]).
+    end: u64,
     /// When it reached the head of the queue (written and first): MAX_RUNTIME counts
     /// from here.
     pub head_since: Option<Instant>,
@@ -90,6 +93,9 @@ pub struct WorkerProc {
     stdin: Option<Sender>,
     stdout: Receiver,
     write_buf: Vec<u8>,
+    /// Bytes ever queued for, and ever written to, its stdin.
+    queued_bytes: u64,
+    sent_bytes: u64,
     read_buf: Vec<u8>,
 }
 
@@ -138,6 +144,9 @@ impl WorkerProc {
                 Ok(())
             });
         }
+        // Its own process group: a Ctrl-C at the dispatcher's terminal is the
+        // dispatcher's to handle (it stops the workers itself).
+        cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let stdin = Sender::from(child.stdin.take().expect("piped"));
         let mut stdout = Receiver::from(child.stdout.take().expect("piped"));
@@ -167,6 +176,8 @@ impl WorkerProc {
             stdin: Some(stdin),
             stdout,
             write_buf: Vec::new(),
+            queued_bytes: 0,
+            sent_bytes: 0,
             read_buf: Vec::new(),
         })
     }
@@ -177,6 +188,7 @@ impl WorkerProc {
             id,
             sender_key,
             written: false,
+            end: 0,
             head_since: None,
         });
         self.assigned_total += 1;
@@ -189,9 +201,11 @@ impl WorkerProc {
         }
         let now = Instant::now();
         for slot in self.queue.iter_mut().filter(|s| !s.written) {
-            self.write_buf
-                .extend_from_slice(format!("{}\n", slot.id).as_bytes());
+            let line = format!("{}\n", slot.id);
+            self.write_buf.extend_from_slice(line.as_bytes());
+            self.queued_bytes += line.len() as u64;
             slot.written = true;
+            slot.end = self.queued_bytes;
         }
         if let Some(front) = self.queue.front_mut() {
             if front.written && front.head_since.is_none() {
@@ -206,6 +220,7 @@ impl WorkerProc {
             match stdin.write(&self.write_buf) {
                 Ok(n) => {
                     self.write_buf.drain(..n);
+                    self.sent_bytes += n as u64;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -243,6 +258,12 @@ impl WorkerProc {
             out.overlong = true;
         }
         out
+    }
+
+    /// Did the slot's whole line reach the worker's stdin pipe? An id still in the
+    /// buffer when the pipe broke was never read, so the worker's death is not its fault.
+    pub fn delivered(&self, slot: &Slot) -> bool {
+        slot.written && slot.end <= self.sent_bytes
     }
 
     /// The front id was answered: pops it and starts the next one's clock.

@@ -52,6 +52,9 @@ impl Stage for Exec {
             .split_whitespace()
             .map(str::to_string)
             .collect();
+        if argv.is_empty() {
+            return Err(s.error("COMMAND", "is empty"));
+        }
         let timeout = s.duration("TIMEOUT", Duration::from_secs(60))?;
         if timeout.is_zero() {
             return Err(s.error("TIMEOUT", "must be greater than zero"));
@@ -62,6 +65,27 @@ impl Stage for Exec {
             next: section.next.clone(),
         }))
     }
+}
+
+/// Reads a stream to its end, keeping only its last `STDERR_KEPT` bytes (a chatty
+/// command must not fill the worker's memory).
+fn read_tail(input: &mut impl Read) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(2 * STDERR_KEPT);
+    let mut chunk = [0u8; 8192];
+    loop {
+        match input.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > STDERR_KEPT {
+                    kept.drain(..kept.len() - STDERR_KEPT);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    kept
 }
 
 /// The last `STDERR_KEPT` bytes of the command's stderr, as text.
@@ -132,9 +156,7 @@ impl ConfiguredExec {
         let mut stderr = child.stderr.take().expect("stderr was piped");
         let (err_tx, err_rx) = crossbeam_channel::bounded(1);
         std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = stderr.read_to_end(&mut buf);
-            let _ = err_tx.send(buf);
+            let _ = err_tx.send(read_tail(&mut stderr));
         });
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         std::thread::spawn(move || {
@@ -249,5 +271,27 @@ mod tests {
         let long = vec![b'x'; 5000];
         assert_eq!(tail(&long).len(), STDERR_KEPT);
         assert_eq!(tail(b"  oops\n"), "oops");
+        let mut stream: Vec<u8> = vec![b'x'; 100_000];
+        stream.extend_from_slice(b"the end");
+        let kept = read_tail(&mut stream.as_slice());
+        assert_eq!(kept.len(), STDERR_KEPT);
+        assert!(kept.ends_with(b"xthe end"));
+    }
+
+    #[test]
+    fn a_blank_command_is_a_configuration_error() {
+        use crate::config::raw::{self, Origin};
+        let mut sections = raw::parse(
+            std::path::Path::new("pepsi.conf"),
+            "[stage-x]\nPROGRAM = p\nCOMMAND = /bin/true\n",
+        )
+        .unwrap();
+        let mut section = sections.remove(0);
+        let ok = StageSection::check(&section).unwrap();
+        assert!(Exec.configure(&ok).is_ok());
+        section.set("COMMAND", " \t ", Origin::Address("r@y.example".into()));
+        let blank = StageSection::check(&section).unwrap();
+        let err = Exec.configure(&blank).err().expect("refused");
+        assert!(err.to_string().contains("COMMAND: is empty"), "{err}");
     }
 }

@@ -111,10 +111,15 @@ impl IdReader {
             if text.is_empty() {
                 continue;
             }
-            ids.push(
-                text.parse::<i64>()
-                    .map_err(|_| InputError::NotAnId(text.to_string()))?,
-            );
+            match text.parse::<i64>() {
+                Ok(id) => ids.push(id),
+                // The ids before it are answered first; the next call reports it.
+                Err(_) if !ids.is_empty() => {
+                    self.buf.splice(0..0, line);
+                    break;
+                }
+                Err(_) => return Err(InputError::NotAnId(text.to_string())),
+            }
         }
         if ids.is_empty() {
             // Only blank lines so far: wait for the next.
@@ -159,10 +164,11 @@ mod tests {
     }
 
     #[test]
-    fn a_garbage_line_is_an_error() {
+    fn a_garbage_line_is_an_error_after_the_ids_before_it() {
         let (mut r, mut w) = pipe();
-        w.write_all(b"12x\n").unwrap();
-        assert!(matches!(r.next_batch(4), Err(InputError::NotAnId(_))));
+        w.write_all(b"5\n6\n12x\n7\n").unwrap();
+        assert_eq!(r.next_batch(4).unwrap(), Some(vec![5, 6]));
+        assert!(matches!(r.next_batch(4), Err(InputError::NotAnId(l)) if l == "12x"));
         // SAFETY: closing our read end.
         unsafe { libc::close(r.fd) };
     }

@@ -76,7 +76,7 @@ impl StageError {
     pub fn host(message: impl Into<String>) -> StageError {
         StageError {
             class: ErrorClass::Host,
-            message: message.into(),
+            message: crate::db::storable(&message.into()),
         }
     }
 
@@ -84,7 +84,7 @@ impl StageError {
     pub fn permanent(message: impl Into<String>) -> StageError {
         StageError {
             class: ErrorClass::Permanent,
-            message: message.into(),
+            message: crate::db::storable(&message.into()),
         }
     }
 

@@ -408,7 +408,7 @@ impl Worker {
                                     Vec::new(),
                                     None,
                                     None,
-                                    Map::new(),
+                                    readable_state(&row),
                                     String::new(),
                                 );
                                 let section = self.graph.get(&stage).cloned();
@@ -460,13 +460,8 @@ impl Worker {
     /// Writing an outcome failed for a non-connection reason: pause the row at its
     /// claimed stage with the error, as a last resort, so it is retried.
     fn pause_unwritten(&self, conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 {
-        let error = format!("cannot write the outcome: {}", db::describe(err));
-        log::warn!(
-            "{}: message {}: {error}; pausing it for a minute",
-            plan.claimed,
-            plan.id
-        );
-        match conn.query_typed(
+        let error = db::storable(&format!("cannot write the outcome: {}", db::describe(err)));
+        match conn.query_typed_opt(
             sql::PAUSE_UNWRITTEN,
             &[
                 (&plan.id, Type::INT8),
@@ -474,10 +469,25 @@ impl Worker {
                 (&error, Type::TEXT),
             ],
         ) {
-            Ok(_) => protocol::STATUS_OK,
+            Ok(row) => {
+                match row {
+                    Some(row) => log::warn!(
+                        "{}: message {}: {error}; paused for {} min",
+                        plan.claimed,
+                        plan.id,
+                        row.get::<_, i64>(0)
+                    ),
+                    None => log::warn!(
+                        "{}: message {}: {error}; it was no longer running there",
+                        plan.claimed,
+                        plan.id
+                    ),
+                }
+                protocol::STATUS_OK
+            }
             Err(e) => {
                 log::warn!(
-                    "{}: message {}: cannot pause it either: {}",
+                    "{}: message {}: {error}; cannot pause it either: {}",
                     plan.claimed,
                     plan.id,
                     db::describe(&e)
@@ -928,7 +938,9 @@ fn per_message(total: Duration, n: usize) -> u64 {
 }
 
 fn mark_failed(message: &mut Message, stage: &str, class: &str, error: &str) {
-    message.state.insert("last_error".into(), json!(error));
+    message
+        .state
+        .insert("last_error".into(), json!(db::storable(error)));
     message.state.insert("failed_stage".into(), json!(stage));
     message.state.insert("failure_class".into(), json!(class));
 }
@@ -960,29 +972,51 @@ fn update_row(
 }
 
 /// Builds a message from a row of [`sql::LOAD_METADATA`] / [`sql::LOAD_FULL`].
+/// The row's state, when it is readable: kept when the row itself is not usable.
+fn readable_state(row: &postgres::Row) -> Map<String, Value> {
+    row.try_get::<_, String>(9)
+        .ok()
+        .and_then(|text| match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(map)) => Some(map),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// A row the table's constraints allow but a stage cannot work with (a NULL in
+/// `rcpt_to`, say) is that message's permanent error, not a crash of the worker.
 fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String> {
-    let state_text: String = row.get(9);
+    fn column<'a, T: postgres::types::FromSql<'a>>(
+        row: &'a postgres::Row,
+        index: usize,
+    ) -> Result<T, String> {
+        row.try_get(index).map_err(|e| {
+            let name = row.columns().get(index).map_or("?", |c| c.name());
+            format!("its column {name} cannot be read: {e}")
+        })
+    }
+    let state_text: String = column(row, 9)?;
     let state = match serde_json::from_str::<Value>(&state_text) {
         Ok(Value::Object(map)) => map,
         _ => return Err(format!("its state is not a JSON object: {state_text}")),
     };
     let mut message = Message::new(
-        row.get(0),
-        row.get(1),
-        row.get(3),
-        row.get(4),
-        row.get(7),
-        row.get(8),
+        column(row, 0)?,
+        column(row, 1)?,
+        column(row, 3)?,
+        column(row, 4)?,
+        column(row, 7)?,
+        column(row, 8)?,
         state,
-        row.get::<_, Option<String>>(10).unwrap_or_default(),
+        column::<Option<String>>(row, 10)?.unwrap_or_default(),
     );
-    message.auth_user = row.get(5);
-    message.client_ip = row.get(6);
-    message.lifetime_age = Duration::from_secs_f64(row.get::<_, f64>(11).max(0.0));
-    message.settings = settings::parse(row.get::<_, Option<String>>(12).as_deref());
+    message.auth_user = column(row, 5)?;
+    message.client_ip = column(row, 6)?;
+    message.lifetime_age = Duration::from_secs_f64(column::<f64>(row, 11)?.max(0.0));
+    message.settings = settings::parse(column::<Option<String>>(row, 12)?.as_deref());
     if loaded == Load::Full {
-        message.headers = row.get(13);
-        message.body = row.get(14);
+        message.headers = column(row, 13)?;
+        message.body = column(row, 14)?;
     }
     Ok(message)
 }

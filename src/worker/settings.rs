@@ -122,7 +122,8 @@ pub fn apply(
     }
     let mut raw = section.section.clone();
     for (k, v) in overrides {
-        raw.set(k, v, Origin::Address(correspondent.to_string()));
+        // Trimmed like the file's and the overlay's values.
+        raw.set(k, v.trim(), Origin::Address(correspondent.to_string()));
     }
     let checked = StageSection::check(&raw)?;
     let dangling: Vec<ConfigError> = checked

@@ -401,6 +401,74 @@ fn exec_exit_65_fails_the_message_permanently() {
 }
 
 #[test]
+fn a_nul_byte_in_the_commands_stderr_still_fails_the_message_permanently() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    let script = s.conf.parent().unwrap().join("deliver.sh");
+    let text = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(
+        &script,
+        text.replace("exit $mode", "printf 'bad\\000byte' >&2; exit $mode"),
+    )
+    .unwrap();
+    std::fs::write(&s.control, "65").unwrap();
+    let mut c = db.client();
+    let id = inject_claimed(&mut c, "deliver", "a@x.example", &["r@y.example"]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    assert_eq!(code(&w.run(&[id])[0]), 65);
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("deliver".into(), "failed".into()))
+    );
+    let st = state_of(&mut c, id);
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .ends_with("bad\u{FFFD}byte"),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_row_with_a_null_recipient_fails_alone_and_its_batch_is_answered() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-nullrcpt");
+    let conf = config(
+        &dir,
+        &db,
+        false,
+        "[stage-p]\nPROGRAM = {pass}\nNEXT = q\n\n[stage-q]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    let good = inject_claimed(&mut c, "p", "a@x.example", &["r@y.example"]);
+    let bad = inject_claimed(&mut c, "p", "a@x.example", &["r@y.example"]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET rcpt_to = ARRAY['r@y.example', NULL] WHERE workqueue_id = $1",
+        &[&bad],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE pepsi.workqueue SET state = state || '{\"strikes\": 1}' WHERE workqueue_id = $1",
+        &[&bad],
+    )
+    .unwrap();
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let lines = w.run(&[good, bad]);
+    assert_eq!(code(&lines[0]), 0);
+    assert_eq!(code(&lines[1]), 65);
+    assert_eq!(row_at(&mut c, good), Some(("q".into(), "pending".into())));
+    assert_eq!(row_at(&mut c, bad), Some(("p".into(), "failed".into())));
+    let st = state_of(&mut c, bad);
+    assert_eq!(st["failure_class"], "permanent");
+    assert_eq!(st["strikes"], 1, "the row's state is kept: {st}");
+    assert!(
+        st["last_error"].as_str().unwrap().contains("rcpt_to"),
+        "{st}"
+    );
+}
+
+#[test]
 fn exec_tempfail_and_hangs_pause_with_backoff_1_2_4_minutes() {
     let db = TestDb::new();
     let s = exec_setup(&db, "");
