@@ -749,6 +749,38 @@ fn after_sigkill_no_worker_survives_and_a_new_dispatcher_finishes_the_rows() {
 }
 
 #[test]
+fn a_ctrl_c_stops_the_dispatcher_and_blames_no_message_in_flight() {
+    let db = TestDb::new();
+    let dir = TempDir::new("d-ctrlc");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    let held = inject_fault(&mut c, "s", "hang");
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_status(&mut c, held, ("s", "running"), Duration::from_secs(20));
+    wait_until(Duration::from_secs(10), "the worker has it", || {
+        d.log().contains("is ready")
+    });
+    let workers = d.children();
+    assert_eq!(workers.len(), 1);
+    d.signal_group(libc::SIGINT);
+    let status = d.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", d.log());
+    assert_eq!(row_at(&mut c, held), Some(("s".into(), "pending".into())));
+    let st = state_of(&mut c, held);
+    assert!(st.get("strikes").is_none(), "nobody is blamed: {st}");
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT coalesce(sum(crashes), 0)::int8 FROM pepsi.stage_stats"
+        ),
+        0
+    );
+    wait_until(Duration::from_secs(10), "the worker is gone", || {
+        !alive(workers[0])
+    });
+}
+
+#[test]
 fn sigterm_mid_burst_exits_0_with_no_row_running_and_stats_flushed() {
     let db = TestDb::new();
     let dir = TempDir::new("d-term");

@@ -2,6 +2,7 @@
 //! its worker processes visible through /proc.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ impl Dispatcher {
     pub fn start(conf: &Path, env: &[(&str, &str)]) -> Dispatcher {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pepsi-dispatch"));
         cmd.arg("-c").arg(conf).arg("-L").arg("debug").arg("serve");
+        // Its own process group, as under a shell's job control.
+        cmd.process_group(0);
         cmd.env_remove("PEPSI_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -93,6 +96,12 @@ impl Dispatcher {
     pub fn signal(&self, signal: i32) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Sends a signal to its process group, as a Ctrl-C at its terminal does.
+    pub fn signal_group(&self, signal: i32) {
+        // SAFETY: signalling the process group of our own child.
+        unsafe { libc::kill(-(self.child.id() as i32), signal) };
     }
 
     /// Waits for the exit, up to `timeout`.
