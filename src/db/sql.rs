@@ -99,6 +99,10 @@ pub const DELETE_FINISHED: &str = "DELETE FROM pepsi.workqueue q \
 pub const SPLIT: &str =
     "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6)";
 
+/// The startup option of sessions whose commits need not wait for the WAL flush
+/// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).
+pub const ASYNC_COMMIT_OPTION: &str = "-c synchronous_commit=off";
+
 /// Last resort when a worker cannot write a row's outcome for a non-connection
 /// reason: pause it with the error, for 1 minute the first time and twice as long
 /// each time after (`state.unwritten` counts them), up to an hour, so a stage whose

@@ -103,10 +103,26 @@ impl Command {
     }
 }
 
+/// The coordinator's session. Its writes commit without waiting for the WAL flush,
+/// like the workers' (§12.1): a claim, requeue or strike lost with a database crash
+/// leaves its rows `running` or `pending`, and the reset at the next lock re-take or
+/// start puts them back. A claim is on every hop's path; waiting for a flush there
+/// would add a disk sync to every hop's latency.
+fn connect(conninfo: &str) -> Result<Client, postgres::Error> {
+    let mut config = db::connection_config(conninfo, "pepsi-dispatch")?;
+    let options = format!(
+        "{} {}",
+        config.get_options().unwrap_or_default(),
+        sql::ASYNC_COMMIT_OPTION
+    );
+    config.options(options.trim_start());
+    config.connect(postgres::NoTls)
+}
+
 /// Connects, checks the schema, takes the lock (retrying for about ten seconds) and
 /// resets orphaned running rows. The start-up steps of §6, in order.
 pub fn start(conninfo: &str) -> Result<Client, Failure> {
-    let mut client = db::connect(conninfo, "pepsi-dispatch").map_err(|e| {
+    let mut client = connect(conninfo).map_err(|e| {
         Failure::general(format!(
             "cannot connect to the database: {}",
             db::describe(&e)
@@ -389,7 +405,7 @@ impl Coordinator {
         let deadline = Instant::now() + LOCK_WAIT;
         let mut last = String::new();
         while Instant::now() < deadline {
-            match db::connect(&self.conninfo, "pepsi-dispatch") {
+            match connect(&self.conninfo) {
                 Ok(mut client) => {
                     match client.query_one(sql::TRY_DISPATCH_LOCK, &[&sql::DISPATCH_LOCK_KEY]) {
                         Ok(row) if row.get::<_, bool>(0) => {

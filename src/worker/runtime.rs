@@ -79,8 +79,9 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
     if !config.postgres.worker_synchronous_commit {
         // Group commit across concurrent workers; a lost advance is re-run (§12.1).
         let options = format!(
-            "{} -c synchronous_commit=off",
-            pg.get_options().unwrap_or("")
+            "{} {}",
+            pg.get_options().unwrap_or(""),
+            sql::ASYNC_COMMIT_OPTION
         );
         pg.options(options.trim());
     }
