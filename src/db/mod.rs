@@ -120,7 +120,8 @@ pub fn connection_config(
     // noticed within about a minute on both ends, instead of the system's two hours:
     // here through the socket, on the server through its settings. Otherwise a stale
     // server session would keep holding the dispatcher lock. Values from `CONNECTION`
-    // come later and win; over a Unix socket the server ignores them.
+    // come later and win (but an explicit keepalives_idle=7200, the library's default,
+    // cannot be told from none); over a Unix socket the server ignores them.
     if config.get_keepalives_idle() == DEFAULT_KEEPALIVES_IDLE {
         config.keepalives_idle(KEEPALIVES_IDLE);
     }

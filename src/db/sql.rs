@@ -74,7 +74,7 @@ pub const WRITE_OUTCOMES: &str = "UPDATE pepsi.workqueue q \
          status = r.status::pepsi.workqueue_status, \
          timeout = CASE WHEN r.delay_ms IS NULL THEN NULL \
                         ELSE now() + r.delay_ms * interval '1 millisecond' END, \
-         state = r.state, \
+         state = r.state - 'unwritten', \
          mail_from = CASE WHEN r.rewritten THEN r.mail_from ELSE q.mail_from END, \
          rcpt_to = CASE WHEN r.rewritten THEN r.rcpt_to ELSE q.rcpt_to END, \
          header_from = CASE WHEN r.rewritten THEN r.header_from ELSE q.header_from END, \

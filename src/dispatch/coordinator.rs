@@ -25,6 +25,9 @@ use crate::exit::Failure;
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// How often the lock is retried within that time.
 const LOCK_RETRY: Duration = Duration::from_millis(500);
+/// How many reconciles may fail in a row before the dispatcher gives up (claims wait
+/// for one to succeed).
+const RECONCILE_ATTEMPTS: u32 = 5;
 /// How long a deferral (§8.4) is retried when the dispatcher cannot write it either.
 const DEFER_RETRY: Duration = Duration::from_secs(30);
 /// A failed write is retried after this, doubling up to [`RETRY_MAX`].
@@ -187,6 +190,7 @@ pub fn spawn(
                 events,
                 retries: Vec::new(),
                 reconcile_due: false,
+                reconcile_failures: 0,
                 generation: 0,
             }
             .run(&commands)
@@ -214,6 +218,8 @@ struct Coordinator {
     reconcile_due: bool,
     /// How often the lock was re-taken.
     generation: u64,
+    /// Reconciles that failed in a row.
+    reconcile_failures: u32,
 }
 
 impl Coordinator {
@@ -276,6 +282,7 @@ impl Coordinator {
             let Err(e) = self.execute(&command) else {
                 if matches!(command, Command::Reconcile { .. }) {
                     self.reconcile_due = false;
+                    self.reconcile_failures = 0;
                 }
                 return true;
             };
@@ -312,6 +319,14 @@ impl Coordinator {
                 // Not kept for a retry: a reconcile must run before any claim and after
                 // every other waiting write. A new session asks the loop for a new one.
                 Command::Reconcile { .. } => {
+                    self.reconcile_failures += 1;
+                    if self.reconcile_failures >= RECONCILE_ATTEMPTS {
+                        self.events.send(Event::Fatal(Failure::general(format!(
+                            "cannot reset the rows of a lost claim after {RECONCILE_ATTEMPTS} attempts ({}); shutting down so the next start resets them",
+                            db::describe(&e)
+                        ))));
+                        return false;
+                    }
                     if !connection {
                         self.client = None;
                         std::thread::sleep(LOCK_RETRY);

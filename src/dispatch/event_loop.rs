@@ -665,6 +665,13 @@ impl Dispatcher {
             return;
         };
         let rest_slots: Vec<_> = slots.collect();
+        // A Ctrl-C reaches the whole process group at once: the signal is pending here
+        // before the worker can die of it, so its byte is on the socket by now even when
+        // the poll reported the worker's end first.
+        if self.stop.is_none() && signals::drain(&mut self.signals.shutdown) {
+            log::info!("shutdown requested by signal");
+            self.stop = Some(Stop::Signal);
+        }
         if self.stop.is_some() {
             // Shutting down: a signal meant for the dispatcher may have reached its
             // workers too. Nobody is blamed; the shutdown reset puts the rows back.
@@ -891,9 +898,11 @@ impl Dispatcher {
                 self.want_claim = true;
             }
         }
-        if self.last_claim + self.opts.poll_interval <= now
-            || self.claim_retry_at.is_some_and(|t| t <= now)
-        {
+        if self.claim_retry_at.is_some_and(|t| t <= now) {
+            self.claim_retry_at = None;
+            self.want_claim = true;
+        }
+        if self.last_claim + self.opts.poll_interval <= now {
             self.want_claim = true;
         }
         if self.unknown_checked + UNKNOWN_STAGE_GAP <= now {
@@ -1285,13 +1294,14 @@ impl Dispatcher {
     }
 
     fn shutdown(mut self) -> Result<(), Failure> {
-        let stop = self.stop.take().unwrap_or(Stop::Signal);
         log::info!("shutting down: stopping {} workers", self.workers.len());
         let serials: Vec<u64> = self.workers.keys().copied().collect();
-        // Answers already in the pipes are outcomes committed: count them before the kill.
+        // Answers already in the pipes are outcomes committed: count them before the
+        // kill. (`stop` is still set: a death found here blames nobody.)
         for &serial in &serials {
             self.read_from(serial);
         }
+        let stop = self.stop.take().unwrap_or(Stop::Signal);
         for serial in serials {
             if let Some(mut w) = self.workers.remove(&serial) {
                 w.kill();

@@ -144,9 +144,6 @@ impl WorkerProc {
                 Ok(())
             });
         }
-        // Its own process group: a Ctrl-C at the dispatcher's terminal is the
-        // dispatcher's to handle (it stops the workers itself).
-        cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let stdin = Sender::from(child.stdin.take().expect("piped"));
         let mut stdout = Receiver::from(child.stdout.take().expect("piped"));

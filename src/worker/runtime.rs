@@ -972,7 +972,6 @@ fn update_row(
     row
 }
 
-/// Builds a message from a row of [`sql::LOAD_METADATA`] / [`sql::LOAD_FULL`].
 /// The row's state, when it is readable: kept when the row itself is not usable.
 fn readable_state(row: &postgres::Row) -> Map<String, Value> {
     row.try_get::<_, String>(9)
@@ -984,6 +983,7 @@ fn readable_state(row: &postgres::Row) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
+/// Builds a message from a row of [`sql::LOAD_METADATA`] / [`sql::LOAD_FULL`].
 /// A row the table's constraints allow but a stage cannot work with (a NULL in
 /// `rcpt_to`, say) is that message's permanent error, not a crash of the worker.
 fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String> {
