@@ -1182,3 +1182,93 @@ fn after_its_connections_are_killed_the_dispatcher_retakes_the_lock_and_goes_on(
     wait_empty(&mut c, Duration::from_secs(20));
     assert!(d.terminate().success(), "{}", d.log());
 }
+
+/// The coordinator alone, its events read from a channel.
+mod coordinator {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crossbeam_channel::{Receiver, unbounded};
+    use pepsi::dispatch::coordinator::{self, Command};
+    use pepsi::dispatch::events::{Event, EventSender};
+    use pepsi::dispatch::scheduler::ClaimRequest;
+
+    use super::{count, inject_many};
+    use crate::util::TestDb;
+
+    fn next(events: &Receiver<Event>, what: &str) -> Event {
+        events
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no event while waiting for {what}"))
+    }
+
+    fn claim(stage: &str, n: i32) -> Command {
+        Command::Claim(ClaimRequest::Oldest(vec![(stage.to_string(), n)]))
+    }
+
+    #[test]
+    fn after_a_reconnect_no_claim_runs_before_the_reconcile_for_it() {
+        let db = TestDb::new();
+        let mut c = db.client();
+        inject_many(&mut c, "s", "a@x.example", 3);
+        let client = coordinator::start(&db.conninfo).expect("coordinator starts");
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let (tx, events) = unbounded();
+        let (commands, rx) = unbounded();
+        coordinator::spawn(client, db.conninfo.clone(), rx, EventSender::new(tx, waker)).unwrap();
+        // The database drops the coordinator's session while it is idle.
+        let killed = count(
+            &mut c,
+            "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'pepsi-dispatch'",
+        );
+        assert_eq!(killed, 1);
+        // A check finds it gone and re-takes the lock; a claim queued behind it must
+        // wait for the loop's reconcile, which would otherwise reset the rows it hands out.
+        commands.send(Command::Check).unwrap();
+        commands.send(claim("s", 10)).unwrap();
+        assert!(matches!(next(&events, "LockLost"), Event::LockLost));
+        let Event::LockRegained(generation) = next(&events, "LockRegained") else {
+            panic!("expected LockRegained");
+        };
+        assert!(
+            matches!(
+                next(&events, "the refused claim"),
+                Event::ClaimFailed { .. }
+            ),
+            "a claim ran before the reconcile"
+        );
+        let running = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'";
+        assert_eq!(count(&mut c, running), 0);
+        // A reconcile for an earlier re-take does not open the gate.
+        commands
+            .send(Command::Reconcile {
+                held: Vec::new(),
+                generation: generation - 1,
+            })
+            .unwrap();
+        commands.send(claim("s", 10)).unwrap();
+        assert!(matches!(
+            next(&events, "the claim refused again"),
+            Event::ClaimFailed { .. }
+        ));
+        commands
+            .send(Command::Reconcile {
+                held: Vec::new(),
+                generation,
+            })
+            .unwrap();
+        commands.send(claim("s", 10)).unwrap();
+        match next(&events, "the claim after the reconcile") {
+            Event::Claimed { rows, .. } => assert_eq!(rows.len(), 3),
+            _ => panic!("expected the rows to be claimed"),
+        }
+        assert_eq!(count(&mut c, running), 3);
+        commands.send(Command::Reset).unwrap();
+        assert!(matches!(
+            next(&events, "the reset"),
+            Event::ResetDone(Ok(3))
+        ));
+    }
+}
