@@ -13,6 +13,10 @@ use super::raw::{ConfigError, Origin, Problems, Section};
 /// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
 pub const STAGE_PREFIX: &str = "stage-";
 
+/// The most worker processes a stage may run (each holds a database connection).
+pub const MAX_PARALLELISM: u32 = 10_000;
+/// The most ids pipelined to one worker.
+pub const MAX_QUEUE_LIMIT: u32 = 10_000;
 /// Fusion depth cap: a chain longer than this (a misconfigured cycle) commits a hop.
 pub const MAX_FUSION_DEPTH: usize = 16;
 
@@ -58,9 +62,9 @@ impl StageSection {
     pub fn check(section: &Section) -> Result<StageSection, Vec<ConfigError>> {
         let mut p = Problems::default();
         let program = p.ok(section.required("PROGRAM").map(str::to_string));
-        let parallelism = p.ok(section.number("PARALLELISM", 4u32, 1));
-        let queue_limit = p.ok(section.number("QUEUE_LIMIT", 4u32, 1));
-        let max_messages = p.ok(section.number("MAX_MESSAGES", 1000u64, 1));
+        let parallelism = p.ok(section.number("PARALLELISM", 4u32, 1..=MAX_PARALLELISM));
+        let queue_limit = p.ok(section.number("QUEUE_LIMIT", 4u32, 1..=MAX_QUEUE_LIMIT));
+        let max_messages = p.ok(section.number("MAX_MESSAGES", 1000u64, 1..=u64::MAX));
         let fusion = p.ok(section.optional_boolean("FUSION"));
         let max_lifetime = p.ok(section.duration("MAX_LIFETIME", Duration::from_secs(120 * 3600)));
         match (

@@ -146,6 +146,15 @@ impl Config {
                 .cloned()
                 .unwrap_or_else(|| empty(name))
         };
+        for s in &sections {
+            if !s.name.starts_with("stage-") && !KNOWN.iter().any(|(n, _)| *n == s.name) {
+                log::warn!(
+                    "{}: [{}]: unknown section, ignored (a stage is [stage-NAME])",
+                    s.origin,
+                    s.name
+                );
+            }
+        }
         for (name, keys) in KNOWN {
             for (key, value) in find(name).entries() {
                 if !keys.contains(&key) {
@@ -199,17 +208,16 @@ impl Config {
             stats_interval: p
                 .ok(positive("STATS_INTERVAL", secs(60)))
                 .unwrap_or(secs(60)),
-            db_pool_size: p.ok(d.number("DB_POOL_SIZE", 8u32, 1)).unwrap_or(8),
+            db_pool_size: p.ok(d.number("DB_POOL_SIZE", 8u32, 1..=1000)).unwrap_or(8),
             config_file: d.get("CONFIG_FILE").map(PathBuf::from),
             fair_scheduling: p.ok(d.boolean("FAIR_SCHEDULING", true)).unwrap_or(true),
             fair_half_life: p
                 .ok(positive("FAIR_HALF_LIFE", secs(60)))
                 .unwrap_or(secs(60)),
-            fair_fifo_percent: p.ok(d.number("FAIR_FIFO_PERCENT", 10u32, 0)).unwrap_or(10),
+            fair_fifo_percent: p
+                .ok(d.number("FAIR_FIFO_PERCENT", 10u32, 0..=100))
+                .unwrap_or(10),
         };
-        if dispatch.fair_fifo_percent > 100 {
-            p.push(d.error("FAIR_FIFO_PERCENT", "must be at most 100"));
-        }
 
         let bouncer = BouncerOptions {
             bounce_stage: find("pepsi-failure-bouncer")
@@ -292,7 +300,10 @@ mod tests {
         );
         assert!(text.contains("/t.conf:5: [pepsi-dispatch] DB_POOL_SIZE:"));
         assert!(
-            text.contains("/t.conf:6: [pepsi-dispatch] FAIR_FIFO_PERCENT: must be at most 100")
+            text.contains(
+                "/t.conf:6: [pepsi-dispatch] FAIR_FIFO_PERCENT: \"150\" is above the maximum 100"
+            ),
+            "{text}"
         );
     }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -214,16 +215,28 @@ impl Section {
         }
     }
 
-    /// A whole number of at least `min`, or the default.
-    pub fn number<T>(&self, key: &str, default: T, min: T) -> Result<T, ConfigError>
+    /// A whole number within `range`, or the default.
+    pub fn number<T>(
+        &self,
+        key: &str,
+        default: T,
+        range: RangeInclusive<T>,
+    ) -> Result<T, ConfigError>
     where
         T: FromStr + PartialOrd + fmt::Display + Copy,
     {
         match self.get(key) {
             None => Ok(default),
             Some(text) => match text.parse::<T>() {
-                Ok(n) if n >= min => Ok(n),
-                Ok(_) => Err(self.error(key, format!("{text:?} is below the minimum {min}"))),
+                Ok(n) if n < *range.start() => Err(self.error(
+                    key,
+                    format!("{text:?} is below the minimum {}", range.start()),
+                )),
+                Ok(n) if n > *range.end() => Err(self.error(
+                    key,
+                    format!("{text:?} is above the maximum {}", range.end()),
+                )),
+                Ok(n) => Ok(n),
                 Err(_) => Err(self.error(key, format!("{text:?} is not a whole number"))),
             },
         }
@@ -246,8 +259,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => secs(86_400),
         _ => None,
     };
-    d.ok_or_else(bad)
+    match d {
+        Some(d) if d > MAX_DURATION => Err(format!(
+            "{text:?} is longer than the maximum of {} days",
+            MAX_DURATION.as_secs() / 86_400
+        )),
+        Some(d) => Ok(d),
+        None => Err(bad()),
+    }
 }
+
+/// The longest duration a setting takes: ten years, far beyond any sensible timer and
+/// far below what the clock arithmetic overflows at.
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
 
 /// Parses a boolean: yes/no, true/false, on/off, 1/0 (any case).
 pub fn parse_bool(text: &str) -> Result<bool, String> {
@@ -436,6 +460,34 @@ mod tests {
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("m").is_err());
         assert!(parse_duration("-5s").is_err());
+        assert_eq!(parse_duration("3650d"), Ok(MAX_DURATION));
+        assert!(
+            parse_duration("3651d")
+                .unwrap_err()
+                .contains("longer than the maximum of 3650 days")
+        );
+        assert!(parse_duration("18446744073709551615").is_err());
+    }
+
+    #[test]
+    fn numbers_are_checked_against_both_bounds() {
+        let s = parse(
+            Path::new("/etc/pepsi/test.conf"),
+            "[stage-x]\nPARALLELISM = 0\nQUEUE_LIMIT = 4000000000\nMAX_MESSAGES = 7\n",
+        )
+        .unwrap();
+        let e = s[0].number("PARALLELISM", 4u32, 1..=10).unwrap_err();
+        assert!(
+            e.to_string().ends_with("\"0\" is below the minimum 1"),
+            "{e}"
+        );
+        let e = s[0].number("QUEUE_LIMIT", 4u32, 1..=10).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("\"4000000000\" is above the maximum 10"),
+            "{e}"
+        );
+        assert_eq!(s[0].number("MAX_MESSAGES", 1u64, 1..=10), Ok(7));
     }
 
     #[test]
@@ -456,7 +508,7 @@ mod tests {
         assert!(e.to_string().starts_with(
             "/etc/pepsi/test.conf:2: [pepsi-dispatch] MAX_RUNTIME: \"5 years\" is not a duration"
         ));
-        let e = s[0].number("DB_POOL_SIZE", 8u32, 1).unwrap_err();
+        let e = s[0].number("DB_POOL_SIZE", 8u32, 1..=1000).unwrap_err();
         assert_eq!(
             e.to_string(),
             "/etc/pepsi/test.conf:3: [pepsi-dispatch] DB_POOL_SIZE: \"many\" is not a whole number"

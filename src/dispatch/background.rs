@@ -61,7 +61,10 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Job::ReadOverlay => {
                     events.send(Event::Overlay(Err(e.message)));
                 }
-                Job::BodyGc | Job::UnknownStages(_) => {}
+                Job::BodyGc => {
+                    events.send(Event::BodyGcDone { more: true });
+                }
+                Job::UnknownStages(_) => {}
             }
             return;
         }
@@ -77,8 +80,14 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 if n > 0 {
                     log::info!("body GC removed {n} unreferenced bodies");
                 }
+                events.send(Event::BodyGcDone {
+                    more: n >= BODY_GC_LIMIT,
+                });
             }
-            Err(e) => log::warn!("body GC failed: {}", db::describe(&e)),
+            Err(e) => {
+                log::warn!("body GC failed: {}", db::describe(&e));
+                events.send(Event::BodyGcDone { more: true });
+            }
         },
         Job::ReadOverlay => {
             events.send(Event::Overlay(

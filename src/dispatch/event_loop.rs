@@ -357,6 +357,11 @@ impl Dispatcher {
                 self.next_paused = Some(Instant::now() + FLIP_RETRY);
             }
             Event::Paused(due) => self.set_next_paused(Some(due)),
+            Event::BodyGcDone { more } => {
+                if more {
+                    self.active_since_gc = true;
+                }
+            }
             Event::LockLost => {
                 if self.lock_held {
                     log::warn!(
@@ -1205,6 +1210,17 @@ impl Dispatcher {
     // ---- reload --------------------------------------------------------------------
 
     fn apply_reload(&mut self, overlay: &[crate::config::graph::OverrideRow]) {
+        // A file that cannot be read right now (replaced, briefly missing) is not a
+        // broken configuration: keep the graph and try again, as for the overlay.
+        if let Err(e) = std::fs::File::open(&self.config.path) {
+            log::warn!(
+                "cannot read {} ({e}); keeping the current stage graph and retrying the reload in {}s",
+                self.config.path.display(),
+                RELOAD_RETRY.as_secs()
+            );
+            self.reload_retry_at = Some(Instant::now() + RELOAD_RETRY);
+            return;
+        }
         let file = match Config::load(Some(&self.config.path)) {
             Ok(c) => c,
             Err(errors) => {

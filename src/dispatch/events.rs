@@ -50,6 +50,12 @@ pub enum Event {
     /// A row was paused by the dispatcher (strike or deferral); it is due in this many
     /// seconds.
     Paused(f64),
+    /// A body GC run ended; `more` when it hit its limit or failed, so the next
+    /// statistics tick runs it again even without new activity.
+    BodyGcDone {
+        /// Run again.
+        more: bool,
+    },
     /// The coordinator lost its connection and with it the advisory lock.
     LockLost,
     /// The coordinator has its connection and the lock again, for the n-th time; the

@@ -52,6 +52,18 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["serve"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
     crate::privilege::drop_to(&config.pepsi.run_as)?;
+    // Workers and reloads read the file as RUN_AS: a file only root can read would
+    // only fail later, at the first worker or reload.
+    std::fs::File::open(&config.path).map_err(|e| {
+        Failure::general(format!(
+            "{}: cannot be read as RUN_AS {} ({e}); workers and reloads read it as that account",
+            config.path.display(),
+            config.pepsi.run_as
+        ))
+    })?;
+    // Before the lock wait: a SIGHUP or SIGTERM now must not kill the process
+    // half-started (the loop acts on it once it runs).
+    let signals = signals::install()?;
     let conninfo = config.postgres.connection.clone();
     let mut client = coordinator::start(&conninfo)?;
     let overlay = db::read_overlay(&mut client).map_err(|e| {
@@ -66,7 +78,6 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             join_errors(&errors)
         ))
     })?;
-    let signals = signals::install()?;
     let poll =
         mio::Poll::new().map_err(|e| Failure::general(format!("cannot create the poller: {e}")))?;
     let waker = Arc::new(

@@ -520,6 +520,31 @@ fn a_trailing_global_flag_exits_64() {
 }
 
 #[test]
+fn a_configuration_only_root_can_read_stops_the_dispatcher_at_start() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: RUN_AS is not applied, nothing to check");
+        return;
+    }
+    let dir = TempDir::new("rootconf");
+    let conf = dir.write(
+        "pepsi.conf",
+        "[pepsi]\nRUN_AS = nobody\n[pepsi-postgres]\nCONNECTION = host=/nonexistent\n",
+    );
+    std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = run(
+        &bin("pepsi-dispatch"),
+        &["-c", conf.to_str().unwrap(), "serve"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot be read as RUN_AS nobody"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn a_configuration_syntax_error_names_file_and_line_and_exits_1() {
     let dir = TempDir::new("badconf");
     let conf = dir.write(

@@ -17,6 +17,7 @@ pub use pg::TestDb;
 pub fn bin(name: &str) -> PathBuf {
     match name {
         "pepsi-setup" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-setup")),
+        "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
         other => panic!("unknown program {other}"),
     }
 }
