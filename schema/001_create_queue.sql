@@ -8,22 +8,27 @@ CREATE SCHEMA pepsi;
 
 CREATE TYPE pepsi.workqueue_status AS ENUM ('pending', 'running', 'paused', 'failed', 'timeout');
 
--- The domain part of an address, lower-cased; an address without '@' is its own
--- (lower-cased) domain, so a bare local name still gives a stable key.
+-- The domain part of an address, lower-cased, without angle brackets or a trailing
+-- dot; an address without '@' is its own domain, so a bare local name still gives a
+-- stable key.
 CREATE FUNCTION pepsi.address_domain(address text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN strpos(address, '@') > 0
-            THEN lower(split_part(address, '@', -1))
-            ELSE lower(address) END;
+RETURN rtrim(lower(CASE WHEN strpos(address, '@') > 0
+                        THEN split_part(btrim(address, '<>'), '@', -1)
+                        ELSE btrim(address, '<>') END), '.');
 
--- The fairness key of a row (SPEC §2): the authenticated user, else the SMTP peer (an
--- IPv6 peer by its /64), else for the null sender the first recipient's domain, else
--- the sender's domain.
+-- The fairness key of a row (SPEC §2): the authenticated user (lower-cased; an empty
+-- login is none), else the SMTP peer (an IPv6 peer by its /64, an IPv4-mapped one as
+-- the IPv4 peer), else for the null sender the first recipient's domain, else the
+-- sender's domain.
 CREATE FUNCTION pepsi.sender_key(auth_user text, client_ip inet, mail_from text, rcpt_to text[])
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE
-    WHEN auth_user IS NOT NULL THEN 'user:' || auth_user
+    WHEN nullif(auth_user, '') IS NOT NULL THEN 'user:' || lower(auth_user)
+    -- An IPv4 client seen by a dual-stack listener (::ffff:a.b.c.d) is that IPv4 peer.
+    WHEN client_ip <<= inet '::ffff:0.0.0.0/96'
+        THEN 'ip:' || host(inet '0.0.0.0' + (client_ip - inet '::ffff:0.0.0.0'))
     WHEN client_ip IS NOT NULL AND family(client_ip) = 6
         THEN 'ip:' || text(network(set_masklen(client_ip, 64)))
     WHEN client_ip IS NOT NULL THEN 'ip:' || host(client_ip)
@@ -43,14 +48,17 @@ CREATE TABLE pepsi.workqueue (
     timeout timestamptz,
     arrived timestamptz NOT NULL DEFAULT now(),
     mail_from text NOT NULL,
-    rcpt_to text[] NOT NULL CHECK (cardinality(rcpt_to) >= 1),
+    -- At least one recipient, a plain list, no NULL among them.
+    rcpt_to text[] NOT NULL CONSTRAINT workqueue_rcpt_to_check
+        CHECK (cardinality(rcpt_to) >= 1 AND array_ndims(rcpt_to) = 1
+               AND array_position(rcpt_to, NULL) IS NULL),
     auth_user text,
     client_ip inet,
     header_from text,
     subject text,
     headers bytea,
     body_id bigint REFERENCES pepsi.workqueue_body (body_id),
-    state jsonb NOT NULL DEFAULT '{}',
+    state jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(state) = 'object'),
     sender_key text GENERATED ALWAYS AS (pepsi.sender_key(auth_user, client_ip, mail_from, rcpt_to)) STORED
 );
 
@@ -173,10 +181,12 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- The state keys a resume clears: the row starts its stage afresh.
+-- The state keys a resume clears: the row starts its stage afresh, its retry backoff
+-- included (`last_error` stays as history).
 CREATE FUNCTION pepsi.resumed_state(s jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN s - 'strikes' - 'strike_stage' - 'failure_class' - 'failed_stage';
+RETURN s - 'strikes' - 'strike_stage' - 'failure_class' - 'failed_stage'
+         - 'temporary_failures' - 'temporary_stage' - 'unwritten';
 
 -- Flips the given paused, failed or timeout rows back to pending; returns how many.
 CREATE FUNCTION pepsi.workqueue_resume(p_ids bigint[]) RETURNS integer

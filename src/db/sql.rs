@@ -136,7 +136,9 @@ pub const RESET_RUNNING: &str =
 /// The batched oldest-first claim (§6): for every stage with free capacity at once,
 /// up to its own capacity, driven by the partial pending index so its cost stops at the
 /// cap. $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
-/// MATERIALIZED CTE so no plan can claim more than asked. The one claimer is the only
+/// MATERIALIZED CTE so no plan can claim more than asked; the UPDATE takes them as an
+/// array, so it fetches each by primary key (a join with the CTE, whose size the
+/// planner cannot know, was planned as a scan of every pending row). The one claimer is the only
 /// pending → running writer, so no SKIP LOCKED. Also returns the seconds until the
 /// earliest paused row is due (NULL when none), with a NULL row when nothing was claimed.
 pub const CLAIM_OLDEST: &str = "WITH want AS ( \
@@ -148,7 +150,8 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
               ORDER BY q.workqueue_id LIMIT w.cap) p \
      ), claimed AS ( \
          UPDATE pepsi.workqueue q SET status = 'running' \
-           FROM picked WHERE q.workqueue_id = picked.workqueue_id AND q.status = 'pending' \
+          WHERE q.workqueue_id = ANY (ARRAY(SELECT workqueue_id FROM picked)) \
+            AND q.status = 'pending' \
          RETURNING q.workqueue_id, q.stage, q.sender_key \
      ) \
      SELECT c.workqueue_id, c.stage, c.sender_key, n.due \

@@ -1060,6 +1060,31 @@ fn the_claim_uses_the_partial_pending_index() {
     let plan = plan.join("\n");
     assert!(plan.contains("workqueue_pending_idx"), "{plan}");
     assert!(!plan.contains("Seq Scan on workqueue q"), "{plan}");
+    // Run: no step reads more rows than are claimed (a join of the update with the
+    // picked ids was once planned as a walk over every pending row).
+    let mut tx = c.transaction().unwrap();
+    let analyzed: Vec<String> = tx
+        .query(
+            &format!(
+                "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) {}",
+                pepsi::db::sql::CLAIM_OLDEST
+            ),
+            &[&stages, &caps],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    tx.rollback().unwrap();
+    for line in analyzed.iter().filter(|l| l.contains(" on workqueue")) {
+        let rows: i64 = line
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no row count in {line:?}"));
+        assert!(rows <= 12, "{line}\n{}", analyzed.join("\n"));
+    }
     // And it takes exactly the capacities asked, though thousands wait.
     let rows = c
         .query(pepsi::db::sql::CLAIM_OLDEST, &[&stages, &caps])

@@ -99,6 +99,50 @@ fn sender_key_has_all_four_forms() {
         ),
         "from:pepsi.example"
     );
+    // An IPv4 client seen by a dual-stack listener is that IPv4 peer, not one IPv6 /64.
+    let k = |c: &mut Client, user: Option<&str>, ip: Option<&str>, from: &str, to: &str| {
+        sender_key(c, user, ip, from, &[to])
+    };
+    assert_eq!(
+        k(
+            &mut c,
+            None,
+            Some("::ffff:192.0.2.7"),
+            "x@e.example",
+            "r@a.example"
+        ),
+        "ip:192.0.2.7"
+    );
+    assert_ne!(
+        k(
+            &mut c,
+            None,
+            Some("::ffff:192.0.2.8"),
+            "x@e.example",
+            "r@a.example"
+        ),
+        "ip:192.0.2.7"
+    );
+    // An empty login is no login; logins group regardless of case.
+    assert_eq!(
+        k(
+            &mut c,
+            Some(""),
+            Some("192.0.2.7"),
+            "x@e.example",
+            "r@a.example"
+        ),
+        "ip:192.0.2.7"
+    );
+    assert_eq!(
+        k(&mut c, Some("Alice"), None, "x@e.example", "r@a.example"),
+        "user:alice"
+    );
+    // Angle brackets and a trailing dot do not make another domain.
+    assert_eq!(
+        k(&mut c, None, None, "", "<Bob@Rcpt.Example.>"),
+        "null:rcpt.example"
+    );
 }
 
 fn body_count(c: &mut Client) -> i64 {
@@ -254,7 +298,9 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
 
     // Resume by stage/status, and a resume that matches nothing is silent.
     c.execute(
-        "UPDATE pepsi.workqueue SET status = 'failed' WHERE workqueue_id = $1",
+        "UPDATE pepsi.workqueue SET status = 'failed', state = state || \
+         '{\"strikes\": 3, \"temporary_failures\": 4, \"temporary_stage\": \"b\", \"last_error\": \"x\"}' \
+         WHERE workqueue_id = $1",
         &[&id],
     )
     .unwrap();
@@ -271,6 +317,15 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         .get(0);
     assert_eq!(n, 1);
     assert_eq!(channels_until_sentinel(&mut l, &mut c), vec!["workqueue"]);
+    // A resumed row starts afresh, its retry backoff included; the last error stays.
+    let state: String = c
+        .query_one(
+            "SELECT state::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(state, r#"{"last_error": "x"}"#);
     let n: i32 = c
         .query_one("SELECT pepsi.workqueue_resume('b', NULL)", &[])
         .unwrap()
