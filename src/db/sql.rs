@@ -136,9 +136,14 @@ pub const RESET_RUNNING: &str =
 /// The batched oldest-first claim (§6): for every stage with free capacity at once,
 /// up to its own capacity, driven by the partial pending index so its cost stops at the
 /// cap. $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
-/// MATERIALIZED CTE so no plan can claim more than asked; the UPDATE takes them as an
-/// array, so it fetches each by primary key (a join with the CTE, whose size the
-/// planner cannot know, was planned as a scan of every pending row). The one claimer is the only
+/// MATERIALIZED CTE so no plan can claim more than asked. The UPDATE fetches the
+/// picked rows by primary key: it joins them as an unnested array (which the planner
+/// sizes small), and tests the status as text so the partial indexes do not apply.
+/// Otherwise, with statistics that had not yet seen a burst, the update was planned as
+/// a scan of every pending row (a join with the CTE, or an `= ANY` filter comparing
+/// each pending row with each id): 16 ms instead of 3 for 320 rows of 5,000, 60 ms
+/// instead of 0.5 for 3 rows of 300,000. The status test still re-checks a row changed
+/// concurrently. The one claimer is the only
 /// pending → running writer, so no SKIP LOCKED. Also returns the seconds until the
 /// earliest paused row is due (NULL when none), with a NULL row when nothing was claimed.
 pub const CLAIM_OLDEST: &str = "WITH want AS ( \
@@ -150,8 +155,8 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
               ORDER BY q.workqueue_id LIMIT w.cap) p \
      ), claimed AS ( \
          UPDATE pepsi.workqueue q SET status = 'running' \
-          WHERE q.workqueue_id = ANY (ARRAY(SELECT workqueue_id FROM picked)) \
-            AND q.status = 'pending' \
+           FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
+          WHERE q.workqueue_id = p.id AND q.status::text = 'pending' \
          RETURNING q.workqueue_id, q.stage, q.sender_key \
      ) \
      SELECT c.workqueue_id, c.stage, c.sender_key, n.due \
