@@ -139,6 +139,12 @@ pub fn connection_config(
     Ok(config)
 }
 
+/// Adds server settings (`-c name=value …`) after those of `CONNECTION`, so they win.
+pub fn append_options(config: &mut postgres::Config, options: &str) {
+    let all = format!("{} {options}", config.get_options().unwrap_or_default());
+    config.options(all.trim_start());
+}
+
 /// Opens one connection.
 pub fn connect(conninfo: &str, application: &str) -> Result<Client, postgres::Error> {
     connection_config(conninfo, application)?.connect(NoTls)
@@ -171,6 +177,22 @@ pub fn describe(err: &postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appended_options_come_after_the_connections_own() {
+        let mut c = connection_config("host=/tmp options='-c work_mem=8MB'", "p").unwrap();
+        append_options(&mut c, sql::ASYNC_COMMIT_OPTION);
+        assert_eq!(
+            c.get_options(),
+            Some(
+                format!(
+                    "{SERVER_KEEPALIVES} -c work_mem=8MB {}",
+                    sql::ASYNC_COMMIT_OPTION
+                )
+                .as_str()
+            )
+        );
+    }
 
     #[test]
     fn keepalives_default_to_a_minute_and_connection_settings_win() {

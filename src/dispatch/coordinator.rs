@@ -113,12 +113,7 @@ impl Command {
 /// would add a disk sync to every hop's latency.
 fn connect(conninfo: &str) -> Result<Client, postgres::Error> {
     let mut config = db::connection_config(conninfo, "pepsi-dispatch")?;
-    let options = format!(
-        "{} {}",
-        config.get_options().unwrap_or_default(),
-        sql::ASYNC_COMMIT_OPTION
-    );
-    config.options(options.trim_start());
+    db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
     config.connect(postgres::NoTls)
 }
 

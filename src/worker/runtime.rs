@@ -78,12 +78,7 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
     .map_err(|e| Failure::config(format!("[pepsi-postgres] CONNECTION: {e}")))?;
     if !config.postgres.worker_synchronous_commit {
         // Group commit across concurrent workers; a lost advance is re-run (§12.1).
-        let options = format!(
-            "{} {}",
-            pg.get_options().unwrap_or(""),
-            sql::ASYNC_COMMIT_OPTION
-        );
-        pg.options(options.trim());
+        db::append_options(&mut pg, sql::ASYNC_COMMIT_OPTION);
     }
     let pool = Pool::new(pg, POOL_SIZE, CHECKOUT_TIMEOUT);
     let mut conn = pool.get().map_err(|CheckoutError { kind, message }| {
