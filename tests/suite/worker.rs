@@ -295,9 +295,18 @@ impl ExecSetup {
     /// Makes the command take 2 s (within the stage's TIMEOUT of 5 s), so a test can
     /// act while it runs.
     fn slow_down(&self) {
+        self.before_exit("sleep 2");
+    }
+
+    /// Makes the command run `shell` just before it exits.
+    fn before_exit(&self, shell: &str) {
         let script = self.conf.parent().unwrap().join("deliver.sh");
         let text = std::fs::read_to_string(&script).unwrap();
-        std::fs::write(&script, text.replace("exit $mode", "sleep 2; exit $mode")).unwrap();
+        std::fs::write(
+            &script,
+            text.replace("exit $mode", &format!("{shell}; exit $mode")),
+        )
+        .unwrap();
     }
 
     /// Waits until the command runs for message `id` (it has written the envelope).
@@ -404,13 +413,7 @@ fn exec_exit_65_fails_the_message_permanently() {
 fn a_nul_byte_in_the_commands_stderr_still_fails_the_message_permanently() {
     let db = TestDb::new();
     let s = exec_setup(&db, "");
-    let script = s.conf.parent().unwrap().join("deliver.sh");
-    let text = std::fs::read_to_string(&script).unwrap();
-    std::fs::write(
-        &script,
-        text.replace("exit $mode", "printf 'bad\\000byte' >&2; exit $mode"),
-    )
-    .unwrap();
+    s.before_exit("printf 'bad\\000byte' >&2");
     std::fs::write(&s.control, "65").unwrap();
     let mut c = db.client();
     let id = inject_claimed(&mut c, "deliver", "a@x.example", &["r@y.example"]);
