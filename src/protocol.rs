@@ -22,6 +22,36 @@ pub const STATUS_IOERR: u8 = crate::exit::EX_IOERR;
 /// The database refused a connection for overload (§8.3).
 pub const STATUS_TEMPFAIL: u8 = crate::exit::EX_TEMPFAIL;
 
+/// The environment variable through which the dispatcher tells a worker which stage
+/// (`[stage-NAME]` section) it serves; a worker names its database sessions after it.
+pub const WORKER_STAGE_ENV: &str = "PEPSI_WORKER_STAGE";
+
+/// What every worker's `application_name` starts with.
+const SESSION_PREFIX: &str = "pepsi-worker:";
+
+/// PostgreSQL keeps this many bytes of an `application_name`.
+const MAX_APPLICATION_NAME: usize = 63;
+
+/// The `application_name` of a worker's database sessions, `pepsi-worker:PID:STAGE`:
+/// when the dispatcher kills a worker it terminates the sessions it left behind by its
+/// pid (§8.2 "Bounded waits"). Cut to what PostgreSQL keeps, never inside a character.
+pub fn worker_session_name(pid: u32, stage: &str) -> String {
+    let mut name = format!("{SESSION_PREFIX}{pid}:{stage}");
+    if name.len() > MAX_APPLICATION_NAME {
+        let mut end = MAX_APPLICATION_NAME;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    name
+}
+
+/// The `LIKE` pattern matching every session of the worker with this pid.
+pub fn worker_session_pattern(pid: u32) -> String {
+    format!("{SESSION_PREFIX}{pid}:%")
+}
+
 /// One stage of a pass with the microseconds it took.
 pub type StageTime = (String, u64);
 
@@ -129,6 +159,15 @@ mod tests {
                 report: Report::Absent
             })
         );
+    }
+
+    #[test]
+    fn a_worker_session_name_carries_the_pid_and_fits_postgresql() {
+        assert_eq!(worker_session_name(42, "relay"), "pepsi-worker:42:relay");
+        let long = worker_session_name(4_194_304, &"é".repeat(40));
+        assert!(long.len() <= MAX_APPLICATION_NAME, "{long}");
+        assert!(long.starts_with("pepsi-worker:4194304:é"));
+        assert_eq!(worker_session_pattern(42), "pepsi-worker:42:%");
     }
 
     #[test]

@@ -25,11 +25,18 @@ pub struct SchemaFile {
 }
 
 /// Every schema file, in order. A test checks this list against the folder.
-pub const FILES: &[SchemaFile] = &[SchemaFile {
-    number: 1,
-    name: "001_create_queue.sql",
-    sql: include_str!("../../schema/001_create_queue.sql"),
-}];
+pub const FILES: &[SchemaFile] = &[
+    SchemaFile {
+        number: 1,
+        name: "001_create_queue.sql",
+        sql: include_str!("../../schema/001_create_queue.sql"),
+    },
+    SchemaFile {
+        number: 2,
+        name: "002_claim_tokens.sql",
+        sql: include_str!("../../schema/002_claim_tokens.sql"),
+    },
+];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).
 pub const SETUP_LOCK_KEY: i64 = 0x7065_7073_6953_6574; // "pepsiSet"

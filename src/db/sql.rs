@@ -30,7 +30,7 @@ pub const READ_CONFIG_OVERRIDE: &str =
     "SELECT section, key, value FROM pepsi.config_override ORDER BY section, key";
 
 /// The columns a worker loads for every row (see [`LOAD_METADATA`]). `$1` is the id
-/// array. The settings subquery fetches the per-address overrides of the
+/// array. The last column is the claim token every write of the row is guarded with. The settings subquery fetches the per-address overrides of the
 /// correspondents (the sender of a local message, else the recipients) for all stages,
 /// so fused stages have theirs too.
 macro_rules! load_columns {
@@ -44,7 +44,8 @@ macro_rules! load_columns {
             FROM pepsi.settings s \
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
                                        THEN ARRAY[lower(q.mail_from)] \
-                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text"
+                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text, \
+         q.claim"
     };
 }
 
@@ -66,9 +67,10 @@ pub const LOAD_FULL: &str = concat!(
 );
 
 /// A worker's outcome writes for a batch, one statement (§12.3). $1 a JSON array of
-/// objects {id, claimed, stage, status, delay_ms, state, and, when a stage rewrote
-/// them, mail_from, rcpt_to, header_from, subject}. Guarded: only rows still `running`
-/// at the stage they were claimed at are written (§12.2). Returns the written ids.
+/// objects {id, claimed, claim, stage, status, delay_ms, state, and, when a stage
+/// rewrote them, mail_from, rcpt_to, header_from, subject}. Guarded: only rows still
+/// `running` at the stage they were claimed at, under the claim token read with them,
+/// are written (§12.2, §6). Returns the written ids.
 pub const WRITE_OUTCOMES: &str = "UPDATE pepsi.workqueue q \
      SET stage = r.stage, \
          status = r.status::pepsi.workqueue_status, \
@@ -79,25 +81,29 @@ pub const WRITE_OUTCOMES: &str = "UPDATE pepsi.workqueue q \
          rcpt_to = CASE WHEN r.rewritten THEN r.rcpt_to ELSE q.rcpt_to END, \
          header_from = CASE WHEN r.rewritten THEN r.header_from ELSE q.header_from END, \
          subject = CASE WHEN r.rewritten THEN r.subject ELSE q.subject END \
-     FROM jsonb_to_recordset($1::text::jsonb) AS r(id bigint, claimed text, stage text, \
-          status text, delay_ms bigint, state jsonb, rewritten boolean, mail_from text, \
-          rcpt_to text[], header_from text, subject text) \
+     FROM jsonb_to_recordset($1::text::jsonb) AS r(id bigint, claimed text, claim bigint, \
+          stage text, status text, delay_ms bigint, state jsonb, rewritten boolean, \
+          mail_from text, rcpt_to text[], header_from text, subject text) \
      WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
+       AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
 /// A worker's finished messages, one statement. $1 ids (int8[]), $2 the stages they
-/// were claimed at (text[]). Guarded like [`WRITE_OUTCOMES`]. Returns the deleted ids.
+/// were claimed at (text[]), $3 their claim tokens (int8[]). Guarded like
+/// [`WRITE_OUTCOMES`]. Returns the deleted ids.
 pub const DELETE_FINISHED: &str = "DELETE FROM pepsi.workqueue q \
-     USING unnest($1::int8[], $2::text[]) AS r(id, claimed) \
+     USING unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, claimed, claim) \
      WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
+       AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
 /// Splits a claimed row's recipients (§12.5), one round trip. $1 id (int8), $2 groups
 /// (JSON text), $3 the claimed stage (guard), $4 the stage the groups continue at or
 /// NULL for the same, $5 the state for all rows or NULL to keep, $6 whether the kept
-/// row is released to pending. Returns the new ids, NULL when the guard did not match.
+/// row is released to pending, $7 the claim token (guard). Returns the new ids, NULL
+/// when the guard did not match.
 pub const SPLIT: &str =
-    "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6)";
+    "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6, $7)";
 
 /// The startup option of sessions whose commits need not wait for the WAL flush
 /// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).
@@ -107,14 +113,15 @@ pub const ASYNC_COMMIT_OPTION: &str = "-c synchronous_commit=off";
 /// reason: pause it with the error, for 1 minute the first time and twice as long
 /// each time after (`state.unwritten` counts them), up to an hour, so a stage whose
 /// outcome never fits does not repeat its side effects every minute. $1 id (int8),
-/// $2 claimed stage (text), $3 the error (text); guarded. Returns the pause in minutes.
+/// $2 claimed stage (text), $3 the error (text), $4 the claim token (int8); guarded.
+/// Returns the pause in minutes.
 pub const PAUSE_UNWRITTEN: &str = "UPDATE pepsi.workqueue \
      SET status = 'paused', \
          timeout = now() + make_interval(mins => \
              least(60, power(2, least(coalesce((state->>'unwritten')::int, 0), 6)))::int), \
          state = state || jsonb_build_object('last_error', $3::text, \
              'unwritten', coalesce((state->>'unwritten')::int, 0) + 1) \
-     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 \
+     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $4 \
      RETURNING least(60, power(2, least(coalesce((state->>'unwritten')::int, 1) - 1, 6)))::int8";
 
 /// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
@@ -143,23 +150,30 @@ pub const RESET_RUNNING: &str =
 /// a scan of every pending row (a join with the CTE, or an `= ANY` filter comparing
 /// each pending row with each id): 16 ms instead of 3 for 320 rows of 5,000, 60 ms
 /// instead of 0.5 for 3 rows of 300,000. The status test still re-checks a row changed
-/// concurrently. The one claimer is the only
-/// pending → running writer, so no SKIP LOCKED. Also returns the seconds until the
-/// earliest paused row is due (NULL when none), with a NULL row when nothing was claimed.
+/// concurrently. The one claimer is the only pending → running writer; the pick still
+/// skips rows another session has locked (an operator's `SELECT … FOR UPDATE`, a
+/// killed worker's statement still running), so one foreign lock never stalls the
+/// claims of every stage behind the session's `lock_timeout`. Every claimed row is
+/// stamped with one fresh claim token for the whole statement (an InitPlan: one
+/// `nextval` per claim that takes rows). Returns (id, stage, sender key, token) per
+/// row, and the seconds until the earliest paused row is due (NULL when none), with a
+/// NULL row when nothing was claimed.
 pub const CLAIM_OLDEST: &str = "WITH want AS ( \
          SELECT w.stage, w.cap FROM unnest($1::text[], $2::int4[]) AS w(stage, cap) WHERE w.cap > 0 \
      ), picked AS MATERIALIZED ( \
          SELECT p.workqueue_id FROM want w CROSS JOIN LATERAL ( \
              SELECT q.workqueue_id FROM pepsi.workqueue q \
               WHERE q.stage = w.stage AND q.status = 'pending' \
-              ORDER BY q.workqueue_id LIMIT w.cap) p \
+              ORDER BY q.workqueue_id LIMIT w.cap \
+                FOR NO KEY UPDATE SKIP LOCKED) p \
      ), claimed AS ( \
-         UPDATE pepsi.workqueue q SET status = 'running' \
+         UPDATE pepsi.workqueue q SET status = 'running', \
+                claim = (SELECT nextval('pepsi.workqueue_claim_seq')) \
            FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
           WHERE q.workqueue_id = p.id AND q.status::text = 'pending' \
-         RETURNING q.workqueue_id, q.stage, q.sender_key \
+         RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim \
      ) \
-     SELECT c.workqueue_id, c.stage, c.sender_key, n.due \
+     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, n.due \
        FROM (SELECT extract(epoch FROM min(timeout) - now())::float8 AS due \
                FROM pepsi.workqueue WHERE status = 'paused') n \
        LEFT JOIN claimed c ON true";
@@ -180,23 +194,25 @@ pub const RESET_RUNNING_EXCEPT: &str = "UPDATE pepsi.workqueue SET status = 'pen
      WHERE status = 'running' AND workqueue_id <> ALL ($1::int8[]) RETURNING workqueue_id";
 
 /// Puts claimed rows back to pending (siblings of a crash, rows of a worker that never
-/// became ready, a 75). $1 ids (int8[]), $2 their claimed stages (text[]); guarded.
+/// became ready, a 75). $1 ids (int8[]), $2 their claimed stages (text[]), $3 their
+/// claim tokens (int8[]); guarded.
 pub const REQUEUE: &str = "UPDATE pepsi.workqueue q SET status = 'pending' \
-     FROM unnest($1::int8[], $2::text[]) AS r(id, stage) \
+     FROM unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, stage, claim) \
      WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.stage \
+       AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
 /// Records a strike (§8.2). $1 id, $2 stage, $3 'crashed' or 'timed-out', $4 the
-/// reason. Returns (strikes, status, seconds until due or NULL when it failed) or no
+/// reason, $5 the claim token. Returns (strikes, status, seconds until due or NULL when it failed) or no
 /// row when the guard failed.
 pub const STRIKE: &str = "SELECT s.strikes, s.status::text, extract(epoch FROM s.due - now())::float8 \
-       FROM pepsi.workqueue_strike($1, $2, $3, $4) s";
+       FROM pepsi.workqueue_strike($1, $2, $3, $4, $5) s";
 
 /// Defers a message whose worker lost its database connection (§8.4): paused for 30
-/// seconds at the same stage. $1 id, $2 claimed stage; guarded. Returns the seconds
-/// until it is due.
+/// seconds at the same stage. $1 id, $2 claimed stage, $3 claim token; guarded.
+/// Returns the seconds until it is due.
 pub const DEFER: &str = "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '30 seconds' \
-     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 \
+     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3 \
      RETURNING extract(epoch FROM timeout - now())::float8";
 
 /// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
