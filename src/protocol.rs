@@ -47,6 +47,9 @@ pub fn worker_session_name(pid: u32, stage: &str) -> String {
     name
 }
 
+/// The `LIKE` pattern matching the sessions of every worker.
+pub const ANY_WORKER_SESSION: &str = "pepsi-worker:%";
+
 /// The `LIKE` pattern matching every session of the worker with this pid.
 pub fn worker_session_pattern(pid: u32) -> String {
     format!("{SESSION_PREFIX}{pid}:%")

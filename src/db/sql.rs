@@ -124,6 +124,22 @@ pub const PAUSE_UNWRITTEN: &str = "UPDATE pepsi.workqueue \
      WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $4 \
      RETURNING least(60, power(2, least(coalesce((state->>'unwritten')::int, 1) - 1, 6)))::int8";
 
+/// The coordinator session's bounds (§8.2 "Bounded waits"): a row lock held elsewhere
+/// (an operator's `SELECT … FOR UPDATE`, a killed worker's statement still running) or
+/// a runaway statement stalls the serial queue writes, and with them every stage's
+/// claims, for a few seconds at most; the write then fails and joins the retry list.
+pub const COORDINATOR_TIMEOUTS_OPTION: &str = "-c lock_timeout=2s -c statement_timeout=10s";
+
+/// Terminates the database sessions of workers the dispatcher killed, or of every
+/// worker at start (orphans of a previous dispatcher): sessions of this database whose
+/// `application_name` matches one of $1 (text[], `LIKE` patterns built by
+/// `protocol::worker_session_pattern`), waiting up to a second for each to end.
+/// Returns how many were terminated.
+pub const TERMINATE_WORKER_SESSIONS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid, 1000))::int8 \
+       FROM pg_stat_activity a \
+      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
+        AND a.application_name LIKE ANY ($1::text[])";
+
 /// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
 pub const LISTEN_DISPATCHER: &str =
     "LISTEN workqueue; LISTEN config_changed; LISTEN telemetry_changed";

@@ -32,15 +32,14 @@ pub enum Job {
 pub fn spawn(pool: Pool, events: EventSender) -> std::io::Result<Sender<Job>> {
     let (tx, rx) = crossbeam_channel::unbounded::<Job>();
     for n in 0..THREADS {
-        let (rx, pool, events): (Receiver<Job>, Pool, EventSender) =
+        let (rx, pool, watcher): (Receiver<Job>, Pool, EventSender) =
             (rx.clone(), pool.clone(), events.clone());
-        std::thread::Builder::new()
-            .name(format!("background-{n}"))
-            .spawn(move || {
-                for job in rx {
-                    run(&pool, &events, job);
-                }
-            })?;
+        let events = events.clone();
+        super::events::spawn_watched(&format!("background-{n}"), watcher, move || {
+            for job in rx {
+                run(&pool, &events, job);
+            }
+        })?;
     }
     Ok(tx)
 }

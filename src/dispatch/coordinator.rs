@@ -4,11 +4,13 @@
 //! paused-row flip, requeues, strikes, deferrals and the shutdown reset.
 //!
 //! If its connection breaks, the lock is gone with it: it tells the loop (which stops
-//! claiming at once), reconnects and re-takes the lock within ten seconds, or reports a
-//! fatal error. Every queue write is one statement sent in one round trip
-//! (`query_typed`: no separate prepare). Queue writes run through the transient-error retry helper; a write that
-//! fails otherwise is tried again with backoff, so no row is left running by a passing
-//! error while the dispatcher lives.
+//! claiming and kills every worker at once), reconnects and re-takes the lock within ten
+//! seconds, or reports a fatal error. Every queue write is one statement sent in one
+//! round trip (`query_typed`: no separate prepare), guarded by the claim's token, on a
+//! session whose `lock_timeout` and `statement_timeout` bound every wait (§8.2). Queue
+//! writes run through the transient-error retry helper; a write that fails otherwise
+//! (a lock timeout included) is tried again with backoff, so no row is left running by
+//! a passing error while the dispatcher lives.
 
 use std::time::{Duration, Instant};
 
@@ -16,10 +18,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use postgres::Client;
 use postgres::types::Type;
 
-use super::events::{ClaimedRow, Event, EventSender};
+use super::events::{Event, EventSender};
+use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::Failure;
+use crate::protocol;
 
 /// How long the lock may be retried at start-up and after a lost connection.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -33,25 +37,11 @@ const DEFER_RETRY: Duration = Duration::from_secs(30);
 /// A failed write is retried after this, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// Why a row gets a strike.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StrikeKind {
-    /// Its worker crashed (or spoke garbage) while it was at the front.
-    Crashed,
-    /// It was unanswered for MAX_RUNTIME at the front of its worker's queue.
-    TimedOut,
-}
-
-impl StrikeKind {
-    /// The `failure_class` a third strike records.
-    pub fn class(self) -> &'static str {
-        match self {
-            StrikeKind::Crashed => "crashed",
-            StrikeKind::TimedOut => "timed-out",
-        }
-    }
-}
+/// How often the start-up reset is tried when a row lock holds it up.
+const RESET_ATTEMPTS: u32 = 10;
+/// Test hook: the coordinator thread panics at this claim command (counted from 1), so
+/// the tests can see the dispatcher shut down with exit 70 when a helper thread dies.
+pub const FAULT_PANIC_ENV: &str = "PEPSI_FAULT_COORDINATOR_PANIC";
 
 /// A request to the coordinator.
 #[derive(Clone, Debug)]
@@ -60,26 +50,22 @@ pub enum Command {
     Claim(ClaimRequest),
     /// Flip due paused rows to pending.
     FlipPaused,
-    /// Put claimed rows back to pending: (id, claimed stage).
-    Requeue(Vec<(i64, String)>),
+    /// Put claimed rows back to pending.
+    Requeue(Vec<Claim>),
     /// Record a strike.
     Strike {
-        /// The row.
-        id: i64,
-        /// Its claimed stage.
-        stage: String,
+        /// The claim.
+        claim: Claim,
         /// Why.
         kind: StrikeKind,
         /// The reason for `state.last_error`.
         error: String,
     },
     /// Pause a row for 30 seconds (its worker lost the database).
-    Defer {
-        /// The row.
-        id: i64,
-        /// Its claimed stage.
-        stage: String,
-    },
+    Defer(Claim),
+    /// Terminate the database sessions of these killed workers (by pid), so a statement
+    /// a killed worker left running holds no lock (§8.2).
+    TerminateSessions(Vec<u32>),
     /// Check the connection (and with it the lock) now: the LISTEN session was lost,
     /// so the database may have restarted while the coordinator was idle.
     Check,
@@ -98,7 +84,8 @@ impl Command {
             Command::FlipPaused => "paused-row flip",
             Command::Requeue(_) => "requeue",
             Command::Strike { .. } => "strike",
-            Command::Defer { .. } => "deferral",
+            Command::Defer(_) => "deferral",
+            Command::TerminateSessions(_) => "worker session termination",
             Command::Check => "connection check",
             Command::Reconcile { .. } => "reconcile",
             Command::Reset => "shutdown reset",
@@ -110,11 +97,22 @@ impl Command {
 /// like the workers' (§12.1): a claim, requeue or strike lost with a database crash
 /// leaves its rows `running` or `pending`, and the reset at the next lock re-take or
 /// start puts them back. A claim is on every hop's path; waiting for a flush there
-/// would add a disk sync to every hop's latency.
+/// would add a disk sync to every hop's latency. Its lock and statement timeouts bound
+/// how long one row can stall the serial queue writes.
 fn connect(conninfo: &str) -> Result<Client, postgres::Error> {
     let mut config = db::connection_config(conninfo, "pepsi-dispatch")?;
     db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
+    db::append_options(&mut config, sql::COORDINATOR_TIMEOUTS_OPTION);
     config.connect(postgres::NoTls)
+}
+
+/// Terminates the sessions matching these `LIKE` patterns; returns how many.
+fn terminate(client: &mut Client, patterns: &[String]) -> Result<i64, postgres::Error> {
+    let row = client.query_typed_one(
+        sql::TERMINATE_WORKER_SESSIONS,
+        &[(&patterns, Type::TEXT_ARRAY)],
+    )?;
+    Ok(row.get(0))
 }
 
 /// Connects, checks the schema, takes the lock (retrying for about ten seconds) and
@@ -143,13 +141,54 @@ pub fn start(conninfo: &str) -> Result<Client, Failure> {
             LOCK_WAIT.as_secs()
         )));
     }
-    let reset = client.execute_typed(sql::RESET_RUNNING, &[]).map_err(|e| {
-        Failure::general(format!("cannot reset orphaned rows: {}", db::describe(&e)))
-    })?;
+    // Statements the previous dispatcher's workers left running would hold locks on
+    // the rows about to be reset.
+    match terminate(&mut client, &[protocol::ANY_WORKER_SESSION.to_string()]) {
+        Ok(0) => {}
+        Ok(n) => log::warn!("terminated {n} database sessions left by earlier workers"),
+        Err(e) => log::warn!(
+            "cannot terminate the sessions of earlier workers: {}",
+            db::describe(&e)
+        ),
+    }
+    let mut attempt = 0;
+    let reset = loop {
+        attempt += 1;
+        match db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[])) {
+            Ok(n) => break n,
+            // A row lock held elsewhere: the lock timeout ended the wait; try again.
+            Err(e) if attempt < RESET_ATTEMPTS && db::classify(&e) == ErrorKind::Other => {
+                log::warn!(
+                    "cannot reset orphaned rows yet ({}); retrying",
+                    db::describe(&e)
+                );
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(e) => {
+                return Err(Failure::general(format!(
+                    "cannot reset orphaned rows: {}",
+                    db::describe(&e)
+                )));
+            }
+        }
+    };
     if reset > 0 {
         log::warn!("reset {reset} running rows left by a previous dispatcher to pending");
     }
     Ok(client)
+}
+
+/// The shutdown reset without the coordinator (its thread died, and its connection
+/// and the lock with it): takes the lock on a connection of its own, then puts every
+/// running row back to pending. Refuses when another dispatcher took the lock
+/// meanwhile: the rows are then that one's. Returns how many rows it reset.
+pub fn reset_alone(conninfo: &str) -> Result<u64, String> {
+    let mut client = connect(conninfo).map_err(|e| db::describe(&e))?;
+    if !take_lock(&mut client).map_err(|e| db::describe(&e))? {
+        return Err("another dispatcher holds the lock now".into());
+    }
+    db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[]))
+        .map_err(|e| db::describe(&e))
 }
 
 /// Tries the lock for up to [`LOCK_WAIT`].
@@ -169,28 +208,31 @@ fn take_lock(client: &mut Client) -> Result<bool, postgres::Error> {
     }
 }
 
-/// Starts the coordinator thread with an already locked client.
+/// Starts the coordinator thread with an already locked client. A panic in it is
+/// reported to the loop, which shuts down with exit 70.
 pub fn spawn(
     client: Client,
     conninfo: String,
     commands: Receiver<Command>,
     events: EventSender,
 ) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("coordinator".into())
-        .spawn(move || {
-            Coordinator {
-                client: Some(client),
-                conninfo,
-                events,
-                retries: Vec::new(),
-                reconcile_due: false,
-                reconcile_failures: 0,
-                generation: 0,
-            }
-            .run(&commands)
-        })
-        .map(|_| ())
+    let fault_panic_at = std::env::var(FAULT_PANIC_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    super::events::spawn_watched("coordinator", events.clone(), move || {
+        Coordinator {
+            client: Some(client),
+            conninfo,
+            events,
+            retries: Vec::new(),
+            reconcile_due: false,
+            reconcile_failures: 0,
+            generation: 0,
+            claims_seen: 0,
+            fault_panic_at,
+        }
+        .run(&commands)
+    })
 }
 
 /// A write that failed and is tried again.
@@ -215,6 +257,10 @@ struct Coordinator {
     generation: u64,
     /// Reconciles that failed in a row.
     reconcile_failures: u32,
+    /// Claim commands received.
+    claims_seen: u64,
+    /// The claim command at which the test hook panics.
+    fault_panic_at: Option<u64>,
 }
 
 impl Coordinator {
@@ -246,6 +292,15 @@ impl Coordinator {
     /// Runs a command until it is done, answered as failed, or queued for a retry.
     /// False when the coordinator cannot go on (the loop was told).
     fn handle(&mut self, command: Command) -> bool {
+        if let Command::Claim(_) = command {
+            self.claims_seen += 1;
+            if self.fault_panic_at == Some(self.claims_seen) {
+                panic!(
+                    "{FAULT_PANIC_ENV}: injected fault at claim {}",
+                    self.claims_seen
+                );
+            }
+        }
         loop {
             if self.client.is_none() && !self.reconnect() {
                 if let Command::Reset = command {
@@ -311,6 +366,9 @@ impl Coordinator {
                     self.events.send(Event::ResetDone(Err(db::describe(&e))));
                     return true;
                 }
+                // Best effort: a session that cannot be terminated now ends with its
+                // statement, and the claim token keeps its write from landing.
+                Command::TerminateSessions(_) if !connection => return true,
                 // Not kept for a retry: a reconcile must run before any claim and after
                 // every other waiting write. A new session asks the loop for a new one.
                 Command::Reconcile { .. } => {
@@ -331,8 +389,8 @@ impl Coordinator {
                 // A broken connection: run it again on the new one.
                 _ if connection => continue,
                 other => {
-                    let give_up = matches!(other, Command::Defer { .. })
-                        .then(|| Instant::now() + DEFER_RETRY);
+                    let give_up =
+                        matches!(other, Command::Defer(_)).then(|| Instant::now() + DEFER_RETRY);
                     self.retries.push(Retry {
                         command: other,
                         next: Instant::now() + RETRY_FIRST,
@@ -461,43 +519,45 @@ impl Coordinator {
                     next_paused: row.get(1),
                 });
             }
-            Command::Requeue(rows) => {
-                let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-                let stages: Vec<String> = rows.iter().map(|r| r.1.clone()).collect();
+            Command::Requeue(claims) => {
+                let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+                let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
+                let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
                 let done = db::retry_transient(|| {
                     client.query_typed(
                         sql::REQUEUE,
-                        &[(&ids, Type::INT8_ARRAY), (&stages, Type::TEXT_ARRAY)],
+                        &[
+                            (&ids, Type::INT8_ARRAY),
+                            (&stages, Type::TEXT_ARRAY),
+                            (&tokens, Type::INT8_ARRAY),
+                        ],
                     )
                 })?;
-                if done.len() < rows.len() {
+                if done.len() < claims.len() {
                     log::warn!(
-                        "{} of {} rows to requeue were no longer running at their stage; left as they are",
-                        rows.len() - done.len(),
-                        rows.len()
+                        "{} of {} rows to requeue were no longer running under their claim; left as they are",
+                        claims.len() - done.len(),
+                        claims.len()
                     );
                 }
             }
-            Command::Strike {
-                id,
-                stage,
-                kind,
-                error,
-            } => {
+            Command::Strike { claim, kind, error } => {
+                let (id, stage) = (claim.id, &claim.stage);
                 let row = db::retry_transient(|| {
                     client.query_typed_opt(
                         sql::STRIKE,
                         &[
-                            (id, Type::INT8),
+                            (&id, Type::INT8),
                             (stage, Type::TEXT),
                             (&kind.class(), Type::TEXT),
                             (error, Type::TEXT),
+                            (&claim.token, Type::INT8),
                         ],
                     )
                 })?;
                 match row {
                     None => log::warn!(
-                        "{stage}: message {id} was no longer running there; no strike recorded"
+                        "{stage}: message {id} was no longer running there under its claim; no strike recorded"
                     ),
                     Some(row) => {
                         let strikes: i32 = row.get(0);
@@ -519,9 +579,17 @@ impl Coordinator {
                     }
                 }
             }
-            Command::Defer { id, stage } => {
+            Command::Defer(claim) => {
+                let (id, stage) = (claim.id, &claim.stage);
                 match db::retry_transient(|| {
-                    client.query_typed_opt(sql::DEFER, &[(id, Type::INT8), (stage, Type::TEXT)])
+                    client.query_typed_opt(
+                        sql::DEFER,
+                        &[
+                            (&id, Type::INT8),
+                            (stage, Type::TEXT),
+                            (&claim.token, Type::INT8),
+                        ],
+                    )
                 })? {
                     Some(row) => {
                         log::warn!(
@@ -530,8 +598,18 @@ impl Coordinator {
                         self.events.send(Event::Paused(row.get(0)));
                     }
                     None => log::warn!(
-                        "{stage}: message {id} was no longer running there; not deferred"
+                        "{stage}: message {id} was no longer running there under its claim; not deferred"
                     ),
+                }
+            }
+            Command::TerminateSessions(pids) => {
+                let patterns: Vec<String> = pids
+                    .iter()
+                    .map(|&pid| protocol::worker_session_pattern(pid))
+                    .collect();
+                let n = terminate(client, &patterns)?;
+                if n > 0 {
+                    log::info!("terminated {n} database sessions of killed workers {pids:?}");
                 }
             }
             Command::Check => {
@@ -572,19 +650,22 @@ fn claim(client: &mut Client, request: &ClaimRequest) -> Result<Event, postgres:
             })?
         }
     };
-    let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(3));
-    let rows = rows
+    let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
+    let claimed_at = Instant::now();
+    let claims = rows
         .iter()
         .filter_map(|r| {
-            Some(ClaimedRow {
+            Some(Claim {
                 id: r.get::<_, Option<i64>>(0)?,
                 stage: r.get(1),
                 sender_key: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                token: r.get(3),
+                claimed_at,
             })
         })
         .collect();
     Ok(Event::Claimed {
-        rows,
+        claims,
         asked: request.asked().to_vec(),
         next_paused,
     })

@@ -1,24 +1,16 @@
-//! The messages other threads send to the loop thread, and the sender that wakes the
-//! poller after each one (send first, then wake, so the loop never sleeps past it).
+//! The messages other threads send to the loop thread, the sender that wakes the
+//! poller after each one (send first, then wake, so the loop never sleeps past it), and
+//! the watch on every helper thread: one that dies tells the loop, which shuts down with
+//! exit 70 (EX_SOFTWARE) instead of freezing with a claim forever in flight.
 
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
+use super::ledger::Claim;
 use super::stats::Deltas;
 use crate::config::graph::OverrideRow;
 use crate::exit::Failure;
-
-/// A claimed row.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClaimedRow {
-    /// `workqueue_id`.
-    pub id: i64,
-    /// Its stage.
-    pub stage: String,
-    /// Its fairness key.
-    pub sender_key: String,
-}
 
 /// Something the loop must learn about.
 #[derive(Debug)]
@@ -27,7 +19,7 @@ pub enum Event {
     /// earliest paused row is due (negative when overdue), if any.
     Claimed {
         /// The claimed rows.
-        rows: Vec<ClaimedRow>,
+        claims: Vec<Claim>,
         /// The capacity asked per stage.
         asked: Vec<(String, i32)>,
         /// Seconds until the earliest paused row is due.
@@ -78,6 +70,13 @@ pub enum Event {
     Flushed(Result<(), (String, Box<Deltas>)>),
     /// Rows wait at stages that have no section: (stage, count).
     UnknownStages(Vec<(String, i64)>),
+    /// A helper thread died (it panicked).
+    ThreadDied {
+        /// The thread's name.
+        thread: String,
+        /// The panic message.
+        why: String,
+    },
 }
 
 /// Sends events to the loop and wakes it.
@@ -103,4 +102,27 @@ impl EventSender {
         }
         true
     }
+}
+
+/// Starts a helper thread whose death by panic is sent to the loop as
+/// [`Event::ThreadDied`] (the panic message also goes to stderr through the hook).
+pub fn spawn_watched(
+    name: &str,
+    events: EventSender,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    let thread = name.to_string();
+    std::thread::Builder::new()
+        .name(thread.clone())
+        .spawn(move || {
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                let why = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into());
+                events.send(Event::ThreadDied { thread, why });
+            }
+        })
+        .map(|_| ())
 }

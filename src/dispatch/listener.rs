@@ -22,10 +22,8 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Starts the listener thread.
 pub fn spawn(conninfo: String, events: EventSender, stop: Arc<AtomicBool>) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("listener".into())
-        .spawn(move || run(&conninfo, &events, &stop))
-        .map(|_| ())
+    let watcher = events.clone();
+    super::events::spawn_watched("listener", watcher, move || run(&conninfo, &events, &stop))
 }
 
 fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {

@@ -3,8 +3,10 @@
 //!
 //! Threads, each owning its state and talking over crossbeam channels:
 //! - the loop thread ([`event_loop`]) owns every worker process ([`process`]), the stage
-//!   table and all pool state; it polls the child pipes, the signal sockets
-//!   ([`signals`]) and a `mio::Waker`;
+//!   table ([`pool`]) and the claim [`ledger`]; it polls the child pipes, the signal
+//!   sockets ([`signals`]) and a `mio::Waker`, with its handlers split by concern
+//!   ([`claims`], [`workers`], [`reload`], [`shutdown`]) and its pure decisions apart ([`pool`],
+//!   [`verdict`], [`timers`], [`scheduler`]);
 //! - the coordinator ([`coordinator`]) owns the claiming connection and the advisory
 //!   lock and performs every queue write, serially;
 //! - the listener ([`listener`]) owns the LISTEN session;
@@ -12,17 +14,26 @@
 //!   GC and reads the overlay for reloads.
 //!
 //! Other threads send [`events::Event`]s and wake the loop; the loop sends commands
-//! and jobs. Nothing here is async.
+//! and jobs. A helper thread that dies makes the loop shut down cleanly with exit 70.
+//! Nothing here is async.
 
 pub mod background;
+pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
 pub mod events;
+pub mod ledger;
 pub mod listener;
+pub mod pool;
 pub mod process;
+pub mod reload;
 pub mod scheduler;
+pub mod shutdown;
 pub mod signals;
 pub mod stats;
+pub mod timers;
+pub mod verdict;
+pub mod workers;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -41,7 +52,8 @@ pub const PROGRAM: Program = Program {
     about: "Runs the Pepsi dispatcher until SIGINT or SIGTERM: claims pending messages from pepsi.workqueue \
             and hands their ids to pools of stage workers. Exactly one per database. SIGHUP reloads the \
             stage configuration.\nExit status: 0 clean shutdown, 1 an error at start (configuration, database, \
-            lock held by another dispatcher), 78 an invalid stage graph at a reload or a schema mismatch.",
+            lock held by another dispatcher), 70 a helper thread died (after a clean shutdown), 78 an invalid \
+            stage graph at a reload or a schema mismatch.",
 };
 
 /// How long the thread pool waits for a connection.

@@ -1,9 +1,10 @@
 //! One worker process, the mechanism only: starting `PROGRAM [-c FILE] worker` with
-//! piped stdin/stdout (stderr inherited), dying with the dispatcher
-//! (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the queue of ids
-//! handed to it in order, writing ids in one buffer, reading status lines until
-//! `WouldBlock`, and killing and reaping. What to do with a line or a death is the
-//! loop's decision ([`super::event_loop`]).
+//! piped stdin/stdout (stderr inherited) as the leader of its own session, dying with
+//! the dispatcher (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the
+//! queue of claims handed to it in order, writing ids in one buffer, reading status
+//! lines until `WouldBlock`, and killing (its whole session, helpers and their children
+//! included) and reaping. What to do with a line or a death is the loop's decision
+//! ([`super::event_loop`]).
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -14,6 +15,10 @@ use std::time::{Duration, Instant};
 
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
+
+use super::ledger::Claim;
+use super::pool::WorkerView;
+use crate::protocol;
 
 /// A line longer than this is garbage (the protocol's lines are short).
 const MAX_LINE: usize = 64 * 1024;
@@ -31,13 +36,11 @@ pub enum Phase {
     Closing,
 }
 
-/// An id handed to the worker.
+/// A claim handed to the worker.
 #[derive(Clone, Debug)]
 pub struct Slot {
-    /// The message.
-    pub id: i64,
-    /// Its fairness key (for the claim policy).
-    pub sender_key: String,
+    /// The claim.
+    pub claim: Claim,
     /// Has it been queued for the worker's stdin?
     pub written: bool,
     /// Where its line ends in the byte stream to the worker: it reached the pipe
@@ -85,6 +88,8 @@ pub struct WorkerProc {
     pub retire_on_ready: bool,
     /// It runs a suspect of an earlier crash alone: no other id until that answers.
     pub isolated: bool,
+    /// A doubtful REPORT of it was logged already (said once per worker).
+    pub report_warned: bool,
     /// Token of its stdout.
     pub out_token: Token,
     /// Token of its stdin.
@@ -97,6 +102,8 @@ pub struct WorkerProc {
     queued_bytes: u64,
     sent_bytes: u64,
     read_buf: Vec<u8>,
+    /// Claims that reached the head of the queue since the last [`Self::take_started`].
+    started_heads: Vec<Claim>,
 }
 
 /// What a read found.
@@ -131,13 +138,20 @@ impl WorkerProc {
             }
         }
         cmd.arg("worker")
+            .env(protocol::WORKER_STAGE_ENV, stage)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        // SAFETY: prctl is async-signal-safe. The worker dies with the dispatcher, so a
-        // restarted dispatcher never races an orphaned worker.
+        // SAFETY: setsid and prctl are async-signal-safe. The worker leads its own
+        // session, so every process it starts (an exec stage's command, in its own
+        // process group, and whatever that forks) can be found and killed with it; a
+        // Ctrl-C at the dispatcher's terminal is the dispatcher's to handle. It dies
+        // with the dispatcher, so a restarted dispatcher never races an orphaned worker.
         unsafe {
             cmd.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(io::Error::last_os_error());
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -167,6 +181,7 @@ impl WorkerProc {
             answered: 0,
             retire_on_ready: false,
             isolated: false,
+            report_warned: false,
             out_token,
             in_token,
             child,
@@ -176,14 +191,26 @@ impl WorkerProc {
             queued_bytes: 0,
             sent_bytes: 0,
             read_buf: Vec::new(),
+            started_heads: Vec::new(),
         })
     }
 
-    /// Hands an id to the worker; it is written at once when the worker is ready.
-    pub fn assign(&mut self, id: i64, sender_key: String) {
+    /// What the pool decisions need to know of it.
+    pub fn view(&self) -> WorkerView {
+        WorkerView {
+            serial: self.serial,
+            phase: self.phase,
+            retire_on_ready: self.retire_on_ready,
+            isolated: self.isolated,
+            assigned_total: self.assigned_total,
+            queued: self.queue.len(),
+        }
+    }
+
+    /// Hands a claim to the worker; its id is written at once when the worker is ready.
+    pub fn assign(&mut self, claim: Claim) {
         self.queue.push_back(Slot {
-            id,
-            sender_key,
+            claim,
             written: false,
             end: 0,
             head_since: None,
@@ -198,7 +225,7 @@ impl WorkerProc {
         }
         let now = Instant::now();
         for slot in self.queue.iter_mut().filter(|s| !s.written) {
-            let line = format!("{}\n", slot.id);
+            let line = format!("{}\n", slot.claim.id);
             self.write_buf.extend_from_slice(line.as_bytes());
             self.queued_bytes += line.len() as u64;
             slot.written = true;
@@ -207,6 +234,7 @@ impl WorkerProc {
         if let Some(front) = self.queue.front_mut() {
             if front.written && front.head_since.is_none() {
                 front.head_since = Some(now);
+                self.started_heads.push(front.claim.clone());
             }
         }
         let Some(stdin) = self.stdin.as_mut() else {
@@ -270,7 +298,10 @@ impl WorkerProc {
         self.isolated = false;
         let now = Instant::now();
         match self.queue.front_mut() {
-            Some(next) if next.written => next.head_since = Some(now),
+            Some(next) if next.written => {
+                next.head_since = Some(now);
+                self.started_heads.push(next.claim.clone());
+            }
             Some(_) => {}
             None => self.idle_since = now,
         }
@@ -286,8 +317,17 @@ impl WorkerProc {
         self.closing_since = Some(Instant::now());
     }
 
-    /// Kills the process (SIGKILL).
+    /// The claims that reached the head of the queue (their MAX_RUNTIME and measured
+    /// time started) since the last call.
+    pub fn take_started(&mut self) -> Vec<Claim> {
+        std::mem::take(&mut self.started_heads)
+    }
+
+    /// Kills the worker and every process of its session (SIGKILL): its helpers and
+    /// their children too, whatever process group they put themselves in. Call it
+    /// before [`Self::reap`], while the worker's pid (the session id) cannot be reused.
     pub fn kill(&mut self) {
+        kill_session(self.pid);
         let _ = self.child.kill();
     }
 
@@ -320,6 +360,41 @@ impl WorkerProc {
     }
 }
 
+/// SIGKILLs every process whose session is `sid` (scanning `/proc`). A process that
+/// started its own session escapes; nothing of Pepsi's does.
+pub fn kill_session(sid: u32) {
+    let Ok(sid) = libc::pid_t::try_from(sid) else {
+        return;
+    };
+    // SAFETY: signalling a process group by id; the worst case is ESRCH.
+    unsafe { libc::kill(-sid, libc::SIGKILL) };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if session_of(pid) == Some(sid) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The session id of a process, from `/proc/PID/stat` (field 6, after the command
+/// name in parentheses, which may itself hold spaces and parentheses).
+fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    // state, ppid, pgrp, session
+    after.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// Describes how a process ended.
 pub fn describe_exit(status: Option<ExitStatus>) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -330,5 +405,19 @@ pub fn describe_exit(status: Option<ExitStatus>) -> String {
             (None, Some(sig)) => format!("was killed by signal {sig}"),
             (None, None) => "ended".into(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_of_this_process_is_read_from_proc() {
+        let pid = std::process::id() as libc::pid_t;
+        // SAFETY: getsid of ourselves.
+        let sid = unsafe { libc::getsid(0) };
+        assert_eq!(session_of(pid), Some(sid));
+        assert_eq!(session_of(-1), None);
     }
 }

@@ -3,11 +3,12 @@
 //! The loop computes each stage's free capacity and asks the policy for a
 //! [`ClaimRequest`]; the coordinator turns the request into its one statement. The
 //! policy hears about every claimed row's life (claimed, ran for so long, requeued
-//! without running, killed at MAX_RUNTIME) so a policy that charges senders for worker
+//! without running, killed at MAX_RUNTIME) from the claim [`Ledger`](super::ledger::Ledger) so a policy that charges senders for worker
 //! time (SPEC §7) plugs in here without reshaping the loop.
 
 use std::time::Duration;
 
+use super::ledger::Claim;
 use crate::config::DispatchOptions;
 
 /// One claim statement's worth of work.
@@ -30,14 +31,14 @@ impl ClaimRequest {
 pub trait ClaimPolicy: Send {
     /// The claim for these free capacities (stages with none are left out).
     fn request(&mut self, capacities: Vec<(String, i32)>) -> ClaimRequest;
-    /// A row was claimed for a stage.
-    fn claimed(&mut self, _stage: &str, _sender_key: &str) {}
+    /// A row was claimed.
+    fn claimed(&mut self, _claim: &Claim) {}
     /// A claimed row ran for `took`, from the head of its worker's queue to its status.
-    fn ran(&mut self, _stage: &str, _sender_key: &str, _took: Duration) {}
+    fn ran(&mut self, _claim: &Claim, _took: Duration) {}
     /// A claimed row went back to pending without having run.
-    fn requeued(&mut self, _stage: &str, _sender_key: &str) {}
+    fn requeued(&mut self, _claim: &Claim) {}
     /// A row was killed at MAX_RUNTIME.
-    fn timed_out(&mut self, _stage: &str, _sender_key: &str) {}
+    fn timed_out(&mut self, _claim: &Claim) {}
 }
 
 /// The plain oldest-first claim.

@@ -1,5 +1,6 @@
-//! Statistics (§10): per-stage and global counters accumulated in memory by the loop
-//! and written as deltas in one statement by the thread pool. No deltas, no write.
+//! Statistics (§10): per-stage and global counters accumulated in memory by the claim
+//! ledger and written as deltas in one statement by the thread pool. No deltas, no
+//! write. Every counter saturates instead of overflowing.
 //!
 //! Best effort by design: deltas not yet flushed die with the dispatcher; a failed
 //! flush hands its deltas back to be merged and retried.
@@ -31,13 +32,13 @@ pub struct StageCounters {
 
 impl StageCounters {
     fn add(&mut self, o: &StageCounters) {
-        self.passes += o.passes;
-        self.fused_passes += o.fused_passes;
-        self.failures += o.failures;
-        self.crashes += o.crashes;
-        self.timeouts += o.timeouts;
-        self.requeues += o.requeues;
-        self.busy_us += o.busy_us;
+        self.passes = self.passes.saturating_add(o.passes);
+        self.fused_passes = self.fused_passes.saturating_add(o.fused_passes);
+        self.failures = self.failures.saturating_add(o.failures);
+        self.crashes = self.crashes.saturating_add(o.crashes);
+        self.timeouts = self.timeouts.saturating_add(o.timeouts);
+        self.requeues = self.requeues.saturating_add(o.requeues);
+        self.busy_us = self.busy_us.saturating_add(o.busy_us);
     }
 }
 
@@ -76,10 +77,10 @@ impl Deltas {
         for (name, c) in &other.stages {
             self.stage(name).add(c);
         }
-        self.stages_executed += other.stages_executed;
-        self.claims += other.claims;
-        self.rows_claimed += other.rows_claimed;
-        self.worker_starts += other.worker_starts;
+        self.stages_executed = self.stages_executed.saturating_add(other.stages_executed);
+        self.claims = self.claims.saturating_add(other.claims);
+        self.rows_claimed = self.rows_claimed.saturating_add(other.rows_claimed);
+        self.worker_starts = self.worker_starts.saturating_add(other.worker_starts);
     }
 }
 

@@ -1309,7 +1309,7 @@ mod coordinator {
             .unwrap();
         commands.send(claim("s", 10)).unwrap();
         match next(&events, "the claim after the reconcile") {
-            Event::Claimed { rows, .. } => assert_eq!(rows.len(), 3),
+            Event::Claimed { claims, .. } => assert_eq!(claims.len(), 3),
             _ => panic!("expected the rows to be claimed"),
         }
         assert_eq!(count(&mut c, running), 3);

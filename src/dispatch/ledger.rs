@@ -1,0 +1,354 @@
+//! The claim record and the claim ledger: the one place where a claimed row's life is
+//! accounted for.
+//!
+//! A [`Claim`] is created by the coordinator from a row the claim statement returned and
+//! travels unchanged through the loop: the stage's claimed queue, a worker's slot, and
+//! back to the coordinator in a requeue, strike or deferral, whose write it guards with
+//! its token (§6 "Claim tokens").
+//!
+//! The [`Ledger`] applies each transition of a claim exactly once — claimed, started
+//! (reached the head of a worker's queue), ran (a status line, with the measured time),
+//! requeued without running, deferred (74), struck (crash or hang), or dropped (reset by
+//! the coordinator at a lock loss or at shutdown) — to the statistics and to the
+//! [`ClaimPolicy`], so a policy that charges senders for worker time (§7) sees every
+//! charge, correction and refund once. A transition for a claim the ledger does not
+//! hold (already settled, or from an earlier claim of the same row) changes nothing.
+//! The ledger does no I/O; the loop calls it from its handlers.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::scheduler::ClaimPolicy;
+use super::stats::Deltas;
+use crate::protocol::Report;
+
+/// One row taken by one claim statement, end to end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// `workqueue_id`.
+    pub id: i64,
+    /// The stage it was claimed at; every write of the claim is guarded by it.
+    pub stage: String,
+    /// Its fairness key (§7).
+    pub sender_key: String,
+    /// The claim token stamped on the row; every write of the claim is guarded by it.
+    pub token: i64,
+    /// When the claim's answer reached the loop.
+    pub claimed_at: Instant,
+}
+
+/// Why a claim was struck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrikeKind {
+    /// Its worker crashed (or spoke garbage) while it was at the front.
+    Crashed,
+    /// It was unanswered for MAX_RUNTIME at the front of its worker's queue.
+    TimedOut,
+}
+
+impl StrikeKind {
+    /// The `failure_class` a third strike records.
+    pub fn class(self) -> &'static str {
+        match self {
+            StrikeKind::Crashed => "crashed",
+            StrikeKind::TimedOut => "timed-out",
+        }
+    }
+}
+
+/// Where a live claim is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Claimed, not yet at the head of a worker's queue.
+    Claimed,
+    /// At the head of a worker's queue.
+    Started,
+}
+
+/// A REPORT checked against the stage graph (see [`vet_report`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Vetted {
+    /// The stages to count, with their (clamped) microseconds, claimed stage first.
+    pub stages: Vec<(String, u64)>,
+    /// Stage names the REPORT gave that are not in the graph (ignored).
+    pub unknown: Vec<String>,
+    /// Some microseconds were beyond MAX_RUNTIME and were clamped.
+    pub clamped: bool,
+}
+
+/// Checks a worker's REPORT: entries naming stages the graph does not have are left
+/// out, microseconds are clamped to `max_us`; without a usable entry (no REPORT, an
+/// unreadable one, only unknown stages) the pass counts at the claimed stage with the
+/// time the dispatcher measured. Pure.
+pub fn vet_report(
+    report: &Report,
+    claimed: &str,
+    measured: Duration,
+    max_us: u64,
+    known: impl Fn(&str) -> bool,
+) -> Vetted {
+    let mut vetted = Vetted::default();
+    if let Report::Stages(list) = report {
+        for (name, us) in list {
+            if !known(name) {
+                vetted.unknown.push(name.clone());
+                continue;
+            }
+            if *us > max_us {
+                vetted.clamped = true;
+            }
+            vetted.stages.push((name.clone(), (*us).min(max_us)));
+        }
+    }
+    if vetted.stages.is_empty() {
+        let us = u64::try_from(measured.as_micros()).unwrap_or(u64::MAX);
+        vetted.stages.push((claimed.to_string(), us.min(max_us)));
+    }
+    vetted
+}
+
+/// Counts microseconds into an `i64` counter without overflow.
+fn micros(us: u64) -> i64 {
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// The live claims and what their transitions add up to.
+pub struct Ledger {
+    live: HashMap<i64, (i64, Step)>,
+    /// Statistics not yet flushed.
+    pub deltas: Deltas,
+    policy: Box<dyn ClaimPolicy>,
+}
+
+impl Ledger {
+    /// An empty ledger feeding `policy`.
+    pub fn new(policy: Box<dyn ClaimPolicy>) -> Ledger {
+        Ledger {
+            live: HashMap::new(),
+            deltas: Deltas::default(),
+            policy,
+        }
+    }
+
+    /// The policy, to build a claim request.
+    pub fn policy(&mut self) -> &mut dyn ClaimPolicy {
+        self.policy.as_mut()
+    }
+
+    /// How many claims are live (claimed and not yet settled).
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Is this claim live?
+    pub fn holds(&self, claim: &Claim) -> bool {
+        self.live.get(&claim.id).is_some_and(|l| l.0 == claim.token)
+    }
+
+    /// Settles a claim: true when it was live (the transition applies).
+    fn settle(&mut self, claim: &Claim, transition: &str) -> bool {
+        match self.live.get(&claim.id) {
+            Some(&(token, _)) if token == claim.token => {
+                self.live.remove(&claim.id);
+                true
+            }
+            _ => {
+                log::debug!(
+                    "{}: message {} claim {}: {transition} of a claim already settled; ignored",
+                    claim.stage,
+                    claim.id,
+                    claim.token
+                );
+                false
+            }
+        }
+    }
+
+    /// A claim statement took these rows (none: nothing to count, §10).
+    pub fn claimed(&mut self, claims: &[Claim]) {
+        if claims.is_empty() {
+            return;
+        }
+        self.deltas.claims = self.deltas.claims.saturating_add(1);
+        self.deltas.rows_claimed = self.deltas.rows_claimed.saturating_add(claims.len() as i64);
+        for claim in claims {
+            self.live.insert(claim.id, (claim.token, Step::Claimed));
+            self.policy.claimed(claim);
+        }
+    }
+
+    /// The claim reached the head of its worker's queue: MAX_RUNTIME and the measured
+    /// time count from here.
+    pub fn started(&mut self, claim: &Claim) {
+        if let Some(l) = self.live.get_mut(&claim.id).filter(|l| l.0 == claim.token) {
+            l.1 = Step::Started;
+        }
+    }
+
+    /// Its worker answered with a status other than 74/75: one pass (the worker wrote
+    /// the outcome). `failed` when the worker marked the row failed.
+    pub fn ran(&mut self, claim: &Claim, took: Duration, vetted: &Vetted, failed: bool) {
+        if !self.settle(claim, "a pass") {
+            return;
+        }
+        self.policy.ran(claim, took);
+        self.deltas.stages_executed = self.deltas.stages_executed.saturating_add(1);
+        for (i, (name, us)) in vetted.stages.iter().enumerate() {
+            let c = self.deltas.stage(name);
+            c.passes = c.passes.saturating_add(1);
+            c.busy_us = c.busy_us.saturating_add(micros(*us));
+            if i > 0 {
+                c.fused_passes = c.fused_passes.saturating_add(1);
+            }
+        }
+        if failed {
+            let c = self.deltas.stage(&claim.stage);
+            c.failures = c.failures.saturating_add(1);
+        }
+    }
+
+    /// Claims put back to pending without having run (siblings of a death, a start
+    /// failure, a 75, a stage that went away): refunded to their senders.
+    pub fn requeued(&mut self, claims: &[Claim]) {
+        for claim in claims {
+            if self.settle(claim, "a requeue") {
+                self.policy.requeued(claim);
+                let c = self.deltas.stage(&claim.stage);
+                c.requeues = c.requeues.saturating_add(1);
+            }
+        }
+    }
+
+    /// Its worker lost the database (74): nothing was committed; the row is paused for
+    /// a retry, so the sender is refunded.
+    pub fn deferred(&mut self, claim: &Claim) {
+        if self.settle(claim, "a deferral") {
+            self.policy.requeued(claim);
+        }
+    }
+
+    /// The claim's worker died with it at the front (`took` since it reached the head):
+    /// a crash charges the measured time, a hang the whole MAX_RUNTIME.
+    pub fn struck(&mut self, claim: &Claim, kind: StrikeKind, took: Duration) {
+        if !self.settle(claim, "a strike") {
+            return;
+        }
+        let c = self.deltas.stage(&claim.stage);
+        match kind {
+            StrikeKind::TimedOut => {
+                c.timeouts = c.timeouts.saturating_add(1);
+                self.policy.timed_out(claim);
+            }
+            StrikeKind::Crashed => {
+                c.crashes = c.crashes.saturating_add(1);
+                self.policy.ran(claim, took);
+            }
+        }
+    }
+
+    /// Claims whose rows the coordinator resets wholesale (a lock loss's reconcile, the
+    /// shutdown reset): refunded, counted nowhere.
+    pub fn dropped(&mut self, claims: &[Claim]) {
+        for claim in claims {
+            if self.settle(claim, "a reset") {
+                self.policy.requeued(claim);
+            }
+        }
+    }
+
+    /// A worker process was started.
+    pub fn worker_started(&mut self) {
+        self.deltas.worker_starts = self.deltas.worker_starts.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::scheduler::OldestFirst;
+
+    fn claim(id: i64, token: i64) -> Claim {
+        Claim {
+            id,
+            stage: "s".into(),
+            sender_key: "from:x".into(),
+            token,
+            claimed_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn each_transition_applies_once() {
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        let (a, b, c) = (claim(1, 7), claim(2, 7), claim(3, 7));
+        l.claimed(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(l.live(), 3);
+        let v = vet_report(
+            &Report::Absent,
+            "s",
+            Duration::from_micros(40),
+            1000,
+            |_| true,
+        );
+        l.ran(&a, Duration::from_micros(40), &v, false);
+        l.ran(&a, Duration::from_micros(40), &v, false);
+        l.requeued(&[b.clone(), b.clone()]);
+        l.struck(&c, StrikeKind::TimedOut, Duration::ZERO);
+        l.requeued(std::slice::from_ref(&c));
+        assert_eq!(l.live(), 0);
+        let s = &l.deltas.stages["s"];
+        assert_eq!((s.passes, s.requeues, s.timeouts, s.busy_us), (1, 1, 1, 40));
+        assert_eq!((l.deltas.claims, l.deltas.rows_claimed), (1, 3));
+        assert_eq!(l.deltas.stages_executed, 1);
+    }
+
+    #[test]
+    fn a_transition_of_an_earlier_claim_of_the_same_row_changes_nothing() {
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        l.claimed(&[claim(1, 8)]);
+        l.requeued(&[claim(1, 7)]);
+        assert!(l.holds(&claim(1, 8)));
+        assert!(!l.deltas.stages.contains_key("s"));
+    }
+
+    #[test]
+    fn a_report_is_vetted_against_the_graph_and_clamped() {
+        let report = Report::Stages(vec![
+            ("s".into(), 1u64 << 62),
+            ("nosuch".into(), 5),
+            ("t".into(), 10),
+        ]);
+        let v = vet_report(&report, "s", Duration::from_micros(3), 1_000, |n| {
+            n != "nosuch"
+        });
+        assert_eq!(v.stages, vec![("s".into(), 1_000), ("t".into(), 10)]);
+        assert_eq!(v.unknown, vec!["nosuch".to_string()]);
+        assert!(v.clamped);
+        // Only unknown stages: the pass counts at the claimed stage, measured.
+        let only = Report::Stages(vec![("nosuch".into(), 5)]);
+        let v = vet_report(&only, "s", Duration::from_micros(3), 1_000, |n| n == "s");
+        assert_eq!(v.stages, vec![("s".into(), 3)]);
+        let v = vet_report(
+            &Report::Unreadable("x".into()),
+            "s",
+            Duration::from_secs(99),
+            1_000,
+            |_| true,
+        );
+        assert_eq!(v.stages, vec![("s".into(), 1_000)]);
+    }
+
+    #[test]
+    fn counters_saturate() {
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        let v = Vetted {
+            stages: vec![("s".into(), u64::MAX)],
+            ..Vetted::default()
+        };
+        for n in 0..2 {
+            l.claimed(&[claim(n, 1)]);
+            l.ran(&claim(n, 1), Duration::ZERO, &v, false);
+        }
+        assert_eq!(l.deltas.stages["s"].busy_us, i64::MAX);
+    }
+}

@@ -1,0 +1,327 @@
+//! A stage's pool (§8.1, §8.3): its section, the claimed ids waiting for a worker, its
+//! workers, the start-failure cooldown and the overload throttle — and the pure
+//! decisions over them: the free capacity a claim may ask for, which worker takes the
+//! next id (packing work onto as few workers as possible), how long a cooldown lasts,
+//! how far a throttle halves the cap.
+//!
+//! The loop owns the pools and the worker processes; here a worker is seen only through
+//! its [`WorkerView`], so every decision is unit-tested without processes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::ledger::Claim;
+use super::process::Phase;
+use crate::config::StageSection;
+
+/// Start-failure cooldown: the first, doubling up to the cap.
+const COOLDOWN_FIRST: Duration = Duration::from_secs(2);
+const COOLDOWN_CAP: Duration = Duration::from_secs(60);
+/// A 75 halves the biggest stage's cap for this long.
+pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
+
+/// What the pool decisions need to know of a worker.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerView {
+    /// Its serial.
+    pub serial: u64,
+    /// Where it is in its life.
+    pub phase: Phase,
+    /// It is retired as soon as it is ready.
+    pub retire_on_ready: bool,
+    /// It runs a suspect alone.
+    pub isolated: bool,
+    /// Ids it was ever handed.
+    pub assigned_total: u64,
+    /// Ids it holds now.
+    pub queued: usize,
+}
+
+impl WorkerView {
+    /// Does it still take ids (starting or ready, not retiring)?
+    fn takes_ids(&self) -> bool {
+        matches!(self.phase, Phase::Starting | Phase::Ready) && !self.retire_on_ready
+    }
+}
+
+/// Where the next claimed id of a stage goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// To this worker.
+    Worker(u64),
+    /// To a new worker: every existing one is full and the cap allows another.
+    Start,
+    /// Nowhere yet: wait for a free slot.
+    Wait,
+    /// Nowhere during the cooldown, and no worker is left to free a slot: the claimed
+    /// ids must go back to pending.
+    GiveBack,
+}
+
+/// One stage of the table.
+pub struct StagePool {
+    /// Its section.
+    pub section: StageSection,
+    /// Claimed ids not yet handed to a worker.
+    pub queue: VecDeque<Claim>,
+    /// Capacity asked in the claim in flight.
+    pub reserved: usize,
+    /// Its workers (including retiring ones), by serial.
+    pub workers: Vec<u64>,
+    /// No worker is started before this (after start failures).
+    pub cooldown_until: Option<Instant>,
+    cooldown_step: u32,
+    /// A lowered PARALLELISM cap after a 75, and until when.
+    pub throttle: Option<(u32, Instant)>,
+    /// The stage left the configuration; it goes when its workers are gone.
+    pub removed: bool,
+}
+
+impl StagePool {
+    /// A pool with nothing in it.
+    pub fn new(section: StageSection) -> StagePool {
+        StagePool {
+            section,
+            queue: VecDeque::new(),
+            reserved: 0,
+            workers: Vec::new(),
+            cooldown_until: None,
+            cooldown_step: 0,
+            throttle: None,
+            removed: false,
+        }
+    }
+
+    /// The PARALLELISM cap now (lowered while throttled).
+    pub fn cap(&self) -> u32 {
+        match self.throttle {
+            Some((cap, _)) => cap.min(self.section.parallelism),
+            None => self.section.parallelism,
+        }
+    }
+
+    /// Is the start-failure cooldown running?
+    pub fn cooling(&self, now: Instant) -> bool {
+        self.cooldown_until.is_some_and(|t| t > now)
+    }
+
+    /// The free capacity a claim may ask for: `QUEUE_LIMIT` for every worker slot the
+    /// stage may use (its cap, or only its live workers during a cooldown; retiring ones
+    /// never), less what its workers hold, what waits for a worker and what a claim in
+    /// flight already asked.
+    pub fn capacity(&self, workers: &[WorkerView], now: Instant) -> usize {
+        if self.removed {
+            return 0;
+        }
+        let retiring = workers.iter().filter(|w| !w.takes_ids()).count() as u32;
+        let usable = if self.cooling(now) {
+            workers.len() as u32 - retiring
+        } else {
+            self.cap().saturating_sub(retiring)
+        };
+        let held: usize = workers
+            .iter()
+            .filter(|w| w.takes_ids())
+            .map(|w| w.queued)
+            .sum::<usize>()
+            + self.queue.len()
+            + self.reserved;
+        (usable as usize * self.section.queue_limit as usize).saturating_sub(held)
+    }
+
+    /// Where the next id goes: the fullest ready worker with a free slot (then the
+    /// fullest starting one), so work packs onto few workers and the rest go idle; a
+    /// suspect only to a worker holding nothing, which then takes nothing else.
+    pub fn pick_worker(&self, workers: &[WorkerView], suspect: bool, now: Instant) -> Pick {
+        let limit = if suspect {
+            1
+        } else {
+            self.section.queue_limit as usize
+        };
+        let target = workers
+            .iter()
+            .filter(|w| {
+                w.takes_ids()
+                    && !w.isolated
+                    && w.assigned_total < self.section.max_messages
+                    && w.queued < limit
+            })
+            .max_by_key(|w| {
+                (
+                    w.phase == Phase::Ready,
+                    w.queued,
+                    std::cmp::Reverse(w.serial),
+                )
+            });
+        match target {
+            Some(w) => Pick::Worker(w.serial),
+            None if self.cooling(now) => {
+                if workers.is_empty() {
+                    Pick::GiveBack
+                } else {
+                    Pick::Wait
+                }
+            }
+            None if (workers.len() as u32) < self.cap() => Pick::Start,
+            None => Pick::Wait,
+        }
+    }
+
+    /// A start failure: enters the cooldown (2 s, doubling per episode up to a minute;
+    /// workers started together fail together, so a failure during a running cooldown
+    /// is the same episode). Returns how long remains.
+    pub fn cool_down(&mut self, now: Instant) -> Duration {
+        if !self.cooling(now) {
+            self.cooldown_step += 1;
+            let delay =
+                (COOLDOWN_FIRST * (1u32 << (self.cooldown_step - 1).min(8))).min(COOLDOWN_CAP);
+            self.cooldown_until = Some(now + delay);
+        }
+        self.cooldown_until
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+
+    /// A worker of the stage answered: its start failures are over.
+    pub fn started_fine(&mut self) {
+        self.cooldown_step = 0;
+    }
+
+    /// Halves the cap (floor 1) for [`THROTTLE_WINDOW`]; returns the new cap.
+    pub fn throttle(&mut self, now: Instant) -> u32 {
+        let cap = (self.cap() / 2).max(1);
+        self.throttle = Some((cap, now + THROTTLE_WINDOW));
+        cap
+    }
+}
+
+/// The stage that runs the most worker processes (the biggest contributor to the
+/// connection count, §8.3), if any runs one.
+pub fn biggest(stages: &BTreeMap<String, StagePool>) -> Option<String> {
+    stages
+        .iter()
+        .filter(|(_, s)| !s.workers.is_empty())
+        .max_by_key(|(_, s)| s.workers.len())
+        .map(|(name, _)| name.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::graph::StageGraph;
+
+    fn pool(parallelism: u32, queue_limit: u32) -> StagePool {
+        let text = format!(
+            "[stage-s]\nPROGRAM = /bin/true\nPARALLELISM = {parallelism}\nQUEUE_LIMIT = {queue_limit}\nMAX_MESSAGES = 10\n"
+        );
+        let path = std::path::Path::new("/t.conf");
+        let sections = crate::config::raw::parse(path, &text).expect("parses");
+        let config = crate::config::Config::from_sections(path.into(), sections).expect("config");
+        let graph = StageGraph::build(&config.stage_sections, &[]).expect("graph");
+        StagePool::new(graph.get("s").expect("s").clone())
+    }
+
+    fn view(serial: u64, phase: Phase, queued: usize) -> WorkerView {
+        WorkerView {
+            serial,
+            phase,
+            retire_on_ready: false,
+            isolated: false,
+            assigned_total: queued as u64,
+            queued,
+        }
+    }
+
+    #[test]
+    fn capacity_counts_every_usable_slot_less_what_is_held() {
+        let now = Instant::now();
+        let mut p = pool(4, 4);
+        assert_eq!(p.capacity(&[], now), 16);
+        let ws = [view(1, Phase::Ready, 3), view(2, Phase::Retiring, 4)];
+        p.reserved = 2;
+        // 3 usable slots (one retiring) × 4 − 3 held − 2 reserved.
+        assert_eq!(p.capacity(&ws, now), 7);
+        p.throttle(now);
+        // Cap 2, one retiring: one usable worker.
+        assert_eq!(p.capacity(&ws, now), 0);
+        p.cool_down(now);
+        assert_eq!(p.capacity(&[], now), 0, "no worker may start while cooling");
+        p.removed = true;
+        assert_eq!(p.capacity(&[], now + Duration::from_secs(999)), 0);
+    }
+
+    #[test]
+    fn work_packs_onto_the_fullest_ready_worker() {
+        let now = Instant::now();
+        let p = pool(4, 4);
+        let ws = [
+            view(1, Phase::Ready, 1),
+            view(2, Phase::Ready, 3),
+            view(3, Phase::Starting, 3),
+            view(4, Phase::Ready, 4),
+        ];
+        assert_eq!(p.pick_worker(&ws, false, now), Pick::Worker(2));
+        let full = [view(1, Phase::Ready, 4), view(2, Phase::Ready, 4)];
+        assert_eq!(p.pick_worker(&full, false, now), Pick::Start);
+        let capped: Vec<WorkerView> = (1..=4).map(|s| view(s, Phase::Ready, 4)).collect();
+        assert_eq!(p.pick_worker(&capped, false, now), Pick::Wait);
+    }
+
+    #[test]
+    fn a_suspect_goes_only_to_an_empty_worker() {
+        let now = Instant::now();
+        let p = pool(1, 4);
+        assert_eq!(
+            p.pick_worker(&[view(1, Phase::Ready, 1)], true, now),
+            Pick::Wait
+        );
+        assert_eq!(
+            p.pick_worker(&[view(1, Phase::Ready, 0)], true, now),
+            Pick::Worker(1)
+        );
+        let mut lone = view(1, Phase::Ready, 1);
+        lone.isolated = true;
+        assert_eq!(p.pick_worker(&[lone], false, now), Pick::Wait);
+    }
+
+    #[test]
+    fn a_cooling_stage_without_workers_gives_its_ids_back() {
+        let now = Instant::now();
+        let mut p = pool(4, 4);
+        assert_eq!(p.cool_down(now), Duration::from_secs(2));
+        assert_eq!(p.pick_worker(&[], false, now), Pick::GiveBack);
+        assert_eq!(
+            p.pick_worker(&[view(1, Phase::Ready, 4)], false, now),
+            Pick::Wait
+        );
+        // A failure within the episode does not extend it; the next episode doubles.
+        assert_eq!(
+            p.cool_down(now + Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        let later = now + Duration::from_secs(3);
+        assert_eq!(p.cool_down(later), Duration::from_secs(4));
+        p.started_fine();
+        assert_eq!(
+            p.cool_down(later + Duration::from_secs(10)),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn the_throttle_halves_down_to_one_and_the_biggest_stage_is_chosen() {
+        let now = Instant::now();
+        let mut p = pool(8, 4);
+        assert_eq!(p.throttle(now), 4);
+        assert_eq!(p.throttle(now), 2);
+        assert_eq!(p.throttle(now), 1);
+        assert_eq!(p.throttle(now), 1);
+        let mut stages = BTreeMap::new();
+        let mut a = pool(4, 4);
+        a.workers = vec![1];
+        let mut b = pool(4, 4);
+        b.workers = vec![2, 3];
+        stages.insert("a".to_string(), a);
+        stages.insert("b".to_string(), b);
+        assert_eq!(biggest(&stages), Some("b".to_string()));
+    }
+}

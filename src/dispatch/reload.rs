@@ -1,0 +1,179 @@
+//! Hot reload (§9): on `config_changed`, SIGHUP or a (re)connected LISTEN session the
+//! loop has the thread pool read `pepsi.config_override`; with it, [`plan`] re-reads the
+//! file and decides — keep the graph and retry (the file or overlay cannot be read right
+//! now), shut down with exit 78 (the new graph is invalid: routing by one pipeline
+//! while new workers run another is worse than stopping), nothing to do (nothing
+//! workers read changed), or apply: rebuild the stage table and retire every worker.
+//! `[pepsi-dispatch]` itself is never reloaded.
+
+use std::time::{Duration, Instant};
+
+use super::event_loop::{Dispatcher, Stop};
+use super::ledger::Claim;
+use super::pool::StagePool;
+use crate::config::graph::OverrideRow;
+use crate::config::raw::join_errors;
+use crate::config::{Config, StageGraph};
+use crate::exit::Failure;
+
+/// A reload that could not read its inputs is tried again after this.
+pub const RELOAD_RETRY: Duration = Duration::from_secs(5);
+
+/// What a reload comes to.
+#[derive(Debug)]
+pub enum Plan {
+    /// The inputs cannot be read right now: keep the current graph and retry.
+    Retry(String),
+    /// The new configuration is invalid: shut down.
+    Fatal(Failure),
+    /// Nothing a worker reads changed: keep the workers.
+    Unchanged,
+    /// A new configuration and stage graph.
+    Apply(Box<Config>, StageGraph),
+}
+
+/// Re-reads the file at `current.path` and lays `overlay` over it.
+pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Plan {
+    // A file that cannot be read right now (replaced, briefly missing) is not a broken
+    // configuration: keep the graph and try again, as for the overlay.
+    if let Err(e) = std::fs::File::open(&current.path) {
+        return Plan::Retry(format!("cannot read {} ({e})", current.path.display()));
+    }
+    let file = match Config::load(Some(&current.path)) {
+        Ok(c) => c,
+        Err(errors) => {
+            return Plan::Fatal(Failure::config(format!(
+                "the reloaded configuration does not parse; shutting down:\n{}",
+                join_errors(&errors)
+            )));
+        }
+    };
+    let new_graph = match StageGraph::build(&file.stage_sections, overlay) {
+        Ok(g) => g,
+        Err(errors) => {
+            return Plan::Fatal(Failure::config(format!(
+                "the reloaded stage graph is invalid; shutting down:\n{}",
+                join_errors(&errors)
+            )));
+        }
+    };
+    // What workers read at start: the stage graph and the file's [pepsi] and
+    // [pepsi-postgres].
+    if &new_graph == graph && file.pepsi == current.pepsi && file.postgres == current.postgres {
+        return Plan::Unchanged;
+    }
+    // [pepsi-dispatch] is not reloaded: the pool and timers were made from it.
+    let dispatch = current.dispatch.clone();
+    Plan::Apply(Box::new(Config { dispatch, ..file }), new_graph)
+}
+
+impl Dispatcher {
+    /// The overlay was read (or not) for a reload.
+    pub(super) fn on_overlay(&mut self, overlay: Result<Vec<OverrideRow>, String>) {
+        self.reload.in_flight = false;
+        let plan = match overlay {
+            Ok(rows) => plan(&self.config, &self.graph, &rows),
+            Err(e) => Plan::Retry(format!("cannot read pepsi.config_override ({e})")),
+        };
+        match plan {
+            Plan::Retry(why) => {
+                log::warn!(
+                    "{why}; keeping the current stage graph and retrying the reload in {}s",
+                    RELOAD_RETRY.as_secs()
+                );
+                self.reload.retry_at = Some(Instant::now() + RELOAD_RETRY);
+            }
+            Plan::Fatal(failure) => self.stop = Some(Stop::Fail(failure)),
+            Plan::Unchanged => log::debug!("configuration re-read: unchanged"),
+            Plan::Apply(config, graph) => self.apply_reload(*config, graph),
+        }
+    }
+
+    /// Rebuilds the stage table from a new graph and retires every worker: the next
+    /// message claimed runs with the new values. A removed stage's waiting claims go
+    /// back; the stage goes when its last worker does.
+    fn apply_reload(&mut self, config: Config, graph: StageGraph) {
+        log::info!(
+            "stage configuration reloaded: {} stages; retiring every worker",
+            graph.stages().count()
+        );
+        let mut back: Vec<Claim> = Vec::new();
+        for (name, s) in self.stages.iter_mut() {
+            match graph.get(name) {
+                Some(section) => {
+                    s.section = section.clone();
+                    s.removed = false;
+                }
+                None => {
+                    s.removed = true;
+                    back.extend(s.queue.drain(..));
+                }
+            }
+        }
+        for section in graph.stages() {
+            self.stages
+                .entry(section.name.clone())
+                .or_insert_with(|| StagePool::new(section.clone()));
+        }
+        self.config = config;
+        self.graph = graph;
+        self.requeue(back);
+        self.retire_all();
+        self.stages
+            .retain(|_, s| !(s.removed && s.workers.is_empty()));
+        self.gate.want = true;
+    }
+}
+
+/// The reload's own state in the loop.
+#[derive(Default)]
+pub struct ReloadState {
+    /// A reload was asked for.
+    pub want: bool,
+    /// The overlay is being read.
+    pub in_flight: bool,
+    /// When a reload that could not read its inputs is tried again.
+    pub retry_at: Option<Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_at(dir: &std::path::Path, text: &str) -> Config {
+        let path = dir.join("pepsi.conf");
+        std::fs::write(&path, text).unwrap();
+        Config::load(Some(&path)).unwrap()
+    }
+
+    #[test]
+    fn a_reload_keeps_retries_stops_or_applies() {
+        let dir = std::env::temp_dir().join(format!("pepsi-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = "[pepsi-dispatch]\nMAX_RUNTIME = 60s\n[stage-a]\nPROGRAM = /bin/true\n";
+        let current = config_at(&dir, base);
+        let graph = current.file_graph().unwrap();
+        assert!(matches!(plan(&current, &graph, &[]), Plan::Unchanged));
+        let row = OverrideRow {
+            section: "stage-a".into(),
+            key: "PARALLELISM".into(),
+            value: "2".into(),
+        };
+        match plan(&current, &graph, std::slice::from_ref(&row)) {
+            Plan::Apply(config, new) => {
+                assert_eq!(new.get("a").unwrap().parallelism, 2);
+                assert_eq!(config.dispatch.max_runtime, Duration::from_secs(60));
+            }
+            other => panic!("{other:?}"),
+        }
+        // [pepsi-dispatch] changes alone are not a new configuration for workers, and
+        // are never taken over.
+        config_at(&dir, &base.replace("60s", "5s"));
+        assert!(matches!(plan(&current, &graph, &[]), Plan::Unchanged));
+        config_at(&dir, "[stage-a]\nNEXT = nowhere\n");
+        assert!(matches!(plan(&current, &graph, &[]), Plan::Fatal(f) if f.code == 78));
+        std::fs::remove_file(dir.join("pepsi.conf")).unwrap();
+        assert!(matches!(plan(&current, &graph, &[]), Plan::Retry(_)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
