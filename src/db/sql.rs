@@ -162,7 +162,7 @@ pub const RESET_RUNNING: &str =
 /// id): an equality would let the planner drop the stage from the order and walk the
 /// primary key in id order, filtering, which it estimates cheap for a stage with many
 /// pending rows and which reads the whole table for a stage with few; only the
-/// `(stage, workqueue_id)` pending index gives this order (and an index-only scan). $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
+/// `(stage, workqueue_id)` pending index gives this order. $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
 /// MATERIALIZED CTE so no plan can claim more than asked. The UPDATE fetches the
 /// picked rows by primary key: it joins them as an unnested array (which the planner
 /// sizes small), and tests the status as text so the partial indexes do not apply.
@@ -170,12 +170,11 @@ pub const RESET_RUNNING: &str =
 /// a scan of every pending row (a join with the CTE, or an `= ANY` filter comparing
 /// each pending row with each id): 16 ms instead of 3 for 320 rows of 5,000, 60 ms
 /// instead of 0.5 for 3 rows of 300,000. The status test still re-checks a row changed
-/// concurrently. The one claimer is the only pending → running writer; still, the
-/// picked rows are locked by key with SKIP LOCKED before the update, so a row another
-/// session has locked (an operator's `SELECT … FOR UPDATE`, a killed worker's
-/// statement still running) is left for a later claim instead of stalling the claims
-/// of every stage behind the session's `lock_timeout`. (Locking in the pick itself
-/// would rule out its index-only scan of the pending index.) Every claimed row is
+/// concurrently. The one claimer is the only pending → running writer; still, the pick
+/// locks its rows with SKIP LOCKED, so a row another session has locked (an operator's
+/// `SELECT … FOR UPDATE`, a repair command in a long transaction) is left for a later
+/// claim instead of stalling the claims of every stage behind the session's
+/// `lock_timeout`. Every claimed row is
 /// stamped with one fresh claim token for the whole statement (an InitPlan: one
 /// `nextval` per claim that takes rows). Returns (id, stage, sender key, token) per
 /// row, and the seconds until the earliest paused row is due (NULL when none), with a
@@ -186,15 +185,12 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
          SELECT p.workqueue_id FROM want w CROSS JOIN LATERAL ( \
              SELECT q.workqueue_id FROM pepsi.workqueue q \
               WHERE q.stage >= w.stage AND q.stage <= w.stage AND q.status = 'pending' \
-              ORDER BY q.stage, q.workqueue_id LIMIT w.cap) p \
-     ), free AS MATERIALIZED ( \
-         SELECT q.workqueue_id FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
-           JOIN pepsi.workqueue q ON q.workqueue_id = p.id \
-            FOR NO KEY UPDATE OF q SKIP LOCKED \
+              ORDER BY q.stage, q.workqueue_id LIMIT w.cap \
+                FOR NO KEY UPDATE SKIP LOCKED) p \
      ), claimed AS ( \
          UPDATE pepsi.workqueue q SET status = 'running', \
                 claim = (SELECT nextval('pepsi.workqueue_claim_seq')) \
-           FROM unnest(ARRAY(SELECT workqueue_id FROM free)) AS p(id) \
+           FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
           WHERE q.workqueue_id = p.id AND q.status::text = 'pending' \
          RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim \
      ) \
