@@ -487,7 +487,10 @@ fn pepsi_setup_installs_once_then_is_a_no_op() {
     let out = setup(&dir, &db);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains(&format!("schema installed at version {}", pepsi::db::schema::version())),
+        stderr(&out).contains(&format!(
+            "schema installed at version {}",
+            pepsi::db::schema::version()
+        )),
         "{}",
         stderr(&out)
     );
