@@ -1,5 +1,6 @@
-//! A loaded message: the row's metadata, optionally its header block and body, the
-//! per-address settings that came with it, and whether a stage rewrote it.
+//! A loaded message: the row's metadata and the claim token it was loaded under,
+//! optionally its header block and body, the per-address settings that came with it,
+//! and whether a stage rewrote it.
 //!
 //! Setters of the envelope and extracted metadata mark the message rewritten, which
 //! fusion must know (§12.6) and the write must carry; `state` is free to change.
@@ -17,6 +18,10 @@ pub struct Message {
     pub id: i64,
     /// The stage the row was claimed at (every write is guarded by it).
     pub claimed_stage: String,
+    /// The claim token the dispatcher stamped on the row when it claimed it (SPEC §6
+    /// "Claim tokens"), read with the row: every write is guarded by it too, so a
+    /// write left over from an earlier claim never lands on a later one.
+    pub claim: i64,
     mail_from: String,
     rcpt_to: Vec<String>,
     /// The authenticated submitter.
@@ -57,6 +62,7 @@ impl Message {
         Message {
             id,
             claimed_stage: stage,
+            claim: 0,
             mail_from,
             rcpt_to,
             auth_user: None,

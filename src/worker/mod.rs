@@ -2,15 +2,22 @@
 //! correctly (SPEC §5, §12). A stage implements [`Stage`] (what it loads, its fusion
 //! default, how it checks its section) and the [`Configured`] body it returns; the
 //! [`runtime`] does the rest: start-up checks, `ready`, reading ids, loading rows with
-//! their per-address settings in one SELECT, batching metadata-only stages, lazy splits,
-//! fusion, the error model, the one-round-trip guarded writes and the status lines.
+//! their per-address settings and claim tokens in one SELECT, batching metadata-only
+//! stages, lazy splits, fusion, the error model, the one-round-trip guarded writes and
+//! the status lines (its files are listed in [`runtime`]).
 //!
-//! The worker never talks to the dispatcher except through stdin/stdout lines.
+//! The worker never talks to the dispatcher except through stdin/stdout lines (and the
+//! stage name the dispatcher puts in its environment, which names its sessions).
 
+mod batch;
+mod chain;
+mod errors;
 pub mod input;
 pub mod message;
 pub mod runtime;
 pub mod settings;
+mod startup;
+mod writes;
 
 use std::fmt;
 use std::time::Duration;

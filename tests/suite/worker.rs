@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pepsi::protocol::{WORKER_STAGE_ENV, worker_session_name, worker_session_pattern};
 use postgres::Client;
 
 use crate::util::worker::{Worker, code, report_stages};
@@ -584,12 +585,13 @@ fn past_max_lifetime_without_a_bounce_stage_the_message_fails() {
     );
 }
 
-/// Terminates the sessions of a worker program in this database.
-fn terminate(c: &mut Client, application: &str) -> i64 {
+/// Terminates the sessions of a worker in this database, found by their name as the
+/// dispatcher finds them: the worker's pid and stage.
+fn terminate(c: &mut Client, w: &Worker, stage: &str) -> i64 {
     c.query_one(
         "SELECT count(pg_terminate_backend(pid))::int8 FROM pg_stat_activity \
          WHERE datname = current_database() AND application_name = $1",
-        &[&application],
+        &[&worker_session_name(w.pid(), stage)],
     )
     .unwrap()
     .get(0)
@@ -608,7 +610,8 @@ fn a_connection_lost_mid_message_answers_74_and_commits_nothing() {
     w.send(&[a]);
     // The command runs; meanwhile the database drops the worker's connection.
     s.wait_running(a);
-    assert_eq!(terminate(&mut c, "pepsi-stage-exec"), 1);
+    // Started without PEPSI_WORKER_STAGE, a worker names its sessions after its built-in.
+    assert_eq!(terminate(&mut c, &w, "exec"), 1);
     assert_eq!(code(&w.status()), 74);
     assert_eq!(
         row_at(&mut c, a),
@@ -629,7 +632,7 @@ fn a_connection_that_died_while_idle_is_replaced_before_the_next_message() {
     let a = inject_claimed(&mut c, "pass", "a@x.example", &["r@y.example"]);
     let mut w = Worker::ready(&stage("pass"), &conf);
     // As after a database restart: the pooled connection is gone before any work.
-    assert_eq!(terminate(&mut c, "pepsi-stage-pass"), 1);
+    assert_eq!(terminate(&mut c, &w, "pass"), 1);
     assert_eq!(code(&w.run(&[a])[0]), 0);
     assert_eq!(row_at(&mut c, a), Some(("if".into(), "pending".into())));
 }
@@ -763,6 +766,170 @@ fn a_row_taken_away_while_the_worker_held_it_is_not_overwritten() {
         row_at(&mut c, id),
         Some(("elsewhere".into(), "pending".into()))
     );
+}
+
+/// Marks a row running under claim token `token`, as a dispatcher's claim does.
+fn claim_with_token(c: &mut Client, id: i64, token: i64) {
+    let n = c
+        .execute(
+            "UPDATE pepsi.workqueue SET status = 'running', claim = $2 WHERE workqueue_id = $1",
+            &[&id, &token],
+        )
+        .unwrap();
+    assert_eq!(n, 1, "claim {id}");
+}
+
+/// A row's claim token.
+fn token_of(c: &mut Client, id: i64) -> i64 {
+    c.query_one(
+        "SELECT claim FROM pepsi.workqueue WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// Waits until a session of the worker with this pid waits for a lock.
+#[track_caller]
+fn wait_lock_wait(c: &mut Client, w: &Worker) {
+    let pattern = worker_session_pattern(w.pid());
+    wait_until(
+        Duration::from_secs(10),
+        "the worker's write waits for the row lock",
+        || {
+            c.query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name LIKE $1 AND wait_event_type = 'Lock'",
+                &[&pattern],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+                == 1
+        },
+    );
+}
+
+#[test]
+fn a_write_left_over_from_an_earlier_claim_never_lands_on_a_later_claim() {
+    // Both write shapes: `pass` advances (the batched UPDATE), `discard` finishes (the
+    // batched DELETE).
+    for (program, at, written) in [
+        ("pass", "p", Some(("q".to_string(), "pending".to_string()))),
+        ("discard", "q", None),
+    ] {
+        let db = TestDb::new();
+        let dir = TempDir::new("w-token");
+        let conf = config(
+            &dir,
+            &db,
+            false,
+            "[stage-p]\nPROGRAM = {pass}\nNEXT = q\n\n[stage-q]\nPROGRAM = {discard}\n",
+        );
+        let mut c = db.client();
+        let stale = inject(&mut c, at, "a@x.example", &["r@y.example"]);
+        let fresh = inject(&mut c, at, "a@x.example", &["r@y.example"]);
+        claim_with_token(&mut c, stale, 5);
+        claim_with_token(&mut c, fresh, 5);
+        let mut w = Worker::ready(&stage(program), &conf);
+        // Another session holds the row, so the worker's write waits after its load.
+        let mut locker = db.client();
+        let mut tx = locker.transaction().unwrap();
+        tx.query(
+            "SELECT 1 FROM pepsi.workqueue WHERE workqueue_id = $1 FOR UPDATE",
+            &[&stale],
+        )
+        .unwrap();
+        w.send(&[stale, fresh]);
+        wait_lock_wait(&mut c, &w);
+        // Meanwhile the row is released and claimed again, at the same stage.
+        tx.execute(
+            "UPDATE pepsi.workqueue SET claim = 6, state = state || '{\"marker\": 2}' \
+             WHERE workqueue_id = $1",
+            &[&stale],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(
+            code(&w.status()),
+            0,
+            "{program}: a taken-away row is answered 0"
+        );
+        assert_eq!(
+            code(&w.status()),
+            0,
+            "{program}: the row still under its token"
+        );
+        assert_eq!(
+            row_at(&mut c, stale),
+            Some((at.to_string(), "running".to_string())),
+            "{program}: the earlier claim's outcome did not land"
+        );
+        assert_eq!(token_of(&mut c, stale), 6, "{program}");
+        assert_eq!(state_of(&mut c, stale)["marker"], 2, "{program}");
+        assert_eq!(
+            row_at(&mut c, fresh),
+            written,
+            "{program}: the token read with the row guards its write"
+        );
+        let (status, err) = w.finish();
+        assert!(status.success(), "{program}: {status:?} {err}");
+        assert!(
+            err.contains(&format!("message {stale} was taken away")),
+            "{program}: {err}"
+        );
+    }
+}
+
+/// `conninfo` with its own `application_name`, in its own form (URL or key=value).
+fn with_application_name(conninfo: &str, name: &str) -> String {
+    if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
+        let sep = if conninfo.contains('?') { '&' } else { '?' };
+        format!("{conninfo}{sep}application_name={name}")
+    } else {
+        format!("{conninfo} application_name={name}")
+    }
+}
+
+#[test]
+fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-session");
+    let conf = config(&dir, &db, false, CHAIN);
+    let text = std::fs::read_to_string(&conf).unwrap().replacen(
+        &format!("CONNECTION = {}", db.connection()),
+        &format!(
+            "CONNECTION = {}",
+            with_application_name(db.connection(), "custom")
+        ),
+        1,
+    );
+    std::fs::write(&conf, text).unwrap();
+    // The dispatcher names the section a worker serves in its environment.
+    let program = dir.write(
+        "relay-worker",
+        &format!(
+            "#!/bin/sh\n{WORKER_STAGE_ENV}=relay exec {} \"$@\"\n",
+            stage("pass").display()
+        ),
+    );
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&program)
+        .status()
+        .unwrap();
+    let w = Worker::ready(&program, &conf);
+    let mut c = db.client();
+    let names: Vec<String> = c
+        .query(
+            "SELECT application_name FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names, vec![worker_session_name(w.pid(), "relay")]);
 }
 
 /// Statements a metadata stage's worker runs for `n` buffered messages.

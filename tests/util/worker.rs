@@ -67,6 +67,11 @@ impl Worker {
         }
     }
 
+    /// The worker's process id (its database sessions are named after it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The next stdout line, or None at end of output.
     pub fn next_line(&mut self) -> Option<String> {
         match self.lines.recv_timeout(LINE_TIMEOUT) {

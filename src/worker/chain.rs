@@ -1,0 +1,267 @@
+//! One message's pass (SPEC §12.5, §12.6): the claimed stage, then every successor that
+//! may be fused into the same pass, each configured with the message's per-address
+//! overrides; the lazy per-address split before a stage whose recipients diverge; the
+//! cache of configured stages; and which programs are this very binary.
+//!
+//! Called by `batch.rs` for every loaded, running row ([`Worker::run_chain`]) and by
+//! `startup.rs` (which sections this binary implements). The pass decides the outcome
+//! and records it in a [`Plan`]; the only database write here is the split (through
+//! `writes.rs`, guarded by stage and claim token), which must happen before the stage
+//! runs. The terminal write is `writes.rs`'s, the error handling `errors.rs`'s.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::runtime::{Worker, builtin_by_name};
+use super::settings::{self, Group};
+use super::writes::{Plan, Write, split_row, update_row};
+use super::{Configured, Context, Load, Message, Outcome, Stage, StageError};
+use crate::config::StageSection;
+use crate::config::graph::MAX_FUSION_DEPTH;
+use crate::config::raw::join_errors;
+use crate::db::pool::PgConn;
+
+/// Configured stages cached per (stage, per-address overrides), cleared beyond this.
+const CONFIGURED_CACHE: usize = 1024;
+
+/// A stage configured for one effective section.
+#[derive(Clone)]
+pub(super) struct Ready {
+    section: Rc<StageSection>,
+    body: Rc<dyn Configured>,
+}
+
+/// Resolves a program as the dispatcher would: absolute, or looked up on `PATH`.
+fn resolve(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return std::fs::canonicalize(program).ok();
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::canonicalize(p).ok())
+}
+
+impl Worker {
+    /// The built-in a successor's program names, if that program is this very binary
+    /// (only then can it run in this process).
+    pub(super) fn fusable_builtin(&mut self, program: &str) -> Option<&'static dyn Stage> {
+        let builtin = builtin_by_name(program)?;
+        let exe = self.exe.clone()?;
+        let same = *self
+            .same_binary
+            .entry(program.to_string())
+            .or_insert_with(|| resolve(program).as_deref() == Some(Path::new(&exe)));
+        same.then_some(builtin)
+    }
+
+    /// The stage configured for `stage` with a group's overrides (cached).
+    fn ready(
+        &mut self,
+        stage: &str,
+        builtin: &'static dyn Stage,
+        group: &Group,
+    ) -> Result<Ready, String> {
+        let key = (stage.to_string(), settings::cache_key(&group.overrides));
+        if let Some(r) = self.configured.get(&key) {
+            return r.clone();
+        }
+        let result = match self.graph.get(stage) {
+            None => Err(format!("there is no [stage-{stage}] section")),
+            Some(base) => {
+                settings::apply(base, &group.overrides, &group.correspondent, &self.graph)
+                    .map_err(|e| join_errors(&e))
+                    .and_then(|section| {
+                        builtin
+                            .configure(&section)
+                            .map(|body| Ready {
+                                section: Rc::new(section),
+                                body: Rc::from(body),
+                            })
+                            .map_err(|e| e.to_string())
+                    })
+            }
+        };
+        if self.configured.len() >= CONFIGURED_CACHE {
+            self.configured.clear();
+        }
+        self.configured.insert(key, result.clone());
+        result
+    }
+
+    /// Runs the claimed stage and any fused successors on one message.
+    pub(super) fn run_chain(
+        &mut self,
+        conn: &mut PgConn,
+        mut message: Message,
+        loaded: Load,
+    ) -> Plan {
+        let claimed = message.claimed_stage.clone();
+        let mut plan = Plan::for_message(&message);
+        let mut stage = claimed.clone();
+        let mut depth = 0;
+        loop {
+            let base = self.graph.get(&stage).cloned();
+            let builtin = base.as_ref().and_then(|s| builtin_by_name(&s.program));
+            let unusable = match (&base, builtin) {
+                (None, _) => Some(format!("there is no [stage-{stage}] section")),
+                (Some(s), None) => Some(format!(
+                    "PROGRAM {} is not a built-in stage of this program",
+                    s.program
+                )),
+                (Some(_), Some(b)) if b.loads() > loaded => Some(format!(
+                    "stage {stage} needs the message body, which this program does not load"
+                )),
+                _ => None,
+            };
+            let (Some(builtin), None) = (builtin, unusable.clone()) else {
+                let why = unusable.unwrap_or_default();
+                self.handle_error(
+                    &mut plan,
+                    message,
+                    &stage,
+                    base.as_ref(),
+                    StageError::host(why),
+                );
+                return plan;
+            };
+            let mut groups = settings::groups(&message, &stage);
+            if groups.len() > 1 {
+                // Only the claimed stage splits: fusion refuses a divergent successor.
+                match self.split_recipients(conn, &mut message, &groups) {
+                    Ok(true) => groups.truncate(1),
+                    Ok(false) => return plan,
+                    Err(e) => {
+                        self.handle_error(&mut plan, message, &stage, base.as_ref(), e);
+                        return plan;
+                    }
+                }
+            }
+            let ready = match self.ready(&stage, builtin, &groups[0]) {
+                Ok(r) => r,
+                Err(why) => {
+                    let e = StageError::permanent(format!(
+                        "the per-address settings of {} make [stage-{stage}] unusable: {why}",
+                        groups[0].correspondent
+                    ));
+                    self.handle_error(&mut plan, message, &stage, base.as_ref(), e);
+                    return plan;
+                }
+            };
+            let started = Instant::now();
+            let result = ready.body.run(
+                &mut message,
+                &mut Context {
+                    section: &ready.section,
+                    client: conn,
+                },
+            );
+            plan.report
+                .push((stage.clone(), started.elapsed().as_micros() as u64));
+            match result {
+                Ok(Outcome::Advance(next)) => {
+                    if self.can_fuse(&next, &message, depth, loaded) {
+                        stage = next;
+                        depth += 1;
+                        continue;
+                    }
+                    plan.write =
+                        Write::Update(update_row(&message, &claimed, &next, "pending", None));
+                }
+                Ok(Outcome::Finish) => plan.write = Write::Delete,
+                Ok(Outcome::Pause(delay)) => {
+                    plan.write = Write::Update(update_row(
+                        &message,
+                        &claimed,
+                        &stage,
+                        "paused",
+                        Some(delay),
+                    ));
+                }
+                Ok(Outcome::Split { groups, stage: to }) => {
+                    plan.write = Write::Split {
+                        groups: json!(groups),
+                        stage: to,
+                        state: Value::Object(message.state.clone()).to_string(),
+                    };
+                }
+                Err(e) => self.handle_error(&mut plan, message, &stage, Some(&ready.section), e),
+            }
+            return plan;
+        }
+    }
+
+    /// Splits the row by per-address settings, guarded by the claimed stage and the
+    /// claim token; `Ok(false)` when the row was taken away.
+    fn split_recipients(
+        &self,
+        conn: &mut PgConn,
+        message: &mut Message,
+        groups: &[Group],
+    ) -> Result<bool, StageError> {
+        let json_groups =
+            json!(groups.iter().map(|g| &g.recipients).collect::<Vec<_>>()).to_string();
+        let new = split_row(
+            conn,
+            message.id,
+            &json_groups,
+            &message.claimed_stage,
+            message.claim,
+            None,
+            None,
+            false,
+        )
+        .map_err(|e| StageError::from_db(&e))?;
+        match new {
+            None => {
+                log::warn!(
+                    "{}: message {} was taken away before its split",
+                    message.claimed_stage,
+                    message.id
+                );
+                Ok(false)
+            }
+            Some(new) => {
+                log::info!(
+                    "{}: message {} split by per-address settings into {} rows (new: {new:?})",
+                    message.claimed_stage,
+                    message.id,
+                    new.len() + 1
+                );
+                message.keep_recipients(groups[0].recipients.clone());
+                Ok(true)
+            }
+        }
+    }
+
+    /// May `next` run in this pass (§12.6)?
+    fn can_fuse(&mut self, next: &str, message: &Message, depth: usize, loaded: Load) -> bool {
+        if !self.config.pepsi.allow_fusion || depth + 1 >= MAX_FUSION_DEPTH {
+            return false;
+        }
+        let Some(section) = self.graph.get(next).cloned() else {
+            return false;
+        };
+        let Some(builtin) = self.fusable_builtin(&section.program) else {
+            return false;
+        };
+        if !section.fusion.unwrap_or(builtin.fusion_default()) || builtin.loads() > loaded {
+            return false;
+        }
+        // A later per-address split must clone from a row that carries the rewrite.
+        if message.rewritten() && message.rcpt_to().len() > 1 {
+            return false;
+        }
+        let groups = settings::groups(message, next);
+        if groups.len() != 1 {
+            return false;
+        }
+        match self.ready(next, builtin, &groups[0]) {
+            Ok(ready) => ready.body.fusion_gate(message),
+            Err(_) => false,
+        }
+    }
+}

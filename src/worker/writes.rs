@@ -1,0 +1,363 @@
+//! The worker's writes (SPEC §12.2, §12.3, §6 "Claim tokens"): what one batch entry
+//! writes ([`Plan`], [`Write`]), committing a batch in one UPDATE and one DELETE (splits
+//! one by one), and what happens when a write fails or matches nothing.
+//!
+//! Called by `batch.rs` (commit a processed batch), `chain.rs` (the lazy split before a
+//! stage runs, the JSON of an update-shaped outcome) and `errors.rs` (the same JSON).
+//! Every write is guarded by `status = 'running' AND stage = <claimed stage> AND claim =
+//! <token read with the row>`; a write that matches nothing means the row was taken
+//! away: a warning and answer 0, never a retry. This file must not decide outcomes (the
+//! stages and the error model do) nor read stdin or write status lines.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use postgres::types::Type;
+use serde_json::{Value, json};
+
+use super::Message;
+use super::errors::status_for;
+use super::runtime::Worker;
+use crate::db::pool::PgConn;
+use crate::db::{self, ErrorKind, sql};
+use crate::protocol::{self, StageTime};
+
+/// What a batch entry writes.
+pub(super) enum Write {
+    /// No write: the row was gone or taken away, or the database failed.
+    Nothing,
+    /// An update-shaped outcome (advance, pause, fail, redirect): one element of
+    /// [`sql::WRITE_OUTCOMES`]'s recordset, made by [`update_row`].
+    Update(Value),
+    /// Delete the row: the message is done.
+    Delete,
+    /// Split the row; every group continues at `stage`, pending.
+    Split {
+        groups: Value,
+        stage: String,
+        state: String,
+    },
+}
+
+/// One id of a batch: what to write, under which guard, and what to answer.
+pub(super) struct Plan {
+    /// The message id.
+    pub(super) id: i64,
+    /// The stage the row was claimed at (the write's guard).
+    pub(super) claimed: String,
+    /// The claim token read with the row (the write's guard).
+    pub(super) claim: i64,
+    /// The status to answer.
+    pub(super) answer: u8,
+    /// The stages run in this pass, with their times.
+    pub(super) report: Vec<StageTime>,
+    /// What to write.
+    pub(super) write: Write,
+}
+
+impl Plan {
+    /// A plan that writes nothing and answers `answer`.
+    pub(super) fn answer_only(id: i64, answer: u8) -> Plan {
+        Plan {
+            id,
+            claimed: String::new(),
+            claim: 0,
+            answer,
+            report: Vec::new(),
+            write: Write::Nothing,
+        }
+    }
+
+    /// A plan for a loaded message, guarded by its claimed stage and token; so far it
+    /// writes nothing and answers 0.
+    pub(super) fn for_message(message: &Message) -> Plan {
+        Plan {
+            id: message.id,
+            claimed: message.claimed_stage.clone(),
+            claim: message.claim,
+            answer: protocol::STATUS_OK,
+            report: Vec::new(),
+            write: Write::Nothing,
+        }
+    }
+}
+
+/// The two batched write statements.
+#[derive(Clone, Copy)]
+enum Shape {
+    Update,
+    Delete,
+}
+
+impl Worker {
+    /// Writes every plan's outcome: splits one by one, then one UPDATE and one DELETE.
+    pub(super) fn commit(&mut self, conn: &mut PgConn, plans: &mut [Plan]) {
+        for plan in plans.iter_mut() {
+            let Write::Split {
+                groups,
+                stage,
+                state,
+            } = &plan.write
+            else {
+                continue;
+            };
+            let (groups, stage, state) = (groups.to_string(), stage.clone(), state.clone());
+            let result = split_row(
+                conn,
+                plan.id,
+                &groups,
+                &plan.claimed,
+                plan.claim,
+                Some(&stage),
+                Some(&state),
+                true,
+            );
+            match result {
+                Ok(None) => {
+                    log::warn!(
+                        "{}: message {} was taken away; its split was not written",
+                        plan.claimed,
+                        plan.id
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => self.write_failed(conn, std::slice::from_mut(plan), &e),
+            }
+        }
+        let mut updates: Vec<&mut Plan> = plans
+            .iter_mut()
+            .filter(|p| matches!(p.write, Write::Update(_)))
+            .collect();
+        self.write_batch(conn, &mut updates, Shape::Update);
+        let mut deletes: Vec<&mut Plan> = plans
+            .iter_mut()
+            .filter(|p| matches!(p.write, Write::Delete))
+            .collect();
+        self.write_batch(conn, &mut deletes, Shape::Delete);
+    }
+
+    fn write_batch(&mut self, conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
+        if plans.is_empty() {
+            return;
+        }
+        match run_shape(conn, plans, shape) {
+            Ok(written) => {
+                for plan in plans.iter_mut() {
+                    if !written.contains(&plan.id) {
+                        log::warn!(
+                            "{}: message {} was taken away while this worker held it; its outcome was not written",
+                            plan.claimed,
+                            plan.id
+                        );
+                        plan.answer = protocol::STATUS_OK;
+                    }
+                }
+            }
+            Err(e) if plans.len() > 1 && db::classify(&e) == ErrorKind::Other => {
+                // One bad row must not hold up its batch: write them one at a time.
+                log::warn!(
+                    "batched write failed ({}); writing one message at a time",
+                    db::describe(&e)
+                );
+                for plan in plans.iter_mut() {
+                    self.write_batch(conn, std::slice::from_mut(plan), shape);
+                }
+            }
+            Err(e) => {
+                for plan in plans.iter_mut() {
+                    self.write_failed(conn, std::slice::from_mut(&mut **plan), &e);
+                }
+            }
+        }
+    }
+
+    /// A write failed: connection and overload errors are answered as such (nothing was
+    /// committed); anything else pauses the row with the error as a last resort.
+    fn write_failed(&mut self, conn: &mut PgConn, plans: &mut [Plan], err: &postgres::Error) {
+        for plan in plans {
+            plan.write = Write::Nothing;
+            plan.answer = match db::classify(err) {
+                ErrorKind::Connection => {
+                    log::warn!(
+                        "{}: message {}: database connection lost while writing: {}",
+                        plan.claimed,
+                        plan.id,
+                        db::describe(err)
+                    );
+                    protocol::STATUS_IOERR
+                }
+                ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
+                _ => pause_unwritten(conn, plan, err),
+            };
+        }
+    }
+}
+
+/// Writing an outcome failed for a non-connection reason: pause the row at its claimed
+/// stage with the error, as a last resort, so it is retried. Guarded like every write.
+fn pause_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 {
+    let error = db::storable(&format!("cannot write the outcome: {}", db::describe(err)));
+    match conn.query_typed_opt(
+        sql::PAUSE_UNWRITTEN,
+        &[
+            (&plan.id, Type::INT8),
+            (&plan.claimed, Type::TEXT),
+            (&error, Type::TEXT),
+            (&plan.claim, Type::INT8),
+        ],
+    ) {
+        Ok(row) => {
+            match row {
+                Some(row) => log::warn!(
+                    "{}: message {}: {error}; paused for {} min",
+                    plan.claimed,
+                    plan.id,
+                    row.get::<_, i64>(0)
+                ),
+                None => log::warn!(
+                    "{}: message {}: {error}; it was no longer running there",
+                    plan.claimed,
+                    plan.id
+                ),
+            }
+            protocol::STATUS_OK
+        }
+        Err(e) => {
+            log::warn!(
+                "{}: message {}: {error}; cannot pause it either: {}",
+                plan.claimed,
+                plan.id,
+                db::describe(&e)
+            );
+            status_for(db::classify(&e))
+        }
+    }
+}
+
+/// Calls `workqueue_split` (one round trip), guarded by the claimed stage and the claim
+/// token; `None` when the guard did not match.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn split_row(
+    conn: &mut PgConn,
+    id: i64,
+    groups: &str,
+    claimed: &str,
+    claim: i64,
+    stage: Option<&str>,
+    state: Option<&str>,
+    release: bool,
+) -> Result<Option<Vec<i64>>, postgres::Error> {
+    let row = db::retry_transient(|| {
+        conn.query_typed_one(
+            sql::SPLIT,
+            &[
+                (&id, Type::INT8),
+                (&groups, Type::TEXT),
+                (&claimed, Type::TEXT),
+                (&stage, Type::TEXT),
+                (&state, Type::TEXT),
+                (&release, Type::BOOL),
+                (&claim, Type::INT8),
+            ],
+        )
+    })?;
+    Ok(row.get(0))
+}
+
+/// Runs one batched write; returns the ids it wrote (the others were taken away).
+fn run_shape(
+    conn: &mut PgConn,
+    plans: &[&mut Plan],
+    shape: Shape,
+) -> Result<HashSet<i64>, postgres::Error> {
+    let rows = match shape {
+        Shape::Update => {
+            let payload = Value::Array(
+                plans
+                    .iter()
+                    .filter_map(|p| match &p.write {
+                        Write::Update(v) => Some(v.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+            .to_string();
+            db::retry_transient(|| {
+                conn.query_typed(sql::WRITE_OUTCOMES, &[(&payload, Type::TEXT)])
+            })?
+        }
+        Shape::Delete => {
+            let ids: Vec<i64> = plans.iter().map(|p| p.id).collect();
+            let claimed: Vec<String> = plans.iter().map(|p| p.claimed.clone()).collect();
+            let claims: Vec<i64> = plans.iter().map(|p| p.claim).collect();
+            db::retry_transient(|| {
+                conn.query_typed(
+                    sql::DELETE_FINISHED,
+                    &[
+                        (&ids, Type::INT8_ARRAY),
+                        (&claimed, Type::TEXT_ARRAY),
+                        (&claims, Type::INT8_ARRAY),
+                    ],
+                )
+            })?
+        }
+    };
+    Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
+}
+
+/// One element of [`sql::WRITE_OUTCOMES`]'s recordset: the message's outcome, guarded by
+/// the stage it was claimed at (`claimed`) and the claim token it was loaded under.
+pub(super) fn update_row(
+    message: &Message,
+    claimed: &str,
+    stage: &str,
+    status: &str,
+    delay: Option<Duration>,
+) -> Value {
+    let mut row = json!({
+        "id": message.id,
+        "claimed": claimed,
+        "claim": message.claim,
+        "stage": stage,
+        "status": status,
+        "delay_ms": delay.map(|d| d.as_millis() as u64),
+        "state": Value::Object(message.state.clone()),
+        "rewritten": message.rewritten(),
+    });
+    if message.rewritten() {
+        row["mail_from"] = json!(message.mail_from());
+        row["rcpt_to"] = json!(message.rcpt_to());
+        row["header_from"] = json!(message.header_from());
+        row["subject"] = json!(message.subject());
+    }
+    row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_update_row_carries_the_claim_token_it_is_guarded_by() {
+        let mut m = Message::new(
+            7,
+            "relay".into(),
+            "a@x.example".into(),
+            vec!["r@y.example".into()],
+            None,
+            None,
+            Default::default(),
+            "from:x.example".into(),
+        );
+        m.claim = 42;
+        let row = update_row(&m, "relay", "done", "pending", None);
+        assert_eq!(row["id"], 7);
+        assert_eq!(row["claimed"], "relay");
+        assert_eq!(row["claim"], 42);
+        let plan = Plan::for_message(&m);
+        assert_eq!(
+            (plan.id, plan.claimed.as_str(), plan.claim),
+            (7, "relay", 42)
+        );
+    }
+}
