@@ -1,12 +1,22 @@
 //! A fault-injecting stage program for the dispatcher's tests, built on the worker
 //! protocol by hand (it must be able to misbehave in ways the real runtime never does).
 //!
+//! Its database session is named like a real worker's,
+//! `pepsi-worker:PID:STAGE` (`pepsi::protocol::worker_session_name`), with STAGE from
+//! `$PEPSI_WORKER_STAGE` or `fault` without it, so the dispatcher can find and terminate
+//! it. It loads each row's claim token with its stage and fault, and guards every
+//! outcome write with status, stage and token, as the runtime does (SPEC §6).
+//!
 //! Start-up is steered by the file named in `$FAULT_CONTROL` (re-read at every start):
 //! `ok`, `exit78` (refuse to run), `die` (exit 1 before ready), `garbage` (print
-//! something else than ready), `ready78` (ready, then exit 78 at the first id). Each message is steered by its row's `state.fault`:
-//! `crash` (exit without answering), `hang`, `garbage-status`, `garbage-report`,
-//! `tempfail` (75), `tempfail-once` (75, clearing the fault), `ioerr` (74), `slow` (300 ms), anything else advances the row to the
-//! stage's `NEXT` (or deletes it). Every batch read from stdin is logged to
+//! something else than ready), `ready78` (ready, then exit 78 at the first id). Each
+//! message is steered by its row's `state.fault`: `crash` (exit without answering),
+//! `hang`, `db-sleep` (hang inside a statement: `SELECT pg_sleep(3600)` on its database
+//! session), `garbage-status`, `garbage-report`, `report-unknown` (advance, then report
+//! a stage that is not in the graph: `0 [["nosuch-stage",5]]`), `report-huge` (advance,
+//! then report 2^62 µs for the row's stage), `tempfail` (75), `tempfail-once` (75,
+//! clearing the fault), `ioerr` (74), `slow` (300 ms); anything else advances the row to
+//! the stage's `NEXT` (or deletes it). Every batch read from stdin is logged to
 //! `$FAULT_LOG` as `batch N`; with `$FAULT_BATCH_ANSWERS` set a batch is answered only
 //! once all of it ran, as the runtime's batched stages do.
 
@@ -15,6 +25,10 @@ use std::io::Write;
 use pepsi::config::Config;
 use pepsi::worker::input::IdReader;
 use postgres::{Client, NoTls};
+
+/// One outcome to commit: the id, the stage it was claimed at, where it goes (None:
+/// done, deleted) and the claim token it was loaded with.
+type Outcome = (i64, String, Option<String>, i64);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -37,7 +51,7 @@ fn main() {
     }
     let config = Config::load(config_path.as_deref()).expect("configuration");
     let graph = config.file_graph().expect("stage graph");
-    let mut db = Client::connect(&config.postgres.connection, NoTls).expect("database");
+    let mut db = connect(&config.postgres.connection);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if mode == "garbage" {
@@ -57,7 +71,7 @@ fn main() {
     // Answer a batch only once all of it ran, as the runtime's batched stages do.
     let batch_answers = std::env::var_os("FAULT_BATCH_ANSWERS").is_some();
     let mut pending_lines: Vec<String> = Vec::new();
-    let mut writes: Vec<(i64, String, Option<String>)> = Vec::new();
+    let mut writes: Vec<Outcome> = Vec::new();
     while let Some(ids) = input.next_batch(64).expect("ids") {
         if mode == "ready78" {
             eprintln!("fault_worker: refusing to run after ready (told to by the control file)");
@@ -75,7 +89,7 @@ fn main() {
         for id in ids {
             let row = db
                 .query_opt(
-                    "SELECT stage, coalesce(state->>'fault', '') FROM pepsi.workqueue WHERE workqueue_id = $1",
+                    "SELECT stage, coalesce(state->>'fault', ''), claim FROM pepsi.workqueue WHERE workqueue_id = $1",
                     &[&id],
                 )
                 .expect("load");
@@ -83,25 +97,41 @@ fn main() {
                 pending_lines.push("0".into());
                 continue;
             };
-            let (stage, fault): (String, String) = (row.get(0), row.get(1));
+            let (stage, fault, claim): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
             let next = graph.get(&stage).and_then(|s| s.next.clone());
             // Batched answers also mean batched writes: nothing is committed until the
             // whole batch ran.
             let mut advance = |db: &mut Client| {
-                writes.push((id, stage.clone(), next.clone()));
+                writes.push((id, stage.clone(), next.clone(), claim));
                 if !batch_answers {
                     commit(db, &mut writes);
                 }
             };
             match fault.as_str() {
                 "crash" => std::process::exit(3),
-                "hang" => loop {
-                    std::thread::sleep(std::time::Duration::from_secs(60));
-                },
+                "hang" => hang(),
+                "db-sleep" => {
+                    // Hangs inside a statement: only the dispatcher terminating the
+                    // session ends it on the server.
+                    if let Err(e) = db.batch_execute("SELECT pg_sleep(3600)") {
+                        eprintln!("fault_worker: the sleeping statement ended: {e}");
+                    }
+                    hang();
+                }
                 "garbage-status" => pending_lines.push("what?".into()),
                 "garbage-report" => {
                     advance(&mut db);
                     pending_lines.push("0 {broken".into());
+                }
+                "report-unknown" => {
+                    advance(&mut db);
+                    pending_lines.push(r#"0 [["nosuch-stage",5]]"#.into());
+                }
+                "report-huge" => {
+                    advance(&mut db);
+                    // 2^62 µs: two of them overflow a signed 64-bit sum.
+                    let name = serde_json::to_string(&stage).unwrap();
+                    pending_lines.push(format!("0 [[{name},4611686018427387904]]"));
                 }
                 "tempfail" => pending_lines.push("75".into()),
                 "tempfail-once" => {
@@ -132,6 +162,23 @@ fn main() {
     }
 }
 
+/// Connects with the session named as a worker of `$PEPSI_WORKER_STAGE` (or `fault`).
+fn connect(conninfo: &str) -> Client {
+    let stage = std::env::var(pepsi::protocol::WORKER_STAGE_ENV).unwrap_or_else(|_| "fault".into());
+    let mut pg: postgres::Config = conninfo.parse().expect("[pepsi-postgres] CONNECTION");
+    pg.application_name(&pepsi::protocol::worker_session_name(
+        std::process::id(),
+        &stage,
+    ));
+    pg.connect(NoTls).expect("database")
+}
+
+fn hang() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+}
+
 fn answer(out: &mut impl Write, lines: &mut Vec<String>) {
     for line in lines.drain(..) {
         writeln!(out, "{line}").unwrap();
@@ -139,18 +186,21 @@ fn answer(out: &mut impl Write, lines: &mut Vec<String>) {
     out.flush().unwrap();
 }
 
-/// Advances (or, without a NEXT, deletes) rows, guarded like the runtime's writes.
-fn commit(db: &mut Client, writes: &mut Vec<(i64, String, Option<String>)>) {
-    for (id, stage, next) in writes.drain(..) {
+/// Advances (or, without a NEXT, deletes) rows, guarded like the runtime's writes: only
+/// a row still `running` at the stage it was claimed at, under the claim token it was
+/// loaded with.
+fn commit(db: &mut Client, writes: &mut Vec<Outcome>) {
+    for (id, stage, next, claim) in writes.drain(..) {
         match next {
             Some(next) => db.execute(
                 "UPDATE pepsi.workqueue SET stage = $2, status = 'pending' \
-                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
-                &[&id, &next, &stage],
+                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $3 AND claim = $4",
+                &[&id, &next, &stage, &claim],
             ),
             None => db.execute(
-                "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' AND stage = $2",
-                &[&id, &stage],
+                "DELETE FROM pepsi.workqueue \
+                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3",
+                &[&id, &stage, &claim],
             ),
         }
         .expect("write");

@@ -2,4 +2,5 @@
 
 mod dispatch;
 mod foundation;
+mod guarantees;
 mod worker;

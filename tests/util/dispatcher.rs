@@ -125,6 +125,15 @@ impl Dispatcher {
         }
     }
 
+    /// The exit status if it has exited, without waiting.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().unwrap()?;
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        Some(status)
+    }
+
     /// SIGTERM, then the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         self.signal(libc::SIGTERM);
