@@ -114,7 +114,9 @@ fn micros(us: u64) -> i64 {
 
 /// The live claims and what their transitions add up to.
 pub struct Ledger {
-    live: HashMap<i64, (i64, Step)>,
+    /// Keyed by (id, token): one row can have two live claims at once — its worker's
+    /// answer for one stage not yet read when the claim at the next stage arrives.
+    live: HashMap<(i64, i64), Step>,
     /// Statistics not yet flushed.
     pub deltas: Deltas,
     policy: Box<dyn ClaimPolicy>,
@@ -142,17 +144,14 @@ impl Ledger {
 
     /// Is this claim live?
     pub fn holds(&self, claim: &Claim) -> bool {
-        self.live.get(&claim.id).is_some_and(|l| l.0 == claim.token)
+        self.live.contains_key(&(claim.id, claim.token))
     }
 
     /// Settles a claim: true when it was live (the transition applies).
     fn settle(&mut self, claim: &Claim, transition: &str) -> bool {
-        match self.live.get(&claim.id) {
-            Some(&(token, _)) if token == claim.token => {
-                self.live.remove(&claim.id);
-                true
-            }
-            _ => {
+        match self.live.remove(&(claim.id, claim.token)) {
+            Some(_) => true,
+            None => {
                 log::debug!(
                     "{}: message {} claim {}: {transition} of a claim already settled; ignored",
                     claim.stage,
@@ -172,7 +171,7 @@ impl Ledger {
         self.deltas.claims = self.deltas.claims.saturating_add(1);
         self.deltas.rows_claimed = self.deltas.rows_claimed.saturating_add(claims.len() as i64);
         for claim in claims {
-            self.live.insert(claim.id, (claim.token, Step::Claimed));
+            self.live.insert((claim.id, claim.token), Step::Claimed);
             self.policy.claimed(claim);
         }
     }
@@ -180,8 +179,8 @@ impl Ledger {
     /// The claim reached the head of its worker's queue: MAX_RUNTIME and the measured
     /// time count from here.
     pub fn started(&mut self, claim: &Claim) {
-        if let Some(l) = self.live.get_mut(&claim.id).filter(|l| l.0 == claim.token) {
-            l.1 = Step::Started;
+        if let Some(step) = self.live.get_mut(&(claim.id, claim.token)) {
+            *step = Step::Started;
         }
     }
 
@@ -303,12 +302,28 @@ mod tests {
     }
 
     #[test]
-    fn a_transition_of_an_earlier_claim_of_the_same_row_changes_nothing() {
+    fn a_transition_of_another_claim_of_the_same_row_changes_nothing() {
         let mut l = Ledger::new(Box::new(OldestFirst));
         l.claimed(&[claim(1, 8)]);
         l.requeued(&[claim(1, 7)]);
         assert!(l.holds(&claim(1, 8)));
         assert!(!l.deltas.stages.contains_key("s"));
+    }
+
+    #[test]
+    fn a_row_claimed_at_its_next_stage_before_its_answer_was_read_counts_both_passes() {
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        let v = Vetted {
+            stages: vec![("s".into(), 1)],
+            ..Vetted::default()
+        };
+        l.claimed(&[claim(1, 7)]);
+        // The worker advanced the row and the next claim took it at once.
+        l.claimed(&[claim(1, 8)]);
+        l.ran(&claim(1, 7), Duration::ZERO, &v, false);
+        l.ran(&claim(1, 8), Duration::ZERO, &v, false);
+        assert_eq!(l.deltas.stages["s"].passes, 2);
+        assert_eq!(l.live(), 0);
     }
 
     #[test]

@@ -1091,6 +1091,20 @@ fn the_claim_uses_the_partial_pending_index() {
             .map(|r| r.get(0))
             .collect();
         tx.rollback().unwrap();
+        // Nor does any step filter out more rows than are claimed (a walk of the
+        // primary key in id order, filtering by stage, reads as few rows as it returns
+        // but skips over all the others).
+        for line in analyzed
+            .iter()
+            .filter(|l| l.contains("Rows Removed by Filter"))
+        {
+            let removed: i64 = line
+                .rsplit(':')
+                .next()
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no count in {line:?}"));
+            assert!(removed <= most, "{when}: {line}\n{}", analyzed.join("\n"));
+        }
         for line in analyzed.iter().filter(|l| l.contains(" on workqueue")) {
             let rows: i64 = line
                 .split("actual rows=")
