@@ -198,13 +198,7 @@ impl Dispatcher {
         let heartbeat = self.gate.last + self.opts.poll_interval <= now;
         let mut asked = Vec::new();
         for (name, s) in &self.stages {
-            let views: Vec<_> = s
-                .workers
-                .iter()
-                .filter_map(|serial| self.workers.get(serial))
-                .map(|w| w.view())
-                .collect();
-            let capacity = s.capacity(&views, now);
+            let capacity = s.capacity(&self.views(s), now);
             if capacity > 0 {
                 asked.push((name.clone(), i32::try_from(capacity).unwrap_or(i32::MAX)));
             }

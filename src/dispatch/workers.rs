@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::coordinator::Command;
 use super::event_loop::Dispatcher;
 use super::ledger::{Claim, vet_report};
-use super::pool::{self, Pick};
+use super::pool::{self, Pick, StagePool, WorkerView};
 use super::process::{Launch, Phase, Slot, WorkerProc, describe_exit};
 use super::signals;
 use super::verdict::{self, Death, End, Held, Verdict};
@@ -382,6 +382,16 @@ impl Dispatcher {
 
     // ---- assignment -----------------------------------------------------------------
 
+    /// What the pool decisions see of a stage's workers.
+    pub(super) fn views(&self, stage: &StagePool) -> Vec<WorkerView> {
+        stage
+            .workers
+            .iter()
+            .filter_map(|serial| self.workers.get(serial))
+            .map(|w| w.view())
+            .collect()
+    }
+
     /// Hands claimed ids to workers as the pool decides, starting workers as needed,
     /// then writes every worker's new ids. Nothing is handed out without the lock: the
     /// claims wait for the re-take (they are held, so the reconcile keeps them).
@@ -398,13 +408,7 @@ impl Dispatcher {
                     break;
                 };
                 let suspect = self.suspects.contains(&front.id);
-                let views: Vec<_> = s
-                    .workers
-                    .iter()
-                    .filter_map(|serial| self.workers.get(serial))
-                    .map(|w| w.view())
-                    .collect();
-                let serial = match s.pick_worker(&views, suspect, now) {
+                let serial = match s.pick_worker(&self.views(s), suspect, now) {
                     Pick::Worker(serial) => serial,
                     Pick::Start => match self.start_worker(&name) {
                         Some(serial) => serial,
