@@ -297,7 +297,7 @@ impl Dispatcher {
                 back,
             } => {
                 log::warn!(
-                    "{stage}: {reason} holding {} messages it had read; nobody is struck: each runs alone next ({:?}), {} unread back to pending",
+                    "{stage}: {reason} with {} messages delivered to it, any of which may be the cause; nobody is struck: each runs alone next ({:?}), {} never delivered back to pending",
                     suspects.len(),
                     suspects.iter().map(|c| c.id).collect::<Vec<_>>(),
                     back.len()
