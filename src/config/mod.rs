@@ -64,6 +64,9 @@ pub struct DispatchOptions {
     pub fair_half_life: Duration,
     /// Share of slots reserved for the oldest rows (§7).
     pub fair_fifo_percent: u32,
+    /// The loop limit: a row is claimed at most this many times at a changed stage
+    /// (§6 "Hops").
+    pub max_hops: u32,
 }
 
 /// `[pepsi-failure-bouncer]`.
@@ -110,6 +113,7 @@ const KNOWN: &[(&str, &[&str])] = &[
             "FAIR_SCHEDULING",
             "FAIR_HALF_LIFE",
             "FAIR_FIFO_PERCENT",
+            "MAX_HOPS",
         ],
     ),
     ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
@@ -206,8 +210,8 @@ impl Config {
                 .ok(positive("POLL_INTERVAL", secs(30)))
                 .unwrap_or(secs(30)),
             stats_interval: p
-                .ok(positive("STATS_INTERVAL", secs(60)))
-                .unwrap_or(secs(60)),
+                .ok(positive("STATS_INTERVAL", secs(10)))
+                .unwrap_or(secs(10)),
             db_pool_size: p.ok(d.number("DB_POOL_SIZE", 8u32, 1..=1000)).unwrap_or(8),
             config_file: d.get("CONFIG_FILE").map(PathBuf::from),
             fair_scheduling: p.ok(d.boolean("FAIR_SCHEDULING", true)).unwrap_or(true),
@@ -217,6 +221,9 @@ impl Config {
             fair_fifo_percent: p
                 .ok(d.number("FAIR_FIFO_PERCENT", 10u32, 0..=100))
                 .unwrap_or(10),
+            max_hops: p
+                .ok(d.number("MAX_HOPS", 100u32, 1..=100_000))
+                .unwrap_or(100),
         };
 
         let bouncer = BouncerOptions {
@@ -270,7 +277,8 @@ mod tests {
         assert_eq!(c.dispatch.max_runtime, Duration::from_secs(300));
         assert_eq!(c.dispatch.worker_idle_timeout, Duration::from_secs(5));
         assert_eq!(c.dispatch.poll_interval, Duration::from_secs(30));
-        assert_eq!(c.dispatch.stats_interval, Duration::from_secs(60));
+        assert_eq!(c.dispatch.stats_interval, Duration::from_secs(10));
+        assert_eq!(c.dispatch.max_hops, 100);
         assert_eq!(c.dispatch.db_pool_size, 8);
         assert_eq!(c.dispatch.config_file, None);
         assert!(c.dispatch.fair_scheduling);

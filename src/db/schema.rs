@@ -36,6 +36,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "002_claim_tokens.sql",
         sql: include_str!("../../schema/002_claim_tokens.sql"),
     },
+    SchemaFile {
+        number: 3,
+        name: "003_hops_and_poison.sql",
+        sql: include_str!("../../schema/003_hops_and_poison.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -239,13 +239,14 @@ pub const DEFER: &str = "UPDATE pepsi.workqueue SET status = 'paused', timeout =
 /// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
 /// always runs to completion). $1 stages (text[]),
 /// $2 passes, $3 fused passes, $4 failures, $5 crashes, $6 timeouts, $7 requeues,
-/// $8 busy microseconds (int8[] each), $9 stages executed, $10 claims, $11 rows
-/// claimed, $12 worker starts (int8). Only the dispatcher writes these tables.
+/// $8 busy microseconds, $9 deferrals (int8[] each), $10 stages executed, $11 claims,
+/// $12 rows claimed, $13 worker starts (int8). Only the dispatcher writes these tables.
 pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
          INSERT INTO pepsi.stage_stats AS s \
-             (stage, passes, fused_passes, failures, crashes, timeouts, requeues, busy_us) \
+             (stage, passes, fused_passes, failures, crashes, timeouts, requeues, busy_us, \
+              deferrals) \
          SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], \
-                              $6::int8[], $7::int8[], $8::int8[]) \
+                              $6::int8[], $7::int8[], $8::int8[], $9::int8[]) \
          ON CONFLICT (stage) DO UPDATE SET \
              passes = s.passes + EXCLUDED.passes, \
              fused_passes = s.fused_passes + EXCLUDED.fused_passes, \
@@ -254,10 +255,11 @@ pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
              timeouts = s.timeouts + EXCLUDED.timeouts, \
              requeues = s.requeues + EXCLUDED.requeues, \
              busy_us = s.busy_us + EXCLUDED.busy_us, \
+             deferrals = s.deferrals + EXCLUDED.deferrals, \
              updated = now()) \
      UPDATE pepsi.dispatch_stats SET \
-         stages_executed = stages_executed + $9, claims = claims + $10, \
-         rows_claimed = rows_claimed + $11, worker_starts = worker_starts + $12, \
+         stages_executed = stages_executed + $10, claims = claims + $11, \
+         rows_claimed = rows_claimed + $12, worker_starts = worker_starts + $13, \
          updated = now()";
 
 /// The body GC tick (§10). $1 the limit (int4).

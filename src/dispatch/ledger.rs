@@ -223,6 +223,8 @@ impl Ledger {
     pub fn deferred(&mut self, claim: &Claim) {
         if self.settle(claim, "a deferral") {
             self.policy.requeued(claim);
+            let c = self.deltas.stage(&claim.stage);
+            c.deferrals = c.deferrals.saturating_add(1);
         }
     }
 

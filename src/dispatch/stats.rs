@@ -28,6 +28,8 @@ pub struct StageCounters {
     pub requeues: i64,
     /// Microseconds of work.
     pub busy_us: i64,
+    /// Messages paused because their worker lost the database (§8.4).
+    pub deferrals: i64,
 }
 
 impl StageCounters {
@@ -39,6 +41,7 @@ impl StageCounters {
         self.timeouts = self.timeouts.saturating_add(o.timeouts);
         self.requeues = self.requeues.saturating_add(o.requeues);
         self.busy_us = self.busy_us.saturating_add(o.busy_us);
+        self.deferrals = self.deferrals.saturating_add(o.deferrals);
     }
 }
 
@@ -88,7 +91,7 @@ impl Deltas {
 pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::Error> {
     let names: Vec<&str> = d.stages.keys().map(String::as_str).collect();
     let col = |f: fn(&StageCounters) -> i64| d.stages.values().map(f).collect::<Vec<i64>>();
-    let (passes, fused, failures, crashes, timeouts, requeues, busy) = (
+    let (passes, fused, failures, crashes, timeouts, requeues, busy, deferrals) = (
         col(|c| c.passes),
         col(|c| c.fused_passes),
         col(|c| c.failures),
@@ -96,6 +99,7 @@ pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::
         col(|c| c.timeouts),
         col(|c| c.requeues),
         col(|c| c.busy_us),
+        col(|c| c.deferrals),
     );
     client.query_typed(
         sql::FLUSH_STATS,
@@ -108,6 +112,7 @@ pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::
             (&timeouts, Type::INT8_ARRAY),
             (&requeues, Type::INT8_ARRAY),
             (&busy, Type::INT8_ARRAY),
+            (&deferrals, Type::INT8_ARRAY),
             (&d.stages_executed, Type::INT8),
             (&d.claims, Type::INT8),
             (&d.rows_claimed, Type::INT8),
