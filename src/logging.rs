@@ -2,9 +2,62 @@
 //!
 //! The default level is info; `-L` sets it. Without `-v` only Pepsi's own modules log,
 //! so a chatty dependency does not flood the journal. Under systemd (`JOURNAL_STREAM`
-//! set) the journal stamps the time itself, so the line carries none.
+//! set) the journal stamps the time itself, so the line carries none; instead it starts
+//! with the syslog priority `<N>` (so `journalctl -p err` filters), and a message of
+//! several lines is kept on one (the journal makes an entry of every line).
 
 use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// A rate limit for a repeated log line: `due()` is true at most once per gap.
+pub struct Every {
+    gap: Duration,
+    last: Option<Instant>,
+}
+
+impl Every {
+    /// At most once a minute.
+    pub fn minute() -> Every {
+        Every {
+            gap: Duration::from_secs(60),
+            last: None,
+        }
+    }
+
+    /// Is the line due (and is it now said)?
+    pub fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| t + self.gap > now) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+
+    /// The condition ended: the next occurrence is said at once.
+    pub fn reset(&mut self) {
+        self.last = None;
+    }
+}
+
+/// The syslog priority of a level (sd-daemon(3)): err 3, warning 4, info 6, debug 7.
+fn priority(level: log::Level) -> u8 {
+    match level {
+        log::Level::Error => 3,
+        log::Level::Warn => 4,
+        log::Level::Info => 6,
+        log::Level::Debug | log::Level::Trace => 7,
+    }
+}
+
+/// A journal line: the priority prefix, and the message's line breaks as " | ".
+fn journal_line(program: &str, pid: u32, level: log::Level, message: &str) -> String {
+    format!(
+        "<{}>{program}[{pid}] {level}: {}",
+        priority(level),
+        message.trim_end().replace('\n', " | ")
+    )
+}
 
 use crate::cli::Globals;
 
@@ -30,11 +83,11 @@ pub fn init(globals: &Globals) {
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     builder.format(move |buf, record| {
         if journal {
+            let message = record.args().to_string();
             writeln!(
                 buf,
-                "{program}[{pid}] {}: {}",
-                record.level(),
-                record.args()
+                "{}",
+                journal_line(&program, pid, record.level(), &message)
             )
         } else {
             writeln!(
@@ -47,4 +100,34 @@ pub fn init(globals: &Globals) {
         }
     });
     let _ = builder.try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_line_has_its_priority_and_stays_one_line() {
+        assert_eq!(
+            journal_line(
+                "pepsi-dispatch",
+                7,
+                log::Level::Error,
+                "bad:\n/x.conf:3: no\n"
+            ),
+            "<3>pepsi-dispatch[7] ERROR: bad: | /x.conf:3: no"
+        );
+        assert!(journal_line("p", 1, log::Level::Warn, "w").starts_with("<4>"));
+        assert!(journal_line("p", 1, log::Level::Info, "i").starts_with("<6>"));
+        assert!(journal_line("p", 1, log::Level::Debug, "d").starts_with("<7>"));
+    }
+
+    #[test]
+    fn every_says_a_line_once_per_gap_until_reset() {
+        let mut e = Every::minute();
+        assert!(e.due());
+        assert!(!e.due());
+        e.reset();
+        assert!(e.due());
+    }
 }

@@ -5,22 +5,48 @@
 //! Called before any connection or thread that must not keep root is made; on Linux
 //! (glibc) threads started earlier follow the change anyway.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use crate::exit::Failure;
 
+/// The PATH a service account's processes get: the system's, nothing of root's.
+pub const SERVICE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The account a program switched to: what its children's environment must say
+/// instead of root's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    /// Its name.
+    pub name: String,
+    /// Its home directory.
+    pub home: String,
+}
+
+impl Account {
+    /// `HOME`, `USER`, `LOGNAME` and `PATH` for a child process (a worker, and through
+    /// it an exec stage's command), replacing what was inherited from root.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("HOME", self.home.clone()),
+            ("USER", self.name.clone()),
+            ("LOGNAME", self.name.clone()),
+            ("PATH", SERVICE_PATH.to_string()),
+        ]
+    }
+}
+
 /// When running as root, switches to `account` (unless it is `root`, which keeps root
-/// with a warning). Not root: nothing to do.
-pub fn drop_to(account: &str) -> Result<(), Failure> {
+/// with a warning) and returns it. Not root, or root kept: nothing to do, `None`.
+pub fn drop_to(account: &str) -> Result<Option<Account>, Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
+        return Ok(None);
     }
     if account == "root" {
         log::warn!(
             "[pepsi] RUN_AS = root: keeping root privileges (meant for tests and containers)"
         );
-        return Ok(());
+        return Ok(None);
     }
     let name = CString::new(account).map_err(|_| {
         Failure::general(format!(
@@ -35,8 +61,17 @@ pub fn drop_to(account: &str) -> Result<(), Failure> {
             "[pepsi] RUN_AS: the account {account:?} does not exist (create it, e.g. adduser --system --group {account})"
         )));
     }
-    // SAFETY: pw is non-null and points to a valid passwd entry.
-    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    // SAFETY: pw is non-null and points to a valid passwd entry; pw_dir is a valid C
+    // string (or NULL) copied before any other passwd call.
+    let (uid, gid, home) = unsafe {
+        let dir = (*pw).pw_dir;
+        let home = if dir.is_null() {
+            "/".to_string()
+        } else {
+            CStr::from_ptr(dir).to_string_lossy().into_owned()
+        };
+        ((*pw).pw_uid, (*pw).pw_gid, home)
+    };
     let os = |what: &str| {
         Failure::general(format!(
             "cannot switch to the account {account:?}: {what} failed: {}",
@@ -62,5 +97,8 @@ pub fn drop_to(account: &str) -> Result<(), Failure> {
         }
     }
     log::debug!("running as {account} (uid {uid}, gid {gid})");
-    Ok(())
+    Ok(Some(Account {
+        name: account.to_string(),
+        home,
+    }))
 }

@@ -1,7 +1,9 @@
 //! `pepsi-setup [GLOBAL] schema`: installs or upgrades the database schema (SPEC §3).
 //!
-//! Connects with `[pepsi-postgres] CONNECTION` as the invoking user (setup is an
-//! administrator's task, so no privilege drop), then applies the missing files.
+//! Started as root it switches to the `[pepsi] RUN_AS` account first, like every Pepsi
+//! program (so a `CONNECTION` using peer authentication connects as that account, the
+//! one that owns the schema), then connects with `[pepsi-postgres] CONNECTION` and
+//! applies the missing files.
 
 use crate::cli::{Invocation, Program};
 use crate::config::Config;
@@ -20,12 +22,9 @@ pub const PROGRAM: Program = Program {
 pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["schema"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
-    let mut client = db::connect(&config.postgres.connection, "pepsi-setup").map_err(|e| {
-        Failure::general(format!(
-            "cannot connect to the database: {}",
-            db::describe(&e)
-        ))
-    })?;
+    crate::privilege::drop_to(&config.pepsi.run_as)?;
+    let mut client = db::connect(&config.postgres.connection, "pepsi-setup")
+        .map_err(|e| Failure::general(e.message))?;
     match schema::install(&mut client) {
         Ok(schema::Installed::Fresh(v)) => log::info!("schema installed at version {v}"),
         Ok(schema::Installed::Upgraded(a, b)) => {

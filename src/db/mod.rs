@@ -145,9 +145,37 @@ pub fn append_options(config: &mut postgres::Config, options: &str) {
     config.options(all.trim_start());
 }
 
+/// A connection that could not be made, classified and described (where to, why).
+#[derive(Debug)]
+pub struct ConnectError {
+    /// How to handle it: `Connection` (unreachable), `Overload`, or `Other` (refused
+    /// for its own reasons: authentication, a missing database, a bad conninfo).
+    pub kind: ErrorKind,
+    /// What happened, with the socket or host, the user and the database.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Opens one connection with a prepared configuration.
+pub fn open(config: &postgres::Config) -> Result<Client, ConnectError> {
+    config.connect(NoTls).map_err(|e| ConnectError {
+        kind: classify(&e),
+        message: describe_connect(config, &e),
+    })
+}
+
 /// Opens one connection.
-pub fn connect(conninfo: &str, application: &str) -> Result<Client, postgres::Error> {
-    connection_config(conninfo, application)?.connect(NoTls)
+pub fn connect(conninfo: &str, application: &str) -> Result<Client, ConnectError> {
+    let config = connection_config(conninfo, application).map_err(|e| ConnectError {
+        kind: ErrorKind::Other,
+        message: format!("[pepsi-postgres] CONNECTION: {}", describe(&e)),
+    })?;
+    open(&config)
 }
 
 /// Reads `pepsi.config_override`.
@@ -166,12 +194,56 @@ pub fn read_overlay(
 }
 
 /// A one-line description of a database error: the server's message with its
-/// SQLSTATE, or the client's error.
+/// SQLSTATE, or the client's error with its causes ("error connecting to server: No
+/// such file or directory (os error 2)").
 pub fn describe(err: &postgres::Error) -> String {
-    match err.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => err.to_string(),
+    if let Some(db) = err.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
     }
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let cause = s.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Where a connection goes, for messages: each host as `socket DIR/.s.PGSQL.PORT` or
+/// `HOST:PORT`, the user and the database.
+pub fn target(config: &postgres::Config) -> String {
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            postgres::config::Host::Tcp(name) => format!("{name}:{}", port(i)),
+            postgres::config::Host::Unix(dir) => {
+                format!("socket {}/.s.PGSQL.{}", dir.display(), port(i))
+            }
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "the default host".to_string()
+    } else {
+        hosts.join(", ")
+    };
+    format!(
+        "{hosts} as user {} (database {})",
+        config.get_user().unwrap_or("?"),
+        config.get_dbname().or(config.get_user()).unwrap_or("?")
+    )
+}
+
+/// A failed connection attempt in words: where to, and why.
+pub fn describe_connect(config: &postgres::Config, err: &postgres::Error) -> String {
+    format!("cannot connect to {}: {}", target(config), describe(err))
 }
 
 #[cfg(test)]
@@ -211,6 +283,25 @@ mod tests {
         assert_eq!(
             c.get_options(),
             Some(format!("{SERVER_KEEPALIVES} -c tcp_keepalives_idle=600").as_str())
+        );
+    }
+
+    #[test]
+    fn a_connect_failure_names_the_socket_the_user_and_the_reason() {
+        let config = connection_config("host=/nowhere port=5999 user=pepsi dbname=q", "t").unwrap();
+        let Err(err) = config.connect(NoTls) else {
+            panic!("connected to /nowhere")
+        };
+        let text = describe_connect(&config, &err);
+        assert!(
+            text.starts_with("cannot connect to socket /nowhere/.s.PGSQL.5999 as user pepsi (database q): error connecting to server: "),
+            "{text}"
+        );
+        assert!(text.contains("No such file or directory"), "{text}");
+        let tcp = connection_config("host=db.example,db2.example port=6000 user=u", "t").unwrap();
+        assert_eq!(
+            target(&tcp),
+            "db.example:6000, db2.example:6000 as user u (database u)"
         );
     }
 

@@ -20,12 +20,17 @@ pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 pub type PgConn = r2d2::PooledConnection<PostgresConnectionManager<NoTls>>;
 
 #[derive(Debug, Default, Clone)]
-struct LastError(Arc<Mutex<Option<(ErrorKind, String)>>>);
+struct LastError {
+    last: Arc<Mutex<Option<(ErrorKind, String)>>>,
+    /// Where the pool connects, for the message.
+    target: Arc<str>,
+}
 
 impl r2d2::HandleError<postgres::Error> for LastError {
     fn handle_error(&self, error: postgres::Error) {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *last = Some((classify(&error), describe(&error)));
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let message = format!("cannot connect to {}: {}", self.target, describe(&error));
+        *last = Some((classify(&error), message));
     }
 }
 
@@ -49,7 +54,10 @@ pub struct Pool {
 impl Pool {
     /// Builds a pool of up to `size` connections. No connection is opened yet.
     pub fn new(config: postgres::Config, size: u32, checkout_timeout: Duration) -> Pool {
-        let last = LastError::default();
+        let last = LastError {
+            last: Arc::default(),
+            target: super::target(&config).into(),
+        };
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -65,7 +73,12 @@ impl Pool {
         match self.pool.get() {
             Ok(conn) => Ok(conn),
             Err(timeout) => {
-                let last = self.last.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let last = self
+                    .last
+                    .last
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
                 Err(match last {
                     Some((ErrorKind::Overload, m)) => CheckoutError {
                         kind: ErrorKind::Overload,

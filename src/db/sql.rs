@@ -150,35 +150,53 @@ pub const DISPATCH_LOCK_KEY: i64 = 0x7065_7073_6944_7370; // "pepsiDsp"
 /// Tries the dispatcher's session-level advisory lock. $1 the key (int8).
 pub const TRY_DISPATCH_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 
+/// Who holds the dispatcher lock: (pid int4, where from text, application_name text,
+/// connected since text), or no row. $1 the key (int8), split as PostgreSQL stores
+/// an int8 advisory lock key (high and low 32 bits, `objsubid` 1).
+pub const DISPATCH_LOCK_HOLDER: &str = "SELECT a.pid, \
+            coalesce('host ' || coalesce(a.client_hostname, host(a.client_addr)), 'a local socket'), \
+            a.application_name, a.backend_start::text \
+       FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+        AND l.classid = (($1::int8 >> 32) & 4294967295)::oid \
+        AND l.objid = ($1::int8 & 4294967295)::oid \
+      LIMIT 1";
+
 /// Resets every running row to pending: orphans of a previous dispatcher at start-up,
 /// this dispatcher's in-flight rows at shutdown (its workers are dead by then). No
 /// parameters. Returns the count.
 pub const RESET_RUNNING: &str =
     "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'";
 
-/// The batched oldest-first claim (§6): for every stage with free capacity at once,
-/// up to its own capacity, driven by the partial pending index so its cost stops at the
-/// cap. The stage is matched as a range of one value and the rows ordered by (stage,
-/// id): an equality would let the planner drop the stage from the order and walk the
-/// primary key in id order, filtering, which it estimates cheap for a stage with many
-/// pending rows and which reads the whole table for a stage with few; only the
-/// `(stage, workqueue_id)` pending index gives this order. $1 stages (text[]), $2 capacities (int4[]). The LIMITs are fenced in a
-/// MATERIALIZED CTE so no plan can claim more than asked. The UPDATE fetches the
-/// picked rows by primary key: it joins them as an unnested array (which the planner
-/// sizes small), and tests the status as text so the partial indexes do not apply.
-/// Otherwise, with statistics that had not yet seen a burst, the update was planned as
-/// a scan of every pending row (a join with the CTE, or an `= ANY` filter comparing
-/// each pending row with each id): 16 ms instead of 3 for 320 rows of 5,000, 60 ms
-/// instead of 0.5 for 3 rows of 300,000. The status test still re-checks a row changed
-/// concurrently. The one claimer is the only pending → running writer; still, the pick
-/// locks its rows with SKIP LOCKED, so a row another session has locked (an operator's
-/// `SELECT … FOR UPDATE`, a repair command in a long transaction) is left for a later
-/// claim instead of stalling the claims of every stage behind the session's
-/// `lock_timeout`. Every claimed row is
-/// stamped with one fresh claim token for the whole statement (an InitPlan: one
-/// `nextval` per claim that takes rows). Returns (id, stage, sender key, token) per
-/// row, and the seconds until the earliest paused row is due (NULL when none), with a
-/// NULL row when nothing was claimed.
+/// The batched oldest-first claim (§6): for every stage with free capacity at once, up
+/// to its own capacity. $1 stages (text[]), $2 capacities (int4[]), $3 MAX_HOPS (int4).
+/// Returns (id, stage, sender key, token, seconds until the earliest paused row is due
+/// or NULL, looped) per row, with a NULL row when nothing was claimed.
+///
+/// - The pick is driven by the partial pending index, so its cost stops at the cap. The
+///   stage is matched as a range of one value and the rows ordered by (stage, id): an
+///   equality would let the planner drop the stage from the order and walk the primary
+///   key in id order, filtering — cheap for a stage with many pending rows, the whole
+///   table for a stage with few. Only the `(stage, workqueue_id)` pending index gives
+///   this order. The LIMITs are fenced in a MATERIALIZED CTE so no plan claims more
+///   than asked.
+/// - The one claimer is the only pending → running writer; still, the pick locks its
+///   rows with SKIP LOCKED, so a row another session has locked (an operator's
+///   `SELECT … FOR UPDATE`, a repair command in a long transaction) is left for a later
+///   claim instead of stalling the claims of every stage behind `lock_timeout`.
+/// - The update fetches the picked rows by primary key: it joins them as an unnested
+///   array (which the planner sizes small) and tests the status as text so the partial
+///   indexes do not apply (with statistics that had not yet seen a burst it was once
+///   planned as a scan of every pending row: 60 ms instead of 0.5 for 3 rows of
+///   300,000). The status test still re-checks a row changed concurrently.
+/// - Every claimed row is stamped with one fresh claim token for the whole statement
+///   (an InitPlan: one `nextval` per claim that takes rows).
+/// - It counts the row's hops (§6 "Hops": a claim at a stage other than the stage of
+///   its previous claim; a retry at one stage does not count) and fails a row whose
+///   hops pass MAX_HOPS with `failure_class` `looped` instead of running it.
+/// - The due time is a difference of epochs, so a paused row stored with an infinite
+///   `timeout` gives an infinite number, not an error.
 pub const CLAIM_OLDEST: &str = "WITH want AS ( \
          SELECT w.stage, w.cap FROM unnest($1::text[], $2::int4[]) AS w(stage, cap) WHERE w.cap > 0 \
      ), picked AS MATERIALIZED ( \
@@ -188,14 +206,25 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
               ORDER BY q.stage, q.workqueue_id LIMIT w.cap \
                 FOR NO KEY UPDATE SKIP LOCKED) p \
      ), claimed AS ( \
-         UPDATE pepsi.workqueue q SET status = 'running', \
-                claim = (SELECT nextval('pepsi.workqueue_claim_seq')) \
+         UPDATE pepsi.workqueue q \
+            SET status = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > $3::int4 \
+                              THEN 'failed' ELSE 'running' END::pepsi.workqueue_status, \
+                hops = q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int, \
+                hop_stage = q.stage, \
+                claim = (SELECT nextval('pepsi.workqueue_claim_seq')), \
+                state = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > $3::int4 \
+                             THEN q.state || jsonb_build_object( \
+                                 'failure_class', 'looped', 'failed_stage', q.stage, \
+                                 'last_error', 'looped: claimed at a changed stage more than MAX_HOPS (' \
+                                               || $3::int4 || ') times') \
+                             ELSE q.state END \
            FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
           WHERE q.workqueue_id = p.id AND q.status::text = 'pending' \
-         RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim \
+         RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim, q.status = 'failed' AS looped \
      ) \
-     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, n.due \
-       FROM (SELECT extract(epoch FROM min(timeout) - now())::float8 AS due \
+     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, n.due, c.looped \
+       FROM (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 \
+                    AS due \
                FROM pepsi.workqueue WHERE status = 'paused') n \
        LEFT JOIN claimed c ON true";
 
@@ -235,6 +264,15 @@ pub const STRIKE: &str = "SELECT s.strikes, s.status::text, extract(epoch FROM s
 pub const DEFER: &str = "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '30 seconds' \
      WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3 \
      RETURNING extract(epoch FROM timeout - now())::float8";
+
+/// Resumes rows deferred for 74 early (§8.4): back to pending once the dispatcher's
+/// own session works again. $1 ids (int8[]), $2 their claimed stages (text[]), $3 their
+/// claim tokens (int8[]); only rows still paused under that claim. Returns their ids.
+pub const RESUME_DEFERRED: &str = "UPDATE pepsi.workqueue q SET status = 'pending', timeout = NULL \
+     FROM unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, stage, claim) \
+     WHERE q.workqueue_id = r.id AND q.status = 'paused' AND q.stage = r.stage \
+       AND q.claim = r.claim \
+     RETURNING q.workqueue_id";
 
 /// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
 /// always runs to completion). $1 stages (text[]),

@@ -17,6 +17,10 @@ use super::ledger::Claim;
 const CLAIM_RETRY: Duration = Duration::from_secs(1);
 /// A failed paused-row flip is tried again after this.
 const FLIP_RETRY: Duration = Duration::from_secs(1);
+/// A row deferred for 74 is resumed early no sooner than this after its deferral, so a
+/// worker that keeps losing its connection while the dispatcher keeps its own retries
+/// a message once a second, not in a hot loop.
+pub const DEFER_GRACE: Duration = Duration::from_secs(1);
 
 /// Whether and when to claim.
 pub struct ClaimGate {
@@ -92,6 +96,15 @@ impl Dispatcher {
         self.gate.in_flight = false;
         self.release_reserved(asked);
         self.paused.learn(next_paused, Instant::now());
+        // The dispatcher's own claims succeed: the database answers again.
+        for (name, s) in self.stages.iter_mut() {
+            if s.database_is_back() {
+                log::info!(
+                    "{name}: the database answers the dispatcher again; the start-failure cooldown ends"
+                );
+                self.gate.want = true;
+            }
+        }
         self.ledger.claimed(&claims);
         let mut stray = Vec::new();
         for claim in claims {
@@ -133,6 +146,30 @@ impl Dispatcher {
     pub(super) fn on_flip_failed(&mut self) {
         self.paused.flip_in_flight = false;
         self.paused.next = Some(Instant::now() + FLIP_RETRY);
+    }
+
+    /// A worker answered 74 for this claim: its row is paused for 30 s, and resumed
+    /// earlier, once the dispatcher's own session works (§8.4).
+    pub(super) fn defer(&mut self, claim: Claim) {
+        self.ledger.deferred(&claim);
+        self.deferred.push((claim.clone(), Instant::now()));
+        self.send(Command::Defer(claim));
+    }
+
+    /// Rows deferred at least [`DEFER_GRACE`] ago go back to pending. The command runs
+    /// on the coordinator's session, so after a reconnect if that session was lost too:
+    /// exactly when the database answers the dispatcher again. Guarded by the claim
+    /// token, so a row flipped and claimed again meanwhile is left alone.
+    pub(super) fn resume_deferred(&mut self, now: Instant) {
+        let split = self
+            .deferred
+            .iter()
+            .position(|d| d.1 + DEFER_GRACE > now)
+            .unwrap_or(self.deferred.len());
+        let due: Vec<Claim> = self.deferred.drain(..split).map(|d| d.0).collect();
+        if !due.is_empty() {
+            self.send(Command::Resume(due));
+        }
     }
 
     /// The earliest paused row is due: flip due rows back to pending.

@@ -4,14 +4,18 @@
 //! paused-row flip, requeues, strikes, deferrals and the shutdown reset.
 //!
 //! If its connection breaks, the lock is gone with it: it tells the loop (which stops
-//! claiming and kills every worker at once), reconnects and re-takes the lock within ten
-//! seconds, or reports a fatal error. Every queue write is one statement sent in one
+//! claiming and kills every worker at once), then reconnects for as long as the
+//! database is away (§6 "Outage") and re-takes the lock; only another dispatcher
+//! keeping the lock for about ten seconds, or a schema that no longer matches, is
+//! fatal. Every queue write is one statement sent in one
 //! round trip (`query_typed`: no separate prepare), guarded by the claim's token, on a
 //! session whose `lock_timeout` and `statement_timeout` bound every wait (§8.2). Queue
 //! writes run through the transient-error retry helper; a write that fails otherwise
 //! (a lock timeout included) is tried again with backoff, so no row is left running by
 //! a passing error while the dispatcher lives.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -21,14 +25,12 @@ use postgres::types::Type;
 use super::events::{Event, EventSender};
 use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
-use crate::db::{self, ErrorKind, schema, sql};
+use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
+use crate::db::{self, ErrorKind, sql};
 use crate::exit::Failure;
+use crate::logging::Every;
 use crate::protocol;
 
-/// How long the lock may be retried at start-up and after a lost connection.
-pub const LOCK_WAIT: Duration = Duration::from_secs(10);
-/// How often the lock is retried within that time.
-const LOCK_RETRY: Duration = Duration::from_millis(500);
 /// How many reconciles may fail in a row before the dispatcher gives up (claims wait
 /// for one to succeed).
 const RECONCILE_ATTEMPTS: u32 = 5;
@@ -37,8 +39,6 @@ const DEFER_RETRY: Duration = Duration::from_secs(30);
 /// A failed write is retried after this, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-/// How often the start-up reset is tried when a row lock holds it up.
-const RESET_ATTEMPTS: u32 = 10;
 /// Test hook: the coordinator thread panics at this claim command (counted from 1), so
 /// the tests can see the dispatcher shut down with exit 70 when a helper thread dies.
 pub const FAULT_PANIC_ENV: &str = "PEPSI_FAULT_COORDINATOR_PANIC";
@@ -63,6 +63,8 @@ pub enum Command {
     },
     /// Pause a row for 30 seconds (its worker lost the database).
     Defer(Claim),
+    /// Put rows deferred earlier back to pending, now that the session works.
+    Resume(Vec<Claim>),
     /// Terminate the database sessions of these killed workers (by pid), so a statement
     /// a killed worker left running holds no lock (§8.2).
     TerminateSessions(Vec<u32>),
@@ -85,6 +87,7 @@ impl Command {
             Command::Requeue(_) => "requeue",
             Command::Strike { .. } => "strike",
             Command::Defer(_) => "deferral",
+            Command::Resume(_) => "early resume",
             Command::TerminateSessions(_) => "worker session termination",
             Command::Check => "connection check",
             Command::Reconcile { .. } => "reconcile",
@@ -93,134 +96,40 @@ impl Command {
     }
 }
 
-/// The coordinator's session. Its writes commit without waiting for the WAL flush,
-/// like the workers' (§12.1): a claim, requeue or strike lost with a database crash
-/// leaves its rows `running` or `pending`, and the reset at the next lock re-take or
-/// start puts them back. A claim is on every hop's path; waiting for a flush there
-/// would add a disk sync to every hop's latency. Its lock and statement timeouts bound
-/// how long one row can stall the serial queue writes.
-fn connect(conninfo: &str) -> Result<Client, postgres::Error> {
-    let mut config = db::connection_config(conninfo, "pepsi-dispatch")?;
-    db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
-    db::append_options(&mut config, sql::COORDINATOR_TIMEOUTS_OPTION);
-    config.connect(postgres::NoTls)
+/// What the coordinator thread is started with.
+pub struct Parts {
+    /// The locked session from start-up.
+    pub client: Client,
+    /// `[pepsi-postgres] CONNECTION`, to reconnect.
+    pub conninfo: String,
+    /// Commands from the loop.
+    pub commands: Receiver<Command>,
+    /// Events to the loop.
+    pub events: EventSender,
+    /// `[pepsi-dispatch] MAX_HOPS`: claims fail rows whose hops pass it.
+    pub max_hops: u32,
+    /// Set by the loop when it shuts down: a reconnect gives up at once.
+    pub stopping: Arc<AtomicBool>,
 }
 
-/// Terminates the sessions matching these `LIKE` patterns; returns how many.
-fn terminate(client: &mut Client, patterns: &[String]) -> Result<i64, postgres::Error> {
-    let row = client.query_typed_one(
-        sql::TERMINATE_WORKER_SESSIONS,
-        &[(&patterns, Type::TEXT_ARRAY)],
-    )?;
-    Ok(row.get(0))
-}
-
-/// Connects, checks the schema, takes the lock (retrying for about ten seconds) and
-/// resets orphaned running rows. The start-up steps of §6, in order.
-pub fn start(conninfo: &str) -> Result<Client, Failure> {
-    let mut client = connect(conninfo).map_err(|e| {
-        Failure::general(format!(
-            "cannot connect to the database: {}",
-            db::describe(&e)
-        ))
-    })?;
-    match schema::check(&mut client) {
-        Ok(()) => {}
-        Err(schema::SchemaError::Mismatch(m)) => return Err(Failure::config(m.to_string())),
-        Err(e) => return Err(Failure::general(e.to_string())),
-    }
-    if !take_lock(&mut client).map_err(|e| {
-        Failure::general(format!(
-            "cannot take the dispatcher lock: {}",
-            db::describe(&e)
-        ))
-    })? {
-        return Err(Failure::general(format!(
-            "another pepsi-dispatch holds the dispatcher lock of this database (advisory lock {}) and did not release it within {}s; refusing to run",
-            sql::DISPATCH_LOCK_KEY,
-            LOCK_WAIT.as_secs()
-        )));
-    }
-    // Statements the previous dispatcher's workers left running would hold locks on
-    // the rows about to be reset.
-    match terminate(&mut client, &[protocol::ANY_WORKER_SESSION.to_string()]) {
-        Ok(0) => {}
-        Ok(n) => log::warn!("terminated {n} database sessions left by earlier workers"),
-        Err(e) => log::warn!(
-            "cannot terminate the sessions of earlier workers: {}",
-            db::describe(&e)
-        ),
-    }
-    let mut attempt = 0;
-    let reset = loop {
-        attempt += 1;
-        match db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[])) {
-            Ok(n) => break n,
-            // A row lock held elsewhere: the lock timeout ended the wait; try again.
-            Err(e) if attempt < RESET_ATTEMPTS && db::classify(&e) == ErrorKind::Other => {
-                log::warn!(
-                    "cannot reset orphaned rows yet ({}); retrying",
-                    db::describe(&e)
-                );
-                std::thread::sleep(LOCK_RETRY);
-            }
-            Err(e) => {
-                return Err(Failure::general(format!(
-                    "cannot reset orphaned rows: {}",
-                    db::describe(&e)
-                )));
-            }
-        }
-    };
-    if reset > 0 {
-        log::warn!("reset {reset} running rows left by a previous dispatcher to pending");
-    }
-    Ok(client)
-}
-
-/// The shutdown reset without the coordinator (its thread died, and its connection
-/// and the lock with it): takes the lock on a connection of its own, then puts every
-/// running row back to pending. Refuses when another dispatcher took the lock
-/// meanwhile: the rows are then that one's. Returns how many rows it reset.
-pub fn reset_alone(conninfo: &str) -> Result<u64, String> {
-    let mut client = connect(conninfo).map_err(|e| db::describe(&e))?;
-    if !take_lock(&mut client).map_err(|e| db::describe(&e))? {
-        return Err("another dispatcher holds the lock now".into());
-    }
-    db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[]))
-        .map_err(|e| db::describe(&e))
-}
-
-/// Tries the lock for up to [`LOCK_WAIT`].
-fn take_lock(client: &mut Client) -> Result<bool, postgres::Error> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        let got: bool = client
-            .query_one(sql::TRY_DISPATCH_LOCK, &[&sql::DISPATCH_LOCK_KEY])?
-            .get(0);
-        if got {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        std::thread::sleep(LOCK_RETRY);
-    }
-}
-
-/// Starts the coordinator thread with an already locked client. A panic in it is
-/// reported to the loop, which shuts down with exit 70.
-pub fn spawn(
-    client: Client,
-    conninfo: String,
-    commands: Receiver<Command>,
-    events: EventSender,
-) -> std::io::Result<()> {
+/// Starts the coordinator thread. A panic in it is reported to the loop, which shuts
+/// down with exit 70. Whenever it ends without having run the shutdown reset it says
+/// so ([`Event::ResetDone`] with an error), so a shutdown never waits for it in vain.
+pub fn spawn(parts: Parts) -> std::io::Result<()> {
+    let Parts {
+        client,
+        conninfo,
+        commands,
+        events,
+        max_hops,
+        stopping,
+    } = parts;
     let fault_panic_at = std::env::var(FAULT_PANIC_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
     super::events::spawn_watched("coordinator", events.clone(), move || {
-        Coordinator {
+        let last_words = events.clone();
+        let reset = Coordinator {
             client: Some(client),
             conninfo,
             events,
@@ -230,8 +139,13 @@ pub fn spawn(
             generation: 0,
             claims_seen: 0,
             fault_panic_at,
+            max_hops: i32::try_from(max_hops).unwrap_or(i32::MAX),
+            stopping,
         }
-        .run(&commands)
+        .run(&commands);
+        if !reset {
+            last_words.send(Event::ResetDone(Err("the coordinator has stopped".into())));
+        }
     })
 }
 
@@ -261,10 +175,15 @@ struct Coordinator {
     claims_seen: u64,
     /// The claim command at which the test hook panics.
     fault_panic_at: Option<u64>,
+    /// MAX_HOPS.
+    max_hops: i32,
+    /// The loop is shutting down.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Coordinator {
-    fn run(mut self, commands: &Receiver<Command>) {
+    /// Runs commands until the shutdown reset (true) or until it cannot go on (false).
+    fn run(mut self, commands: &Receiver<Command>) -> bool {
         loop {
             let wait = self
                 .retries
@@ -276,15 +195,18 @@ impl Coordinator {
             match commands.recv_timeout(wait) {
                 Ok(command) => {
                     let shutdown = matches!(command, Command::Reset);
-                    if !self.handle(command) || shutdown {
-                        return;
+                    if !self.handle(command) {
+                        return false;
+                    }
+                    if shutdown {
+                        return true;
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return false,
             }
             if !self.run_retries() {
-                return;
+                return false;
             }
         }
     }
@@ -466,46 +388,78 @@ impl Coordinator {
         true
     }
 
-    /// Reconnects and re-takes the lock within [`LOCK_WAIT`]; false when it could not
-    /// (the loop has been told to shut down).
+    /// Reconnects and re-takes the lock, for as long as the database is away (waits
+    /// doubling up to half a minute, one log line a minute at most). False when it
+    /// cannot go on: the loop is shutting down, another dispatcher kept the lock for
+    /// [`LOCK_WAIT`], or the schema no longer matches (the loop has been told).
     fn reconnect(&mut self) -> bool {
         self.events.send(Event::LockLost);
-        let deadline = Instant::now() + LOCK_WAIT;
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            match connect(&self.conninfo) {
-                Ok(mut client) => {
-                    match client.query_one(sql::TRY_DISPATCH_LOCK, &[&sql::DISPATCH_LOCK_KEY]) {
-                        Ok(row) if row.get::<_, bool>(0) => {
-                            log::warn!(
-                                "database connection re-established; the dispatcher lock is held again"
-                            );
-                            self.client = Some(client);
-                            self.reconcile_due = true;
-                            self.generation += 1;
-                            self.events.send(Event::LockRegained(self.generation));
-                            return true;
-                        }
-                        Ok(_) => last = "another dispatcher holds the lock".into(),
-                        Err(e) => last = db::describe(&e),
-                    }
-                }
-                Err(e) => last = db::describe(&e),
+        let mut delay = OUTAGE_FIRST;
+        let mut said = Every::minute();
+        let mut held_elsewhere_since: Option<Instant> = None;
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return false;
             }
-            std::thread::sleep(LOCK_RETRY);
+            let why = match session::connect_checked(&self.conninfo) {
+                Ok(mut client) => match session::try_lock(&mut client) {
+                    Ok(true) => {
+                        log::warn!(
+                            "database connection re-established; the dispatcher lock is held again"
+                        );
+                        self.client = Some(client);
+                        self.reconcile_due = true;
+                        self.generation += 1;
+                        self.events.send(Event::LockRegained(self.generation));
+                        return true;
+                    }
+                    Ok(false) => {
+                        let since = *held_elsewhere_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= LOCK_WAIT {
+                            self.events
+                                .send(Event::Fatal(session::held_elsewhere(&mut client)));
+                            return false;
+                        }
+                        std::thread::sleep(LOCK_RETRY);
+                        continue;
+                    }
+                    Err(e) => db::describe(&e),
+                },
+                Err(Refused::Away(why)) => why,
+                Err(Refused::Fatal(failure)) => {
+                    self.events.send(Event::Fatal(failure));
+                    return false;
+                }
+            };
+            held_elsewhere_since = None;
+            if said.due() {
+                log::warn!(
+                    "the database connection is lost ({why}); not claiming, trying again every {}s at most (said once a minute)",
+                    OUTAGE_MAX.as_secs()
+                );
+            }
+            self.sleep(delay);
+            delay = (delay * 2).min(OUTAGE_MAX);
         }
-        self.events.send(Event::Fatal(Failure::general(format!(
-            "lost the database connection and with it the dispatcher lock, and could not take it again within {}s ({last}); shutting down",
-            LOCK_WAIT.as_secs()
-        ))));
-        false
+    }
+
+    /// Sleeps, waking early when the loop starts shutting down.
+    fn sleep(&self, total: Duration) {
+        let deadline = Instant::now() + total;
+        while !self.stopping.load(Ordering::Relaxed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(100)));
+        }
     }
 
     fn execute(&mut self, command: &Command) -> Result<(), postgres::Error> {
         let client = self.client.as_mut().expect("connected");
         match command {
             Command::Claim(request) => {
-                let event = claim(client, request)?;
+                let event = claim(client, request, self.max_hops)?;
                 self.events.send(event);
             }
             Command::FlipPaused => {
@@ -602,12 +556,34 @@ impl Coordinator {
                     ),
                 }
             }
+            Command::Resume(claims) => {
+                let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+                let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
+                let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
+                let done = db::retry_transient(|| {
+                    client.query_typed(
+                        sql::RESUME_DEFERRED,
+                        &[
+                            (&ids, Type::INT8_ARRAY),
+                            (&stages, Type::TEXT_ARRAY),
+                            (&tokens, Type::INT8_ARRAY),
+                        ],
+                    )
+                })?;
+                if !done.is_empty() {
+                    log::info!(
+                        "{} messages deferred for a lost database connection back to pending early",
+                        done.len()
+                    );
+                }
+                self.events.send(Event::Resumed(done.len() as u64));
+            }
             Command::TerminateSessions(pids) => {
                 let patterns: Vec<String> = pids
                     .iter()
                     .map(|&pid| protocol::worker_session_pattern(pid))
                     .collect();
-                let n = terminate(client, &patterns)?;
+                let n = session::terminate(client, &patterns)?;
                 if n > 0 {
                     log::info!("terminated {n} database sessions of killed workers {pids:?}");
                 }
@@ -637,7 +613,11 @@ impl Coordinator {
     }
 }
 
-fn claim(client: &mut Client, request: &ClaimRequest) -> Result<Event, postgres::Error> {
+fn claim(
+    client: &mut Client,
+    request: &ClaimRequest,
+    max_hops: i32,
+) -> Result<Event, postgres::Error> {
     let rows = match request {
         ClaimRequest::Oldest(asked) => {
             let stages: Vec<String> = asked.iter().map(|a| a.0.clone()).collect();
@@ -645,12 +625,31 @@ fn claim(client: &mut Client, request: &ClaimRequest) -> Result<Event, postgres:
             db::retry_transient(|| {
                 client.query_typed(
                     sql::CLAIM_OLDEST,
-                    &[(&stages, Type::TEXT_ARRAY), (&caps, Type::INT4_ARRAY)],
+                    &[
+                        (&stages, Type::TEXT_ARRAY),
+                        (&caps, Type::INT4_ARRAY),
+                        (&max_hops, Type::INT4),
+                    ],
                 )
             })?
         }
     };
     let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
+    // A row that passed MAX_HOPS was failed by the claim instead of run.
+    for r in rows
+        .iter()
+        .filter(|r| r.get::<_, Option<bool>>(5) == Some(true))
+    {
+        log::warn!(
+            "{}: message {} looped: claimed at a changed stage more than MAX_HOPS ({max_hops}) times; failed instead of run",
+            r.get::<_, String>(1),
+            r.get::<_, i64>(0)
+        );
+    }
+    let rows: Vec<&postgres::Row> = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<bool>>(5) != Some(true))
+        .collect();
     let claimed_at = Instant::now();
     let claims = rows
         .iter()

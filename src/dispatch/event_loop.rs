@@ -14,26 +14,30 @@
 //! dispatch and its timers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 use mio::{Events, Poll, Token};
 
 use super::background::Job;
+use super::claims::DEFER_GRACE;
 use super::claims::{ClaimGate, PausedClock};
 use super::coordinator::Command;
 use super::events::Event;
-use super::ledger::Ledger;
+use super::ledger::{Claim, Ledger};
 use super::pool::StagePool;
 use super::process::{Phase, WorkerProc};
 use super::reload::ReloadState;
 use super::scheduler;
 use super::signals::{self, Signals};
-use super::timers::{self, Clocks, Due, WorkerClock};
+use super::timers::{self, Clocks, Due, StageClock, WorkerClock};
 use super::verdict::End;
 use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
 use crate::exit::{self, Failure};
+use crate::privilege::Account;
 
 /// Token of the shutdown-signal socket.
 pub const SHUTDOWN_TOKEN: Token = Token(0);
@@ -61,6 +65,8 @@ pub struct Dispatcher {
     /// The coordinator thread died: shutdown resets the rows itself.
     pub(super) coordinator_dead: bool,
     jobs: Sender<Job>,
+    pub(super) stopping: Arc<AtomicBool>,
+    pub(super) account_env: Vec<(&'static str, String)>,
     pub(super) config: Config,
     pub(super) graph: StageGraph,
     pub(super) opts: DispatchOptions,
@@ -76,6 +82,9 @@ pub struct Dispatcher {
     /// so the culprit ends up alone at the front of its worker's queue.
     pub(super) suspects: HashSet<i64>,
     pub(super) reload: ReloadState,
+    /// Claims deferred for 74 (their worker lost the database), oldest first, with when:
+    /// resumed early once the dispatcher's own session works (§8.4 "Early resume").
+    pub(super) deferred: Vec<(Claim, Instant)>,
     pub(super) last_throttle: Option<Instant>,
     pub(super) flush_in_flight: bool,
     last_flush: Instant,
@@ -98,6 +107,10 @@ pub struct Parts {
     pub coordinator: Sender<Command>,
     /// Jobs for the thread pool.
     pub jobs: Sender<Job>,
+    /// Set when the loop shuts down (the coordinator and the listener watch it).
+    pub stopping: Arc<AtomicBool>,
+    /// The service account the dispatcher switched to, for the workers' environment.
+    pub account: Option<Account>,
     /// The configuration read at start.
     pub config: Config,
     /// The stage graph at start.
@@ -136,6 +149,8 @@ impl Dispatcher {
             coordinator: parts.coordinator,
             coordinator_dead: false,
             jobs: parts.jobs,
+            stopping: parts.stopping,
+            account_env: parts.account.map(|a| a.env()).unwrap_or_default(),
             next_stats_tick: now + opts.stats_interval,
             ledger: Ledger::new(scheduler::from_options(&opts)),
             config: parts.config,
@@ -150,6 +165,7 @@ impl Dispatcher {
             paused: PausedClock::default(),
             suspects: HashSet::new(),
             reload: ReloadState::default(),
+            deferred: Vec::new(),
             last_throttle: None,
             flush_in_flight: false,
             last_flush: now,
@@ -269,6 +285,11 @@ impl Dispatcher {
                 }
             }
             Event::ResetDone(_) => {}
+            Event::Resumed(count) => {
+                if count > 0 {
+                    self.gate.want = true;
+                }
+            }
             Event::Notify(channel) => match channel.as_str() {
                 sql::CHANNEL_WORKQUEUE => self.gate.want = true,
                 sql::CHANNEL_CONFIG_CHANGED => self.reload.want = true,
@@ -324,8 +345,15 @@ impl Dispatcher {
         let stages = self
             .stages
             .iter()
-            .filter(|(_, s)| s.cooldown_until.is_some() || s.throttle.is_some())
-            .map(|(name, s)| (name.clone(), s.cooldown_until, s.throttle.map(|t| t.1)))
+            .filter(|(_, s)| {
+                s.cooldown_until.is_some() || s.throttle.is_some() || s.overload_until.is_some()
+            })
+            .map(|(name, s)| StageClock {
+                name: name.clone(),
+                cooldown: s.cooldown_until,
+                throttle: s.throttle.map(|t| t.1),
+                overload: s.overload_until,
+            })
             .collect();
         let idle_flush = (self.was_busy && !self.busy() && !self.flush_in_flight)
             .then(|| self.last_flush + timers::IDLE_FLUSH_GAP);
@@ -342,6 +370,7 @@ impl Dispatcher {
             claim_retry: self.gate.retry_at,
             paused_due: self.paused.deadline(self.gate.lock_held),
             reload_retry: self.reload.retry_at,
+            deferred_resume: self.deferred.first().map(|d| d.1 + DEFER_GRACE),
             stats_tick: self.next_stats_tick,
             idle_flush,
             unknown_checked: self.unknown_checked,
@@ -385,6 +414,13 @@ impl Dispatcher {
                 }
                 self.gate.want = true;
             }
+            Due::OverloadEnd(stage) => {
+                if let Some(s) = self.stages.get_mut(&stage) {
+                    s.overload_until = None;
+                }
+                self.gate.want = true;
+            }
+            Due::DeferredResume => self.resume_deferred(now),
             Due::Claim => {}
             Due::Heartbeat => self.gate.want = true,
             Due::ClaimRetry => {

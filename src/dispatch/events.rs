@@ -42,6 +42,8 @@ pub enum Event {
     /// A row was paused by the dispatcher (strike or deferral); it is due in this many
     /// seconds.
     Paused(f64),
+    /// Rows deferred for 74 went back to pending early: this many.
+    Resumed(u64),
     /// A body GC run ended; `more` when it hit its limit or failed, so the next
     /// statistics tick runs it again even without new activity.
     BodyGcDone {

@@ -28,21 +28,29 @@ pub fn spawn(conninfo: String, events: EventSender, stop: Arc<AtomicBool>) -> st
 
 fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {
     let mut delay = RETRY_FIRST;
+    let mut said = crate::logging::Every::minute();
     while !stop.load(Ordering::Relaxed) {
-        let mut client = match db::connect(conninfo, "pepsi-dispatch listener")
-            .and_then(|mut c| c.batch_execute(sql::LISTEN_DISPATCHER).map(|()| c))
-        {
+        let connected = db::connect(conninfo, "pepsi-dispatch listener").and_then(|mut c| {
+            c.batch_execute(sql::LISTEN_DISPATCHER)
+                .map(|()| c)
+                .map_err(|e| db::ConnectError {
+                    kind: db::classify(&e),
+                    message: db::describe(&e),
+                })
+        });
+        let mut client = match connected {
             Ok(c) => c,
             Err(e) => {
-                log::warn!(
-                    "LISTEN session: cannot connect: {}; retrying in {delay:?}",
-                    db::describe(&e)
-                );
+                // An outage is said once a minute, not at every attempt.
+                if said.due() {
+                    log::warn!("LISTEN session: {e}; retrying (said once a minute)");
+                }
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(RETRY_MAX);
                 continue;
             }
         };
+        said.reset();
         delay = RETRY_FIRST;
         log::debug!("LISTEN session connected");
         if !events.send(Event::ListenerUp) {

@@ -28,6 +28,7 @@ pub mod pool;
 pub mod process;
 pub mod reload;
 pub mod scheduler;
+pub mod session;
 pub mod shutdown;
 pub mod signals;
 pub mod stats;
@@ -63,7 +64,7 @@ const POOL_CHECKOUT: Duration = Duration::from_secs(10);
 pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["serve"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
-    crate::privilege::drop_to(&config.pepsi.run_as)?;
+    let account = crate::privilege::drop_to(&config.pepsi.run_as)?;
     // Workers and reloads read the file as RUN_AS: a file only root can read would
     // only fail later, at the first worker or reload.
     std::fs::File::open(&config.path).map_err(|e| {
@@ -73,17 +74,18 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             config.pepsi.run_as
         ))
     })?;
-    // Before the lock wait: a SIGHUP or SIGTERM now must not kill the process
-    // half-started (the loop acts on it once it runs).
-    let signals = signals::install()?;
+    // Before the wait for the database and the lock: a SIGHUP or SIGTERM now must not
+    // kill the process half-started (a shutdown signal ends the wait; the loop acts on
+    // a reload once it runs).
+    let mut signals = signals::install()?;
     let conninfo = config.postgres.connection.clone();
-    let mut client = coordinator::start(&conninfo)?;
-    let overlay = db::read_overlay(&mut client).map_err(|e| {
-        Failure::general(format!(
-            "cannot read pepsi.config_override: {}",
-            db::describe(&e)
-        ))
+    let started = session::start(&conninfo, |delay| {
+        signals::wait_for(&mut signals.shutdown, delay)
     })?;
+    let Some((client, overlay)) = started else {
+        log::info!("shutdown requested by signal while waiting for the database");
+        return Ok(());
+    };
     let graph = StageGraph::build(&config.stage_sections, &overlay).map_err(|errors| {
         Failure::general(format!(
             "the stage graph is invalid:\n{}",
@@ -100,9 +102,17 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     let events = events::EventSender::new(event_tx, waker);
     let (command_tx, command_rx) = crossbeam_channel::unbounded();
     let thread_err = |e: std::io::Error| Failure::general(format!("cannot start a thread: {e}"));
-    coordinator::spawn(client, conninfo.clone(), command_rx, events.clone()).map_err(thread_err)?;
-    let stop_listener = Arc::new(AtomicBool::new(false));
-    listener::spawn(conninfo.clone(), events.clone(), stop_listener.clone()).map_err(thread_err)?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    coordinator::spawn(coordinator::Parts {
+        client,
+        conninfo: conninfo.clone(),
+        commands: command_rx,
+        events: events.clone(),
+        max_hops: config.dispatch.max_hops,
+        stopping: stopping.clone(),
+    })
+    .map_err(thread_err)?;
+    listener::spawn(conninfo.clone(), events.clone(), stopping.clone()).map_err(thread_err)?;
     let pg = db::connection_config(&conninfo, "pepsi-dispatch")
         .map_err(|e| Failure::general(format!("[pepsi-postgres] CONNECTION: {e}")))?;
     let pool = Pool::new(pg, config.dispatch.db_pool_size, POOL_CHECKOUT);
@@ -123,10 +133,10 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         events: event_rx,
         coordinator: command_tx,
         jobs,
+        stopping,
+        account,
         config,
         graph,
     })?;
-    let result = dispatcher.run();
-    stop_listener.store(true, std::sync::atomic::Ordering::Relaxed);
-    result
+    dispatcher.run()
 }

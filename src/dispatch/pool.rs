@@ -19,6 +19,23 @@ const COOLDOWN_FIRST: Duration = Duration::from_secs(2);
 const COOLDOWN_CAP: Duration = Duration::from_secs(60);
 /// A 75 halves the biggest stage's cap for this long.
 pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
+/// A death by an outside signal before `ready` cools the stage for at most this.
+const COOLDOWN_BRIEF: Duration = Duration::from_secs(2);
+/// After a 75 the stage claims nothing for this long, doubling up to the cap (§8.3).
+const OVERLOAD_FIRST: Duration = Duration::from_millis(100);
+const OVERLOAD_CAP: Duration = Duration::from_secs(5);
+
+/// What kind of start failure cools a stage down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cooldown {
+    /// The program failed at its own start: 2 s, doubling per episode up to a minute.
+    Growing,
+    /// Killed by an outside signal before `ready`: nobody's fault, at most 2 s.
+    Brief,
+    /// It could not reach the database (exit 74): growing, but over as soon as the
+    /// dispatcher's own claims succeed again.
+    Database,
+}
 
 /// What the pool decisions need to know of a worker.
 #[derive(Clone, Copy, Debug)]
@@ -71,8 +88,13 @@ pub struct StagePool {
     /// No worker is started before this (after start failures).
     pub cooldown_until: Option<Instant>,
     cooldown_step: u32,
+    /// The cooldown ends when the dispatcher's own claims succeed ([`Cooldown::Database`]).
+    cooldown_database: bool,
     /// A lowered PARALLELISM cap after a 75, and until when.
     pub throttle: Option<(u32, Instant)>,
+    /// After a 75 the stage claims nothing until then.
+    pub overload_until: Option<Instant>,
+    overload_step: Duration,
     /// The stage left the configuration; it goes when its workers are gone.
     pub removed: bool,
 }
@@ -87,7 +109,10 @@ impl StagePool {
             workers: Vec::new(),
             cooldown_until: None,
             cooldown_step: 0,
+            cooldown_database: false,
             throttle: None,
+            overload_until: None,
+            overload_step: Duration::ZERO,
             removed: false,
         }
     }
@@ -110,7 +135,7 @@ impl StagePool {
     /// never), less what its workers hold, what waits for a worker and what a claim in
     /// flight already asked.
     pub fn capacity(&self, workers: &[WorkerView], now: Instant) -> usize {
-        if self.removed {
+        if self.removed || self.overload_until.is_some_and(|t| t > now) {
             return 0;
         }
         let retiring = workers.iter().filter(|w| !w.takes_ids()).count() as u32;
@@ -167,23 +192,60 @@ impl StagePool {
         }
     }
 
-    /// A start failure: enters the cooldown (2 s, doubling per episode up to a minute;
-    /// workers started together fail together, so a failure during a running cooldown
-    /// is the same episode). Returns how long remains.
-    pub fn cool_down(&mut self, now: Instant) -> Duration {
-        if !self.cooling(now) {
+    /// A start failure: enters the cooldown (growing: 2 s, doubling per episode up to a
+    /// minute; workers started together fail together, so a failure during a running
+    /// cooldown is the same episode; brief: 2 s at most, the episode count untouched).
+    /// Returns how long remains.
+    pub fn cool_down(&mut self, now: Instant, kind: Cooldown) -> Duration {
+        if kind == Cooldown::Brief {
+            let until = self
+                .cooldown_until
+                .filter(|&t| t > now)
+                .map_or(now + COOLDOWN_BRIEF, |t| t.min(now + COOLDOWN_BRIEF));
+            self.cooldown_until = Some(until);
+        } else if !self.cooling(now) {
             self.cooldown_step += 1;
             let delay =
                 (COOLDOWN_FIRST * (1u32 << (self.cooldown_step - 1).min(8))).min(COOLDOWN_CAP);
             self.cooldown_until = Some(now + delay);
         }
+        self.cooldown_database = kind == Cooldown::Database;
         self.cooldown_until
             .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+
+    /// The dispatcher's own claim succeeded: a cooldown for a worker that could not
+    /// reach the database ends now. True when one did.
+    pub fn database_is_back(&mut self) -> bool {
+        if !std::mem::take(&mut self.cooldown_database) || self.cooldown_until.is_none() {
+            return false;
+        }
+        self.cooldown_until = None;
+        self.cooldown_step = 0;
+        true
     }
 
     /// A worker of the stage answered: its start failures are over.
     pub fn started_fine(&mut self) {
         self.cooldown_step = 0;
+    }
+
+    /// A worker answered 75 (or exited 75 before answering): the stage claims nothing
+    /// for a while, 100 ms doubling to 5 s, so a fast-failing worker cannot hammer an
+    /// overloaded server. Returns the wait.
+    pub fn back_off(&mut self, now: Instant) -> Duration {
+        self.overload_step = if self.overload_step.is_zero() {
+            OVERLOAD_FIRST
+        } else {
+            (self.overload_step * 2).min(OVERLOAD_CAP)
+        };
+        self.overload_until = Some(now + self.overload_step);
+        self.overload_step
+    }
+
+    /// A worker answered something else than 74/75: the overload backoff starts over.
+    pub fn answered_fine(&mut self) {
+        self.overload_step = Duration::ZERO;
     }
 
     /// Halves the cap (floor 1) for [`THROTTLE_WINDOW`]; returns the new cap.
@@ -243,7 +305,7 @@ mod tests {
         p.throttle(now);
         // Cap 2, one retiring: one usable worker.
         assert_eq!(p.capacity(&ws, now), 0);
-        p.cool_down(now);
+        p.cool_down(now, Cooldown::Growing);
         assert_eq!(p.capacity(&[], now), 0, "no worker may start while cooling");
         p.removed = true;
         assert_eq!(p.capacity(&[], now + Duration::from_secs(999)), 0);
@@ -287,7 +349,7 @@ mod tests {
     fn a_cooling_stage_without_workers_gives_its_ids_back() {
         let now = Instant::now();
         let mut p = pool(4, 4);
-        assert_eq!(p.cool_down(now), Duration::from_secs(2));
+        assert_eq!(p.cool_down(now, Cooldown::Growing), Duration::from_secs(2));
         assert_eq!(p.pick_worker(&[], false, now), Pick::GiveBack);
         assert_eq!(
             p.pick_worker(&[view(1, Phase::Ready, 4)], false, now),
@@ -295,14 +357,17 @@ mod tests {
         );
         // A failure within the episode does not extend it; the next episode doubles.
         assert_eq!(
-            p.cool_down(now + Duration::from_secs(1)),
+            p.cool_down(now + Duration::from_secs(1), Cooldown::Growing),
             Duration::from_secs(1)
         );
         let later = now + Duration::from_secs(3);
-        assert_eq!(p.cool_down(later), Duration::from_secs(4));
+        assert_eq!(
+            p.cool_down(later, Cooldown::Growing),
+            Duration::from_secs(4)
+        );
         p.started_fine();
         assert_eq!(
-            p.cool_down(later + Duration::from_secs(10)),
+            p.cool_down(later + Duration::from_secs(10), Cooldown::Growing),
             Duration::from_secs(2)
         );
     }
@@ -323,5 +388,40 @@ mod tests {
         stages.insert("a".to_string(), a);
         stages.insert("b".to_string(), b);
         assert_eq!(biggest(&stages), Some("b".to_string()));
+    }
+
+    #[test]
+    fn an_outside_kill_cools_briefly_and_a_database_cooldown_ends_with_a_good_claim() {
+        let now = Instant::now();
+        let mut p = pool(4, 4);
+        for n in 0..5 {
+            let t = now + Duration::from_secs(100 * n);
+            assert_eq!(
+                p.cool_down(t, Cooldown::Growing),
+                Duration::from_secs(2 << n)
+            );
+        }
+        // A long cooldown running: an outside kill does not extend it past 2 s.
+        let t = now + Duration::from_secs(401);
+        assert_eq!(p.cool_down(t, Cooldown::Brief), Duration::from_secs(2));
+        assert!(!p.database_is_back(), "not a database cooldown");
+        let t = now + Duration::from_secs(1000);
+        assert!(p.cool_down(t, Cooldown::Database) >= Duration::from_secs(2));
+        assert!(p.cooling(t));
+        assert!(p.database_is_back());
+        assert!(!p.cooling(t));
+        assert_eq!(p.cool_down(t, Cooldown::Growing), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_overload_backoff_doubles_to_five_seconds_and_starts_over_after_an_answer() {
+        let now = Instant::now();
+        let mut p = pool(4, 4);
+        let steps: Vec<u128> = (0..8).map(|_| p.back_off(now).as_millis()).collect();
+        assert_eq!(steps, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(p.capacity(&[], now), 0, "no claim while backing off");
+        assert_eq!(p.capacity(&[], now + Duration::from_secs(6)), 16);
+        p.answered_fine();
+        assert_eq!(p.back_off(now), Duration::from_millis(100));
     }
 }

@@ -60,6 +60,9 @@ pub struct Launch<'a> {
     /// Without `CONFIG_FILE`, the worker gets `PEPSI_CONFIG` set to this (the file the
     /// dispatcher read).
     pub inherited_config: &'a Path,
+    /// Environment replacing what was inherited (the service account's HOME, USER,
+    /// LOGNAME and PATH after a switch from root).
+    pub env: &'a [(&'static str, String)],
 }
 
 /// One running worker process.
@@ -137,6 +140,7 @@ impl WorkerProc {
                 cmd.env("PEPSI_CONFIG", launch.inherited_config);
             }
         }
+        cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
         cmd.arg("worker")
             .env(protocol::WORKER_STAGE_ENV, stage)
             .stdin(Stdio::piped())

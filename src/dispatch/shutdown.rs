@@ -5,12 +5,14 @@
 //! its lock with it, through a connection of the loop's own that takes the lock first —
 //! and the last statistics are flushed.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::coordinator::{self, Command};
+use super::coordinator::Command;
 use super::event_loop::{Dispatcher, Stop};
 use super::events::Event;
 use super::ledger::Claim;
+use super::session;
 use crate::exit::Failure;
 
 /// How long shutdown waits for the coordinator's reset and the last flush.
@@ -18,6 +20,8 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
 
 impl Dispatcher {
     pub(super) fn shutdown(mut self) -> Result<(), Failure> {
+        // A coordinator waiting out an outage gives up; so does the listener.
+        self.stopping.store(true, Ordering::Relaxed);
         log::info!("shutting down: stopping {} workers", self.workers.len());
         let serials: Vec<u64> = self.workers.keys().copied().collect();
         // Answers already in the pipes are outcomes committed: count them before the
@@ -50,7 +54,7 @@ impl Dispatcher {
         } else {
             // The coordinator is gone and its connection, the lock with it: take the
             // lock on a connection of our own to put the rows back.
-            match coordinator::reset_alone(&self.config.postgres.connection) {
+            match session::reset_alone(&self.config.postgres.connection) {
                 Ok(n) => log::info!("{n} in-flight rows back to pending"),
                 Err(e) => {
                     log::warn!("cannot reset in-flight rows ({e}); the next start resets them")

@@ -36,6 +36,22 @@ pub fn install() -> Result<Signals, Failure> {
     })
 }
 
+/// Waits up to `timeout` for a shutdown signal (before the loop runs: the start-up's
+/// wait for the database); true when one arrived.
+pub fn wait_for(stream: &mut mio::net::UnixStream, timeout: std::time::Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd. An interrupted poll is a spurious wake-up: the caller
+    // waits again.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+    drain(stream)
+}
+
 /// Reads everything pending on a signal socket; true when a signal arrived.
 pub fn drain(stream: &mut mio::net::UnixStream) -> bool {
     let mut any = false;

@@ -30,6 +30,10 @@ pub enum Due {
     CooldownEnd(String),
     /// A stage's overload throttle window ends.
     ThrottleEnd(String),
+    /// A stage's backoff after a 75 ends: it may claim again.
+    OverloadEnd(String),
+    /// Rows deferred for 74 wait to be resumed (at least a second after the deferral).
+    DeferredResume,
     /// A wake-up asked for a claim.
     Claim,
     /// The heartbeat claim (POLL_INTERVAL).
@@ -74,8 +78,18 @@ pub struct WorkerClock {
     pub closing_since: Option<Instant>,
 }
 
-/// A stage's clocks: (name, cooldown end, throttle end).
-pub type StageClock = (String, Option<Instant>, Option<Instant>);
+/// A stage's clocks.
+#[derive(Clone, Debug, Default)]
+pub struct StageClock {
+    /// The stage.
+    pub name: String,
+    /// When its start-failure cooldown ends.
+    pub cooldown: Option<Instant>,
+    /// When its overload throttle window ends.
+    pub throttle: Option<Instant>,
+    /// When its backoff after a 75 ends.
+    pub overload: Option<Instant>,
+}
 
 /// A snapshot of every clock of the loop.
 #[derive(Clone, Debug)]
@@ -104,6 +118,8 @@ pub struct Clocks {
     pub paused_due: Option<Instant>,
     /// When a failed reload is retried.
     pub reload_retry: Option<Instant>,
+    /// When the earliest row deferred for 74 may be resumed.
+    pub deferred_resume: Option<Instant>,
     /// The next STATS_INTERVAL tick.
     pub stats_tick: Instant,
     /// When the idle flush may run, if the pipeline just went idle.
@@ -132,13 +148,19 @@ pub fn deadlines(c: &Clocks) -> Vec<Deadline> {
             at(t + c.idle_timeout, Due::Idle(w.serial));
         }
     }
-    for (name, cooldown, throttle) in &c.stages {
-        if let Some(t) = cooldown {
-            at(*t, Due::CooldownEnd(name.clone()));
+    for s in &c.stages {
+        if let Some(t) = s.cooldown {
+            at(t, Due::CooldownEnd(s.name.clone()));
         }
-        if let Some(t) = throttle {
-            at(*t, Due::ThrottleEnd(name.clone()));
+        if let Some(t) = s.throttle {
+            at(t, Due::ThrottleEnd(s.name.clone()));
         }
+        if let Some(t) = s.overload {
+            at(t, Due::OverloadEnd(s.name.clone()));
+        }
+    }
+    if let Some(t) = c.deferred_resume {
+        at(t, Due::DeferredResume);
     }
     if let Some(t) = c.paused_due {
         at(t, Due::PausedDue);
@@ -191,6 +213,7 @@ mod tests {
             claim_retry: None,
             paused_due: None,
             reload_retry: None,
+            deferred_resume: None,
             stats_tick: now + Duration::from_secs(60),
             idle_flush: None,
             unknown_checked: now,
@@ -264,12 +287,14 @@ mod tests {
     fn stage_clocks_and_the_rest_are_listed() {
         let now = Instant::now();
         let mut c = clocks(now);
-        c.stages = vec![(
-            "relay".into(),
-            Some(now),
-            Some(now + Duration::from_secs(9)),
-        )];
+        c.stages = vec![StageClock {
+            name: "relay".into(),
+            cooldown: Some(now),
+            throttle: Some(now + Duration::from_secs(9)),
+            overload: Some(now + Duration::from_millis(100)),
+        }];
         c.paused_due = Some(now);
+        c.deferred_resume = Some(now + Duration::from_secs(1));
         c.reload_retry = Some(now + Duration::from_secs(1));
         c.idle_flush = Some(now);
         let list = deadlines(&c);
@@ -286,6 +311,11 @@ mod tests {
                 .any(|d| d.due == Due::ThrottleEnd("relay".into()))
         );
         assert!(list.iter().any(|d| d.due == Due::UnknownStages));
+        assert!(
+            list.iter()
+                .any(|d| d.due == Due::OverloadEnd("relay".into()))
+        );
+        assert!(list.iter().any(|d| d.due == Due::DeferredResume));
         assert!(list.iter().any(|d| d.due == Due::StatsTick));
     }
 }

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use super::ledger::{Claim, StrikeKind};
+use super::pool::Cooldown;
 
 /// How a worker went away.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +52,8 @@ pub struct Death {
     pub answered: u64,
     /// Its exit code, when it exited.
     pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub exit_signal: Option<i32>,
     /// How it ended, in words ("exited with status 3").
     pub exit_text: String,
     /// The ids it held, front first.
@@ -72,6 +75,15 @@ pub enum Verdict {
     StartFailure {
         /// Why, for the log.
         cause: String,
+        /// Back to pending.
+        back: Vec<Claim>,
+        /// How the stage cools down.
+        cooldown: Cooldown,
+    },
+    /// It exited 75 before answering anything: the database refused it a connection
+    /// for overload. Not a start failure: every id goes back, the biggest stage is
+    /// throttled and the stage backs off (§8.3).
+    Overload {
         /// Back to pending.
         back: Vec<Claim>,
     },
@@ -131,14 +143,32 @@ pub fn judge(death: Death) -> Verdict {
         was_closing,
         answered,
         exit_code,
+        exit_signal,
         exit_text,
         held,
         stopping,
         max_runtime,
         now,
     } = death;
+    if answered == 0 && exit_code == Some(75) {
+        return Verdict::Overload { back: claims(held) };
+    }
     let refused = answered == 0 && exit_code == Some(78);
     if !was_ready || refused {
+        // Killed from outside (an administrator, the OOM killer) before it could
+        // start: nobody's fault, and no reason to hold the stage long.
+        let outside = end == End::Eof
+            && matches!(
+                exit_signal,
+                Some(libc::SIGKILL | libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+            );
+        let cooldown = if outside {
+            Cooldown::Brief
+        } else if exit_code == Some(74) {
+            Cooldown::Database
+        } else {
+            Cooldown::Growing
+        };
         let cause = match &end {
             End::Garbage(what) => format!("printed {what}"),
             End::StartTimeout => format!(
@@ -159,6 +189,7 @@ pub fn judge(death: Death) -> Verdict {
         return Verdict::StartFailure {
             cause: format!("worker pid {pid} {cause} {when}"),
             back: claims(held),
+            cooldown,
         };
     }
     if held.is_empty() {
@@ -237,6 +268,7 @@ mod tests {
             was_closing: false,
             answered: 3,
             exit_code: Some(3),
+            exit_signal: None,
             exit_text: "exited with status 3".into(),
             held: delivered
                 .iter()
@@ -310,9 +342,14 @@ mod tests {
         let mut d = death(End::Eof, &[true, true]);
         d.was_ready = false;
         match judge(d) {
-            Verdict::StartFailure { cause, back } => {
+            Verdict::StartFailure {
+                cause,
+                back,
+                cooldown,
+            } => {
                 assert!(cause.contains("before it was ready"), "{cause}");
                 assert_eq!(ids(&back), vec![1, 2]);
+                assert_eq!(cooldown, Cooldown::Growing);
             }
             other => panic!("{other:?}"),
         }
@@ -330,6 +367,54 @@ mod tests {
         let mut d = death(End::Eof, &[true]);
         d.exit_code = Some(78);
         assert!(matches!(judge(d), Verdict::Strike { .. }));
+    }
+
+    #[test]
+    fn an_early_75_is_overload_an_outside_kill_is_brief_and_an_early_74_is_the_database() {
+        let mut d = death(End::Eof, &[true]);
+        d.was_ready = false;
+        d.answered = 0;
+        d.exit_code = Some(75);
+        assert!(matches!(judge(d.clone()), Verdict::Overload { back } if back.len() == 1));
+        d.was_ready = true;
+        assert!(matches!(judge(d.clone()), Verdict::Overload { .. }));
+        d.was_ready = false;
+        d.exit_code = None;
+        d.exit_signal = Some(libc::SIGKILL);
+        assert!(matches!(
+            judge(d.clone()),
+            Verdict::StartFailure {
+                cooldown: Cooldown::Brief,
+                ..
+            }
+        ));
+        // Killed by us (a start timeout) or by its own fault: the growing cooldown.
+        d.end = End::StartTimeout;
+        assert!(matches!(
+            judge(d.clone()),
+            Verdict::StartFailure {
+                cooldown: Cooldown::Growing,
+                ..
+            }
+        ));
+        d.end = End::Eof;
+        d.exit_signal = Some(libc::SIGSEGV);
+        assert!(matches!(
+            judge(d.clone()),
+            Verdict::StartFailure {
+                cooldown: Cooldown::Growing,
+                ..
+            }
+        ));
+        d.exit_signal = None;
+        d.exit_code = Some(74);
+        assert!(matches!(
+            judge(d),
+            Verdict::StartFailure {
+                cooldown: Cooldown::Database,
+                ..
+            }
+        ));
     }
 
     #[test]

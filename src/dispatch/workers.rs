@@ -7,13 +7,14 @@
 //! the pure functions of [`super::pool`] and [`super::verdict`]. Processes are started,
 //! written, read, killed and reaped only through [`super::process`].
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use super::coordinator::Command;
 use super::event_loop::Dispatcher;
 use super::ledger::{Claim, vet_report};
-use super::pool::{self, Pick, StagePool, WorkerView};
+use super::pool::{self, Cooldown, Pick, StagePool, WorkerView};
 use super::process::{Launch, Phase, Slot, WorkerProc, describe_exit};
 use super::signals;
 use super::verdict::{self, Death, End, Held, Verdict};
@@ -144,20 +145,21 @@ impl Dispatcher {
         self.suspects.remove(&claim.id);
         match parsed.status {
             // Nothing was committed: neither a pass nor the message's fault (§8.4).
-            protocol::STATUS_IOERR => {
-                self.ledger.deferred(&claim);
-                self.send(Command::Defer(claim));
-            }
+            protocol::STATUS_IOERR => self.defer(claim),
             protocol::STATUS_TEMPFAIL => {
                 log::warn!(
                     "{}: message {}: the database refused its worker a connection (overload); back to pending",
                     claim.stage,
                     claim.id
                 );
+                let stage = claim.stage.clone();
                 self.requeue(vec![claim]);
-                self.throttle_biggest();
+                self.overloaded(&stage);
             }
             status => {
+                if let Some(s) = self.stages.get_mut(&claim.stage) {
+                    s.answered_fine();
+                }
                 let max_us = u64::try_from(self.opts.max_runtime.as_micros()).unwrap_or(u64::MAX);
                 let graph = &self.graph;
                 let vetted = vet_report(&parsed.report, &claim.stage, took, max_us, |name| {
@@ -251,6 +253,7 @@ impl Dispatcher {
             was_closing,
             answered,
             exit_code: exit.and_then(|s| s.code()),
+            exit_signal: exit.and_then(|s| s.signal()),
             exit_text: describe_exit(exit),
             held: slots
                 .into_iter()
@@ -270,8 +273,21 @@ impl Dispatcher {
 
     fn apply(&mut self, stage: &str, serial: u64, verdict: Verdict) {
         match verdict {
-            Verdict::StartFailure { cause, back } => {
-                self.start_failed(stage, &format!("worker {serial}: {cause}"), back);
+            Verdict::StartFailure {
+                cause,
+                back,
+                cooldown,
+            } => {
+                let what = format!("worker {serial}: {cause}");
+                self.start_failed(stage, &what, back, cooldown);
+            }
+            Verdict::Overload { back } => {
+                log::warn!(
+                    "{stage}: worker {serial} could not connect to the database (overload, exit 75); {} messages back to pending",
+                    back.len()
+                );
+                self.requeue(back);
+                self.overloaded(stage);
             }
             Verdict::Idle { log: Some(what) } => log::warn!("{stage}: {what}"),
             Verdict::Idle { log: None } => {}
@@ -335,12 +351,18 @@ impl Dispatcher {
 
     /// A worker died before `ready`, or its program could not start: its ids go back
     /// with every claim waiting for the stage, and the stage is held for a cooldown.
-    pub(super) fn start_failed(&mut self, stage: &str, what: &str, mut back: Vec<Claim>) {
+    pub(super) fn start_failed(
+        &mut self,
+        stage: &str,
+        what: &str,
+        mut back: Vec<Claim>,
+        cooldown: Cooldown,
+    ) {
         let Some(s) = self.stages.get_mut(stage) else {
             self.requeue(back);
             return;
         };
-        let delay = s.cool_down(Instant::now());
+        let delay = s.cool_down(Instant::now(), cooldown);
         // Claimed ids waiting for a worker would wait out the cooldown as running.
         back.extend(s.queue.drain(..));
         log::warn!(
@@ -358,6 +380,19 @@ impl Dispatcher {
         }
         self.ledger.requeued(&claims);
         self.send(Command::Requeue(claims));
+    }
+
+    /// The database refused a worker of `stage` a connection for overload (§8.3): the
+    /// stage backs off before claiming again, and the biggest stage is throttled.
+    fn overloaded(&mut self, stage: &str) {
+        if let Some(s) = self.stages.get_mut(stage) {
+            let wait = s.back_off(Instant::now());
+            log::warn!(
+                "{stage}: backing off for {} ms before claiming again (database overload)",
+                wait.as_millis()
+            );
+        }
+        self.throttle_biggest();
     }
 
     /// Halves the PARALLELISM cap of the stage running the most workers (§8.3).
@@ -465,6 +500,7 @@ impl Dispatcher {
             program: &program,
             config_file: self.opts.config_file.as_deref(),
             inherited_config: &self.config.path,
+            env: &self.account_env,
         };
         match WorkerProc::spawn(serial, stage, &launch, self.poll.registry(), tokens) {
             Ok(w) => {
@@ -485,7 +521,7 @@ impl Dispatcher {
             }
             Err(e) => {
                 let what = format!("cannot start PROGRAM {program}: {e}");
-                self.start_failed(stage, &what, Vec::new());
+                self.start_failed(stage, &what, Vec::new(), Cooldown::Growing);
                 None
             }
         }

@@ -1084,7 +1084,7 @@ fn the_claim_uses_the_partial_pending_index() {
                     "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) {}",
                     pepsi::db::sql::CLAIM_OLDEST
                 ),
-                &[&stages, &caps],
+                &[&stages, &caps, &100i32],
             )
             .unwrap()
             .iter()
@@ -1132,7 +1132,7 @@ fn the_claim_uses_the_partial_pending_index() {
     let plan: Vec<String> = c
         .query(
             &format!("EXPLAIN {}", pepsi::db::sql::CLAIM_OLDEST),
-            &[&stages, &caps],
+            &[&stages, &caps, &100i32],
         )
         .unwrap()
         .iter()
@@ -1143,7 +1143,7 @@ fn the_claim_uses_the_partial_pending_index() {
     assert!(!plan.contains("Seq Scan on workqueue q"), "{plan}");
     // And it takes exactly the capacities asked, though thousands wait.
     let rows = c
-        .query(pepsi::db::sql::CLAIM_OLDEST, &[&stages, &caps])
+        .query(pepsi::db::sql::CLAIM_OLDEST, &[&stages, &caps, &100i32])
         .unwrap();
     let claimed: Vec<String> = rows
         .iter()
@@ -1279,6 +1279,8 @@ mod coordinator {
     use pepsi::dispatch::coordinator::{self, Command};
     use pepsi::dispatch::events::{Event, EventSender};
     use pepsi::dispatch::scheduler::ClaimRequest;
+    use pepsi::dispatch::session;
+    use std::sync::atomic::AtomicBool;
 
     use super::{count, inject_many};
     use crate::util::TestDb;
@@ -1298,12 +1300,22 @@ mod coordinator {
         let db = TestDb::new();
         let mut c = db.client();
         inject_many(&mut c, "s", "a@x.example", 3);
-        let client = coordinator::start(&db.conninfo).expect("coordinator starts");
+        let (client, _) = session::start(&db.conninfo, |_| true)
+            .expect("the session starts")
+            .expect("the database is there");
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let (tx, events) = unbounded();
         let (commands, rx) = unbounded();
-        coordinator::spawn(client, db.conninfo.clone(), rx, EventSender::new(tx, waker)).unwrap();
+        coordinator::spawn(coordinator::Parts {
+            client,
+            conninfo: db.conninfo.clone(),
+            commands: rx,
+            events: EventSender::new(tx, waker),
+            max_hops: 100,
+            stopping: Arc::new(AtomicBool::new(false)),
+        })
+        .unwrap();
         // The database drops the coordinator's session while it is idle.
         let killed = count(
             &mut c,

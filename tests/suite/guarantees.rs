@@ -31,7 +31,9 @@ const RUNNING: &str = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'runn
 fn claim_token(c: &mut impl GenericClient, stage: &str, id: i64) -> i64 {
     let stages = vec![stage.to_string()];
     let caps = vec![1i32];
-    let rows = c.query(sql::CLAIM_OLDEST, &[&stages, &caps]).unwrap();
+    let rows = c
+        .query(sql::CLAIM_OLDEST, &[&stages, &caps, &100i32])
+        .unwrap();
     let claimed: Vec<(Option<i64>, Option<i64>)> = rows
         .iter()
         .map(|r| (r.get("workqueue_id"), r.get("claim")))

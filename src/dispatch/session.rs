@@ -1,0 +1,246 @@
+//! The dispatcher's own database session (§6 start-up, "Outage"): connecting it with
+//! its settings, the session-level advisory lock that makes this the only dispatcher of
+//! the database, naming the holder when another has it, terminating the sessions of
+//! killed or orphaned workers, and the start-up steps in order — riding out a database
+//! that is away for as long as it takes.
+//!
+//! The coordinator thread owns the session once the loop runs; these functions are
+//! also what it uses to take the session and the lock back after a loss.
+
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+use postgres::types::Type;
+
+use crate::config::graph::OverrideRow;
+use crate::db::{self, ConnectError, ErrorKind, schema, sql};
+use crate::exit::Failure;
+use crate::logging::Every;
+use crate::protocol;
+
+/// How long the lock is tried while another session holds it.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How often the lock is tried within that time.
+pub const LOCK_RETRY: Duration = Duration::from_millis(500);
+/// While the database is away: the first wait between attempts, doubling up to the cap.
+pub const OUTAGE_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between attempts while the database is away.
+pub const OUTAGE_MAX: Duration = Duration::from_secs(30);
+/// How often the start-up reset is tried when a row lock holds it up.
+const RESET_ATTEMPTS: u32 = 10;
+
+/// The session's settings. Its writes commit without waiting for the WAL flush, like
+/// the workers' (§12.1): a claim, requeue or strike lost with a database crash leaves
+/// its rows `running` or `pending`, and the reset at the next lock re-take or start
+/// puts them back; a claim is on every hop's path, and a flush there would add a disk
+/// sync to every hop's latency. Its lock and statement timeouts bound how long one row
+/// can stall the serial queue writes.
+pub fn connect(conninfo: &str) -> Result<Client, ConnectError> {
+    let mut config =
+        db::connection_config(conninfo, "pepsi-dispatch").map_err(|e| ConnectError {
+            kind: ErrorKind::Other,
+            message: format!("[pepsi-postgres] CONNECTION: {}", db::describe(&e)),
+        })?;
+    db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
+    db::append_options(&mut config, sql::COORDINATOR_TIMEOUTS_OPTION);
+    db::open(&config)
+}
+
+/// Tries the lock once.
+pub fn try_lock(client: &mut Client) -> Result<bool, postgres::Error> {
+    Ok(client
+        .query_typed_one(
+            sql::TRY_DISPATCH_LOCK,
+            &[(&sql::DISPATCH_LOCK_KEY, Type::INT8)],
+        )?
+        .get(0))
+}
+
+/// Tries the lock for up to [`LOCK_WAIT`].
+fn take_lock(client: &mut Client) -> Result<bool, postgres::Error> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        if try_lock(client)? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(LOCK_RETRY);
+    }
+}
+
+/// Who holds the dispatcher lock, in words ("pid 4242 on host mx1, application_name
+/// 'pepsi-dispatch', connected since …"), when it can be found.
+pub fn lock_holder(client: &mut Client) -> String {
+    let row = client.query_typed_opt(
+        sql::DISPATCH_LOCK_HOLDER,
+        &[(&sql::DISPATCH_LOCK_KEY, Type::INT8)],
+    );
+    match row {
+        Ok(Some(r)) => format!(
+            "pid {} on {}, application_name {:?}, connected since {}",
+            r.get::<_, i32>(0),
+            r.get::<_, String>(1),
+            r.get::<_, Option<String>>(2).unwrap_or_default(),
+            r.get::<_, String>(3)
+        ),
+        Ok(None) => "a session that has just released it".into(),
+        Err(e) => format!("a session that cannot be named ({})", db::describe(&e)),
+    }
+}
+
+/// The refusal when another dispatcher keeps the lock.
+pub fn held_elsewhere(client: &mut Client) -> Failure {
+    Failure::general(format!(
+        "another pepsi-dispatch holds the dispatcher lock of this database (advisory lock {}): {}; it did not release it within {}s, refusing to run",
+        sql::DISPATCH_LOCK_KEY,
+        lock_holder(client),
+        LOCK_WAIT.as_secs()
+    ))
+}
+
+/// Terminates the sessions matching these `LIKE` patterns; returns how many.
+pub fn terminate(client: &mut Client, patterns: &[String]) -> Result<i64, postgres::Error> {
+    let row = client.query_typed_one(
+        sql::TERMINATE_WORKER_SESSIONS,
+        &[(&patterns, Type::TEXT_ARRAY)],
+    )?;
+    Ok(row.get(0))
+}
+
+/// Why one attempt at taking the session failed.
+pub enum Refused {
+    /// The database is away (or refused for overload): wait and try again.
+    Away(String),
+    /// Something that waiting does not fix: stop with this failure.
+    Fatal(Failure),
+}
+
+impl Refused {
+    fn from_db(what: &str, e: &postgres::Error) -> Refused {
+        match db::classify(e) {
+            ErrorKind::Connection | ErrorKind::Overload => {
+                Refused::Away(format!("{what}: {}", db::describe(e)))
+            }
+            _ => Refused::Fatal(Failure::general(format!("{what}: {}", db::describe(e)))),
+        }
+    }
+
+    fn from_connect(e: ConnectError) -> Refused {
+        match e.kind {
+            ErrorKind::Connection | ErrorKind::Overload => Refused::Away(e.message),
+            _ => Refused::Fatal(Failure::general(e.message)),
+        }
+    }
+}
+
+/// Connects and checks the schema: a mismatch is fatal (exit 78), an unreachable
+/// database is not.
+pub fn connect_checked(conninfo: &str) -> Result<Client, Refused> {
+    let mut client = connect(conninfo).map_err(Refused::from_connect)?;
+    match schema::check(&mut client) {
+        Ok(()) => Ok(client),
+        Err(schema::SchemaError::Mismatch(m)) => {
+            Err(Refused::Fatal(Failure::config(m.to_string())))
+        }
+        Err(schema::SchemaError::Db(e)) => Err(Refused::from_db("cannot check the schema", &e)),
+    }
+}
+
+/// The start-up steps of §6, once: connect, check the schema, take the lock (for about
+/// ten seconds), terminate the sessions earlier workers left, reset their orphaned
+/// running rows, read the overlay.
+fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
+    let mut client = connect_checked(conninfo)?;
+    let locked = take_lock(&mut client)
+        .map_err(|e| Refused::from_db("cannot take the dispatcher lock", &e))?;
+    if !locked {
+        return Err(Refused::Fatal(held_elsewhere(&mut client)));
+    }
+    // Statements the previous dispatcher's workers left running would hold locks on
+    // the rows about to be reset.
+    let all = [protocol::ANY_WORKER_SESSION.to_string()];
+    match terminate(&mut client, &all) {
+        Ok(0) => {}
+        Ok(n) => log::warn!("terminated {n} database sessions left by earlier workers"),
+        Err(e) if db::classify(&e) == ErrorKind::Connection => {
+            return Err(Refused::from_db(
+                "cannot terminate earlier workers' sessions",
+                &e,
+            ));
+        }
+        Err(e) => log::warn!(
+            "cannot terminate the sessions of earlier workers: {}",
+            db::describe(&e)
+        ),
+    }
+    let mut attempt = 0;
+    let reset = loop {
+        attempt += 1;
+        match db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[])) {
+            Ok(n) => break n,
+            // A row lock held elsewhere: the lock timeout ended the wait; try again.
+            Err(e) if attempt < RESET_ATTEMPTS && db::classify(&e) == ErrorKind::Other => {
+                log::warn!(
+                    "cannot reset orphaned rows yet ({}); retrying",
+                    db::describe(&e)
+                );
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(e) => return Err(Refused::from_db("cannot reset orphaned rows", &e)),
+        }
+    };
+    if reset > 0 {
+        log::warn!("reset {reset} running rows left by a previous dispatcher to pending");
+    }
+    let overlay = db::read_overlay(&mut client)
+        .map_err(|e| Refused::from_db("cannot read pepsi.config_override", &e))?;
+    Ok((client, overlay))
+}
+
+/// Start-up: the steps of [`start_once`], again and again while the database is away
+/// (waits doubling up to [`OUTAGE_MAX`], one log line a minute at most). `wait` sleeps
+/// for up to the given time and returns true when a shutdown was asked for meanwhile;
+/// then `Ok(None)`.
+pub fn start(
+    conninfo: &str,
+    mut wait: impl FnMut(Duration) -> bool,
+) -> Result<Option<(Client, Vec<OverrideRow>)>, Failure> {
+    let mut delay = OUTAGE_FIRST;
+    let mut said = Every::minute();
+    loop {
+        match start_once(conninfo) {
+            Ok(session) => return Ok(Some(session)),
+            Err(Refused::Fatal(failure)) => return Err(failure),
+            Err(Refused::Away(why)) => {
+                if said.due() {
+                    log::warn!(
+                        "the database is not available ({why}); waiting for it, trying again every {}s at most (said once a minute)",
+                        OUTAGE_MAX.as_secs()
+                    );
+                }
+                if wait(delay) {
+                    return Ok(None);
+                }
+                delay = (delay * 2).min(OUTAGE_MAX);
+            }
+        }
+    }
+}
+
+/// The shutdown reset without the coordinator (its thread died, and its connection and
+/// the lock with it): takes the lock on a connection of its own, then puts every
+/// running row back to pending. Refuses when another dispatcher took the lock
+/// meanwhile: the rows are then that one's. Returns how many rows it reset.
+pub fn reset_alone(conninfo: &str) -> Result<u64, String> {
+    let mut client = connect(conninfo).map_err(|e| e.message)?;
+    if !take_lock(&mut client).map_err(|e| db::describe(&e))? {
+        return Err(format!(
+            "another dispatcher holds the lock now ({})",
+            lock_holder(&mut client)
+        ));
+    }
+    db::retry_transient(|| client.execute_typed(sql::RESET_RUNNING, &[]))
+        .map_err(|e| db::describe(&e))
+}
