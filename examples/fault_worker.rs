@@ -8,14 +8,17 @@
 //! outcome write with status, stage and token, as the runtime does (SPEC §6).
 //!
 //! Start-up is steered by the file named in `$FAULT_CONTROL` (re-read at every start):
-//! `ok`, `exit78` (refuse to run), `die` (exit 1 before ready), `garbage` (print
+//! `ok`, `exit78` (refuse to run), `exit75` / `exit74` (exit so before ready, as a
+//! worker refused a connection for overload or unable to reach the database does),
+//! `die` (exit 1 before ready), `slowready` (ready only after 3 s), `garbage` (print
 //! something else than ready), `ready78` (ready, then exit 78 at the first id). Each
 //! message is steered by its row's `state.fault`: `crash` (exit without answering),
 //! `hang`, `db-sleep` (hang inside a statement: `SELECT pg_sleep(3600)` on its database
 //! session), `garbage-status`, `garbage-report`, `report-unknown` (advance, then report
 //! a stage that is not in the graph: `0 [["nosuch-stage",5]]`), `report-huge` (advance,
 //! then report 2^62 µs for the row's stage), `tempfail` (75), `tempfail-once` (75,
-//! clearing the fault), `ioerr` (74), `slow` (300 ms); anything else advances the row to
+//! clearing the fault), `ioerr` (74), `ioerr-once` (74, clearing the fault), `slow`
+//! (300 ms); anything else advances the row to
 //! the stage's `NEXT` (or deletes it). Every batch read from stdin is logged to
 //! `$FAULT_LOG` as `batch N`; with `$FAULT_BATCH_ANSWERS` set a batch is answered only
 //! once all of it ran, as the runtime's batched stages do.
@@ -47,6 +50,9 @@ fn main() {
             std::process::exit(78);
         }
         "die" => std::process::exit(1),
+        "exit75" => std::process::exit(75),
+        "exit74" => std::process::exit(74),
+        "slowready" => std::thread::sleep(std::time::Duration::from_secs(3)),
         _ => {}
     }
     let config = Config::load(config_path.as_deref()).expect("configuration");
@@ -143,6 +149,14 @@ fn main() {
                     pending_lines.push("75".into());
                 }
                 "ioerr" => pending_lines.push("74".into()),
+                "ioerr-once" => {
+                    db.execute(
+                        "UPDATE pepsi.workqueue SET state = state - 'fault' WHERE workqueue_id = $1",
+                        &[&id],
+                    )
+                    .expect("clear the fault");
+                    pending_lines.push("74".into());
+                }
                 "slow" => {
                     std::thread::sleep(std::time::Duration::from_millis(300));
                     advance(&mut db);

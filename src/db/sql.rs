@@ -229,13 +229,19 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
        LEFT JOIN claimed c ON true";
 
 /// Flips due paused rows to pending and returns how many, with the seconds until the
-/// next paused row is due. No parameters.
+/// next paused row is due. A row due at infinity never is, and the difference of epochs
+/// gives an infinite number for it rather than an error. No parameters.
 pub const FLIP_PAUSED: &str = "WITH flipped AS ( \
          UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL \
           WHERE status = 'paused' AND timeout <= now() RETURNING 1) \
      SELECT (SELECT count(*) FROM flipped)::int8, \
-            (SELECT extract(epoch FROM min(timeout) - now())::float8 \
+            (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 \
                FROM pepsi.workqueue WHERE status = 'paused' AND timeout > now())";
+
+/// At start-up: paused rows without a due time (stored before schema 3's check; no
+/// paused row can be written so since) are due now. No parameters. Returns the count.
+pub const RELEASE_UNTIMED_PAUSED: &str =
+    "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'paused' AND timeout IS NULL";
 
 /// Resets running rows that are not in $1 (int8[], the ids this dispatcher holds):
 /// after the lock was lost and taken again, a claim may have committed whose answer

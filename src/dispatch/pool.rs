@@ -178,9 +178,12 @@ impl StagePool {
                     std::cmp::Reverse(w.serial),
                 )
             });
+        // No worker is started while the stage cools down after start failures or
+        // backs off after an overload: the ids wait for a running one, or go back.
+        let holding = self.cooling(now) || self.overload_until.is_some_and(|t| t > now);
         match target {
             Some(w) => Pick::Worker(w.serial),
-            None if self.cooling(now) => {
+            None if holding => {
                 if workers.is_empty() {
                     Pick::GiveBack
                 } else {
@@ -421,6 +424,7 @@ mod tests {
         assert_eq!(steps, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         assert_eq!(p.capacity(&[], now), 0, "no claim while backing off");
         assert_eq!(p.capacity(&[], now + Duration::from_secs(6)), 16);
+        assert_eq!(p.pick_worker(&[], false, now), Pick::GiveBack, "no start");
         p.answered_fine();
         assert_eq!(p.back_off(now), Duration::from_millis(100));
     }

@@ -150,7 +150,7 @@ pub fn connect_checked(conninfo: &str) -> Result<Client, Refused> {
 
 /// The start-up steps of §6, once: connect, check the schema, take the lock (for about
 /// ten seconds), terminate the sessions earlier workers left, reset their orphaned
-/// running rows, read the overlay.
+/// running rows, release paused rows stored without a retry time, read the overlay.
 fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
     let mut client = connect_checked(conninfo)?;
     let locked = take_lock(&mut client)
@@ -193,6 +193,11 @@ fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
     };
     if reset > 0 {
         log::warn!("reset {reset} running rows left by a previous dispatcher to pending");
+    }
+    match client.execute_typed(sql::RELEASE_UNTIMED_PAUSED, &[]) {
+        Ok(0) => {}
+        Ok(n) => log::warn!("{n} paused rows had no retry time; they are due now"),
+        Err(e) => return Err(Refused::from_db("cannot release paused rows", &e)),
     }
     let overlay = db::read_overlay(&mut client)
         .map_err(|e| Refused::from_db("cannot read pepsi.config_override", &e))?;

@@ -1063,9 +1063,10 @@ fn the_claim_uses_the_partial_pending_index() {
     let db = TestDb::new();
     let mut c = db.client();
     c.execute(
-        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
+        "INSERT INTO pepsi.workqueue (stage, status, timeout, mail_from, rcpt_to) \
          SELECT CASE WHEN g % 10 = 0 THEN 'a' ELSE 'b' END, \
                 CASE WHEN g % 3 = 0 THEN 'pending' ELSE 'paused' END::pepsi.workqueue_status, \
+                CASE WHEN g % 3 = 0 THEN NULL ELSE now() + interval '1 hour' END, \
                 'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, 20000) g",
         &[],
     )

@@ -1,0 +1,572 @@
+//! Recovery from short and long faults (SPEC §6 "Outage" and "Hops", §8.3 "Backoff",
+//! §8.4 "Early resume", §11): the loop limit, poison values in paused rows, overload
+//! back-off, cooldowns that end when the database is back, early resume of deferred
+//! rows, a database that is away at start or for a while, connection errors that say
+//! where and why, the service account's environment, journal priorities and the name
+//! of a lock holder. Real PostgreSQL, real processes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+
+use super::dispatch::{
+    conf, count, inject_fault, inject_many, wait_count, wait_empty, wait_status,
+};
+use crate::util::dispatcher::Dispatcher;
+use crate::util::{TempDir, TestDb, bin, row_at, run, state_of, stderr, wait_until};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The fault worker's start-up control file, set to `mode`.
+fn control(dir: &TempDir, mode: &str) -> PathBuf {
+    dir.write("control", mode)
+}
+
+/// How often the log says `text`.
+fn occurrences(log: &str, text: &str) -> usize {
+    log.matches(text).count()
+}
+
+/// Records every claim of a row (every change to `running`) with when.
+fn record_claims(c: &mut Client) {
+    c.batch_execute(
+        "CREATE TABLE claims_seen (workqueue_id bigint, at timestamptz DEFAULT clock_timestamp());
+         CREATE FUNCTION claim_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO claims_seen (workqueue_id) VALUES (NEW.workqueue_id); RETURN NULL; END $$;
+         CREATE TRIGGER claim_seen AFTER UPDATE OF status ON pepsi.workqueue FOR EACH ROW
+             WHEN (NEW.status = 'running' AND OLD.status IS DISTINCT FROM NEW.status)
+             EXECUTE FUNCTION claim_seen();",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_loop_between_two_stages_fails_the_message_as_looped_at_max_hops() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-loop");
+    let conf = conf(
+        &dir,
+        &db,
+        "MAX_HOPS = 10",
+        "[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\nFUSION = no\n\n\
+         [stage-loop2]\nPROGRAM = {pass}\nNEXT = loop1\nFUSION = no\n\n\
+         [stage-r1]\nPROGRAM = {fault}\nNEXT = r2\n\n[stage-r2]\nPROGRAM = {fault}\n",
+    );
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE TABLE hops_at_end (workqueue_id bigint, hops int);
+         CREATE FUNCTION hops_at_end() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO hops_at_end VALUES (OLD.workqueue_id, OLD.hops); RETURN NULL; END $$;
+         CREATE TRIGGER hops_at_end AFTER DELETE ON pepsi.workqueue FOR EACH ROW
+             EXECUTE FUNCTION hops_at_end();",
+    )
+    .unwrap();
+    let looping = inject_many(&mut c, "loop1", "a@x.example", 1)[0];
+    // A retry at one stage is not a hop: claimed twice at r1 and once at r2, two hops.
+    let retried = inject_fault(&mut c, "r1", "tempfail-once");
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_until(20 * SEC, "the looping message fails", || {
+        row_at(&mut c, looping).is_some_and(|r| r.1 == "failed")
+    });
+    let st = state_of(&mut c, looping);
+    assert_eq!(st["failure_class"], "looped", "{st}");
+    assert!(
+        st["last_error"].as_str().unwrap().contains("MAX_HOPS (10)"),
+        "{st}"
+    );
+    let hops = |c: &mut Client, table: &str, id: i64| -> i32 {
+        c.query_one(
+            &format!("SELECT hops FROM {table} WHERE workqueue_id = $1"),
+            &[&id],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(
+        hops(&mut c, "pepsi.workqueue", looping),
+        11,
+        "ten hops ran, the eleventh failed it"
+    );
+    wait_until(20 * SEC, "the retried message completes", || {
+        row_at(&mut c, retried).is_none()
+    });
+    assert_eq!(hops(&mut c, "hops_at_end", retried), 2);
+    assert!(d.terminate().success(), "{}", d.log());
+    assert!(
+        d.log().contains("looped"),
+        "the loop is a warning in the log"
+    );
+}
+
+#[test]
+fn a_paused_row_due_at_infinity_or_never_stops_no_claim() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-inf");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    // Rows stored before schema 3's check could hold anything.
+    c.batch_execute("ALTER TABLE pepsi.workqueue DROP CONSTRAINT workqueue_paused_timeout_check")
+        .unwrap();
+    let stuck = inject_many(&mut c, "a", "a@x.example", 2);
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = 'infinity' WHERE workqueue_id = $1",
+        &[&stuck[0]],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = NULL WHERE workqueue_id = $1",
+        &[&stuck[1]],
+    )
+    .unwrap();
+    inject_many(&mut c, "a", "a@x.example", 50);
+    let mut d = Dispatcher::start(&conf, &[]);
+    // Everything but the row due at infinity drains, the one without a due time too.
+    wait_until(30 * SEC, "all but one drained", || {
+        count(&mut c, "SELECT count(*) FROM pepsi.workqueue") == 1
+    });
+    assert_eq!(
+        row_at(&mut c, stuck[0]),
+        Some(("a".into(), "paused".into()))
+    );
+    assert!(d.terminate().success(), "{}", d.log());
+}
+
+#[test]
+fn a_worker_answering_75_makes_its_stage_back_off_instead_of_hammering() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-75");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
+    );
+    let mut c = db.client();
+    record_claims(&mut c);
+    let id = inject_fault(&mut c, "s", "tempfail");
+    let d = Dispatcher::start(&conf, &[]);
+    wait_until(10 * SEC, "the first claim", || {
+        count(&mut c, "SELECT count(*) FROM claims_seen") > 0
+    });
+    std::thread::sleep(3 * SEC);
+    // With 100 ms doubling: at about 0, 0.1, 0.3, 0.7, 1.5 and 3.1 s. Without a
+    // back-off the same id went out again within milliseconds, dozens of times.
+    let claims = count(
+        &mut c,
+        &format!("SELECT count(*) FROM claims_seen WHERE workqueue_id = {id}"),
+    );
+    assert!((2..=8).contains(&claims), "{claims} claims in about 3 s");
+    assert!(d.log().contains("backing off"), "{}", d.log());
+    drop(d);
+}
+
+#[test]
+fn a_worker_exiting_75_before_ready_is_overload_not_a_start_failure() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-75start");
+    let ctl = control(&dir, "exit75");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    inject_many(&mut c, "s", "a@x.example", 5);
+    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    d.wait_log("exit 75", 20 * SEC);
+    std::thread::sleep(2 * SEC);
+    std::fs::write(&ctl, "ok").unwrap();
+    wait_empty(&mut c, 20 * SEC);
+    assert!(d.terminate().success());
+    let log = d.log();
+    assert!(
+        !log.contains("no worker started for"),
+        "an overloaded start is not a start failure:\n{log}"
+    );
+    assert!(log.contains("backing off"), "{log}");
+}
+
+#[test]
+fn a_cooldown_for_a_worker_that_cannot_reach_the_database_ends_when_claims_succeed() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-74start");
+    let ctl = control(&dir, "exit74");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    inject_many(&mut c, "s", "a@x.example", 5);
+    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    // Several start failures in a row: a growing cooldown would be at 8 s and more.
+    wait_until(30 * SEC, "four start failures", || {
+        occurrences(&d.log(), "no worker started for") >= 4
+    });
+    std::fs::write(&ctl, "ok").unwrap();
+    wait_empty(&mut c, 20 * SEC);
+    assert!(d.terminate().success());
+    let log = d.log();
+    for long in ["for 4s", "for 8s", "for 16s"] {
+        assert!(
+            !log.contains(&format!("no worker started {long}")),
+            "the cooldown grew although the dispatcher's claims succeeded:\n{log}"
+        );
+    }
+    assert!(
+        log.contains("the database answers the dispatcher again"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_outside_kill_before_ready_cools_the_stage_for_at_most_2_seconds() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-kill");
+    let ctl = control(&dir, "slowready");
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "s", "a@x.example", 3);
+    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    for round in 1..=3 {
+        let mut killed = false;
+        wait_until(20 * SEC, "a starting worker to kill", || {
+            for pid in d.children() {
+                // SAFETY: killing a child of our child by pid.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                killed = true;
+            }
+            killed
+        });
+        wait_until(20 * SEC, "the start failure is seen", || {
+            occurrences(&d.log(), "no worker started for") >= round
+        });
+    }
+    std::fs::write(&ctl, "ok").unwrap();
+    wait_empty(&mut c, 20 * SEC);
+    assert!(d.terminate().success());
+    let log = d.log();
+    assert!(!log.contains("no worker started for 4s"), "{log}");
+    assert!(!log.contains("no worker started for 8s"), "{log}");
+}
+
+#[test]
+fn a_message_deferred_for_74_is_resumed_within_seconds_not_30() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-74");
+    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
+    let mut c = db.client();
+    let id = inject_fault(&mut c, "s", "ioerr-once");
+    let started = Instant::now();
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_until(20 * SEC, "the message completes", || {
+        row_at(&mut c, id).is_none()
+    });
+    assert!(
+        started.elapsed() < 20 * SEC,
+        "resumed early, not after the 30 s pause"
+    );
+    wait_count(
+        &mut c,
+        "SELECT coalesce(sum(deferrals), 0)::int8 FROM pepsi.stage_stats",
+        1,
+        20 * SEC,
+    );
+    assert!(d.terminate().success());
+    assert!(d.log().contains("back to pending early"), "{}", d.log());
+}
+
+/// The test cluster's socket directory and a connection string that reaches the same
+/// database through a directory of our own, where the socket appears only as a
+/// symbolic link we can take away and put back: the database, as far as Pepsi can
+/// tell, goes away and comes back. `None` on a server that is not reached by a socket.
+fn linked_connection(db: &TestDb, dir: &TempDir) -> Option<(PathBuf, PathBuf, String)> {
+    let mut host = None;
+    let mut rest = Vec::new();
+    for part in db.conninfo.split_whitespace() {
+        match part.strip_prefix("host=") {
+            Some(h) if h.starts_with('/') => host = Some(PathBuf::from(h)),
+            _ => rest.push(part),
+        }
+    }
+    let host = host?;
+    let port = rest
+        .iter()
+        .find_map(|p| p.strip_prefix("port="))
+        .unwrap_or("5432")
+        .to_string();
+    let socket = host.join(format!(".s.PGSQL.{port}"));
+    let linked = dir.path("sock");
+    std::fs::create_dir_all(&linked).unwrap();
+    let link = linked.join(format!(".s.PGSQL.{port}"));
+    let conninfo = format!("host={} {}", linked.display(), rest.join(" "));
+    Some((socket, link, conninfo))
+}
+
+/// A configuration whose CONNECTION is `conninfo`.
+fn conf_with_connection(dir: &TempDir, db: &TestDb, conninfo: &str, stages: &str) -> PathBuf {
+    let conf = conf(dir, db, "", stages);
+    let text = std::fs::read_to_string(&conf).unwrap().replace(
+        &format!("CONNECTION = {}", db.conninfo),
+        &format!("CONNECTION = {conninfo}"),
+    );
+    std::fs::write(&conf, text).unwrap();
+    conf
+}
+
+#[test]
+fn started_with_the_database_away_the_dispatcher_waits_and_then_serves() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-away");
+    let Some((socket, link, conninfo)) = linked_connection(&db, &dir) else {
+        eprintln!("the test server is not reached by a socket; skipping");
+        return;
+    };
+    let conf = conf_with_connection(
+        &dir,
+        &db,
+        &conninfo,
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "a", "a@x.example", 20);
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log("the database is not available", 20 * SEC);
+    std::thread::sleep(3 * SEC);
+    assert!(d.try_wait().is_none(), "it waits:\n{}", d.log());
+    assert!(
+        d.log().contains(&format!("socket {}", link.display())),
+        "the wait names the socket:\n{}",
+        d.log()
+    );
+    std::os::unix::fs::symlink(&socket, &link).unwrap();
+    wait_empty(&mut c, 60 * SEC);
+    assert!(d.terminate().success(), "{}", d.log());
+}
+
+#[test]
+fn the_dispatcher_rides_out_a_20_second_database_outage() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-outage");
+    let Some((socket, link, conninfo)) = linked_connection(&db, &dir) else {
+        eprintln!("the test server is not reached by a socket; skipping");
+        return;
+    };
+    std::os::unix::fs::symlink(&socket, &link).unwrap();
+    let conf = conf_with_connection(
+        &dir,
+        &db,
+        &conninfo,
+        "[stage-a]\nPROGRAM = {fault}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\n",
+    );
+    let mut c = db.client();
+    inject_many(&mut c, "a", "a@x.example", 200);
+    let mut d = Dispatcher::start(&conf, &[("FAULT_DELAY_MS", "50")]);
+    wait_until(20 * SEC, "the drain is under way", || {
+        count(
+            &mut c,
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'a'",
+        ) < 190
+    });
+    // The database goes away for Pepsi: no new connection, every session ended.
+    std::fs::remove_file(&link).unwrap();
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        &[],
+    )
+    .unwrap();
+    std::thread::sleep(20 * SEC);
+    assert!(
+        d.try_wait().is_none(),
+        "it rides the outage out:\n{}",
+        d.log()
+    );
+    std::os::unix::fs::symlink(&socket, &link).unwrap();
+    wait_empty(&mut c, 120 * SEC);
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'"
+        ),
+        0
+    );
+    assert!(d.terminate().success(), "{}", d.log());
+    // One line a minute at most while the database is away, not one per attempt.
+    assert!(
+        occurrences(&d.log(), "the database connection is lost") <= 2,
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn a_connect_error_names_the_socket_the_user_and_the_reason() {
+    let dir = TempDir::new("r-conn");
+    let conf = dir.write(
+        "pepsi.conf",
+        "[pepsi]\nRUN_AS = root\n[pepsi-postgres]\nCONNECTION = host=/nonexistent/pepsi port=5999 user=mail dbname=q\n",
+    );
+    let out = run(
+        &bin("pepsi-setup"),
+        &["-c", conf.to_str().unwrap(), "schema"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("socket /nonexistent/pepsi/.s.PGSQL.5999 as user mail (database q)"),
+        "{err}"
+    );
+    assert!(err.contains("No such file or directory"), "{err}");
+}
+
+#[test]
+fn pepsi_setup_switches_to_run_as_before_connecting() {
+    let db = TestDb::empty();
+    let dir = TempDir::new("r-setup");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi]\nRUN_AS = pepsi-no-such-account\n[pepsi-postgres]\nCONNECTION = {}\n",
+            db.connection()
+        ),
+    );
+    let out = run(
+        &bin("pepsi-setup"),
+        &["-c", conf.to_str().unwrap(), "schema"],
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Not root: nothing to switch; setup runs as the invoking user.
+        assert!(out.status.success(), "{}", stderr(&out));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pepsi-no-such-account"),
+        "{}",
+        stderr(&out)
+    );
+    let installed: bool = db
+        .client()
+        .query_one("SELECT to_regclass('pepsi.workqueue') IS NOT NULL", &[])
+        .unwrap()
+        .get(0);
+    assert!(!installed, "nothing was installed as root");
+}
+
+#[test]
+fn under_systemd_a_log_line_carries_its_priority_and_stays_one_line() {
+    let dir = TempDir::new("r-journal");
+    let conf = dir.write(
+        "pepsi.conf",
+        "[pepsi]\nRUN_AS = root\n[pepsi-dispatch]\nMAX_RUNTIME = soon\nPOLL_INTERVAL = never\n",
+    );
+    let out = std::process::Command::new(bin("pepsi-dispatch"))
+        .args(["-c", conf.to_str().unwrap(), "serve"])
+        .env("JOURNAL_STREAM", "8:12345")
+        .env_remove("PEPSI_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    let error: Vec<&&str> = lines.iter().filter(|l| l.starts_with("<3>")).collect();
+    assert_eq!(error.len(), 1, "one journal entry for the error:\n{err}");
+    assert!(
+        error[0].contains("MAX_RUNTIME") && error[0].contains("POLL_INTERVAL"),
+        "both problems on the one line:\n{err}"
+    );
+    for line in &lines {
+        assert!(line.starts_with('<'), "every line has a priority: {line:?}");
+    }
+}
+
+#[test]
+fn a_second_dispatcher_names_the_holder_of_the_lock() {
+    let db = TestDb::new();
+    let dir = TempDir::new("r-holder");
+    let conf = conf(&dir, &db, "", "[stage-a]\nPROGRAM = {discard}\n");
+    let mut first = Dispatcher::start(&conf, &[]);
+    first.wait_log("serving", 20 * SEC);
+    let mut c = db.client();
+    let holder: i32 = c
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = 'pepsi-dispatch' AND backend_type = 'client backend' \
+             ORDER BY backend_start LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut second = Dispatcher::start(&conf, &[]);
+    let status = second.wait(30 * SEC);
+    assert_eq!(status.code(), Some(1), "{}", second.log());
+    let log = second.log();
+    assert!(log.contains(&format!("pid {holder} ")), "{log}");
+    assert!(log.contains("\"pepsi-dispatch\""), "{log}");
+    assert!(first.terminate().success());
+}
+
+#[test]
+fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: no account switch to test");
+        return;
+    }
+    let db = TestDb::new();
+    let dir = TempDir::new("r-env");
+    // Everything the account must reach: the configuration, the stage program, the
+    // command and the folder it writes to.
+    let open = |p: &std::path::Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    open(&dir.0, 0o755);
+    let out = dir.path("out");
+    std::fs::create_dir(&out).unwrap();
+    open(&out, 0o1777);
+    let program = dir.path("pepsi-stage-exec");
+    std::fs::copy(env!("CARGO_BIN_EXE_pepsi-stage"), &program).unwrap();
+    open(&program, 0o755);
+    let script = dir.write(
+        "env.sh",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"HOME=$HOME\" \"USER=$USER\" \"LOGNAME=$LOGNAME\" \"PATH=$PATH\" > {}/env\n",
+            out.display()
+        ),
+    );
+    open(&script, 0o755);
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        &format!(
+            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\n",
+            program.display(),
+            script.display()
+        ),
+    );
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("RUN_AS = root", "RUN_AS = nobody");
+    std::fs::write(&conf, text).unwrap();
+    open(&conf, 0o644);
+    let mut c = db.client();
+    inject_many(&mut c, "e", "a@x.example", 1);
+    let mut d = Dispatcher::start(
+        &conf,
+        &[("HOME", "/root"), ("PATH", "/root/bin:/usr/bin:/bin")],
+    );
+    wait_empty(&mut c, 30 * SEC);
+    assert!(d.terminate().success(), "{}", d.log());
+    let env = std::fs::read_to_string(out.join("env")).unwrap();
+    assert!(env.contains("HOME=/nonexistent"), "{env}");
+    assert!(env.contains("USER=nobody\n"), "{env}");
+    assert!(env.contains("LOGNAME=nobody\n"), "{env}");
+    assert!(env.contains("PATH=/usr/local/bin:/usr/bin:/bin\n"), "{env}");
+}
