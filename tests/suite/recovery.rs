@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::dispatch::{
-    conf, count, inject_fault, inject_many, wait_count, wait_empty, wait_status,
-};
+use super::dispatch::{conf, count, inject_fault, inject_many, wait_count, wait_empty};
 use crate::util::dispatcher::Dispatcher;
 use crate::util::{TempDir, TestDb, bin, row_at, run, state_of, stderr, wait_until};
 
