@@ -3,4 +3,5 @@
 mod dispatch;
 mod foundation;
 mod guarantees;
+mod poison;
 mod worker;
