@@ -30,16 +30,22 @@ pub const READ_CONFIG_OVERRIDE: &str =
     "SELECT section, key, value FROM pepsi.config_override ORDER BY section, key";
 
 /// The columns a worker loads for every row (see [`LOAD_METADATA`]). `$1` is the id
-/// array. The last column is the claim token every write of the row is guarded with. The settings subquery fetches the per-address overrides of the
-/// correspondents (the sender of a local message, else the recipients) for all stages,
-/// so fused stages have theirs too.
+/// array. The last column is the claim token every write of the row is guarded with.
+/// The settings subquery fetches the per-address overrides of the correspondents (the
+/// sender of a local message, else the recipients) for all stages, so fused stages have
+/// theirs too. The lifetime age is a difference of epochs in float8, never an interval:
+/// `now() - 'infinity'` is an error, which failed the load of the whole batch, while
+/// the epoch of an infinite timestamp is an infinite float the worker clamps. A
+/// `dsn_created` that is not a finite time falls back to the arrival.
 macro_rules! load_columns {
     () => {
         "q.workqueue_id, q.stage, q.status::text, q.mail_from, q.rcpt_to, q.auth_user, \
          host(q.client_ip), q.header_from, q.subject, q.state::text, q.sender_key, \
-         extract(epoch FROM now() - CASE WHEN q.state ? 'dsn_created' \
-                                         THEN pepsi.lifetime_start(q.state, q.arrived) \
-                                         ELSE q.arrived END)::float8, \
+         extract(epoch FROM now())::float8 \
+           - extract(epoch FROM CASE WHEN q.state ? 'dsn_created' \
+                                      AND isfinite(pepsi.lifetime_start(q.state, q.arrived)) \
+                                     THEN pepsi.lifetime_start(q.state, q.arrived) \
+                                     ELSE q.arrived END)::float8, \
          (SELECT jsonb_agg(jsonb_build_array(s.address, s.stage, s.key, s.value)) \
             FROM pepsi.settings s \
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
@@ -109,20 +115,63 @@ pub const SPLIT: &str =
 /// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).
 pub const ASYNC_COMMIT_OPTION: &str = "-c synchronous_commit=off";
 
+/// The claim of one row, read without any of its content: for a row whose load fails,
+/// so that it can still be failed under its guard. $1 id (int8). Returns (stage,
+/// status, claim token), or no row when it is gone. Reads only.
+pub const LOAD_CLAIM: &str = "SELECT stage, status::text, claim FROM pepsi.workqueue \
+     WHERE workqueue_id = $1";
+
+/// Fails a claimed row without rewriting its state: the failure keys are merged into
+/// the stored state server-side, so a row the worker cannot load or read loses nothing
+/// (§12.4). $1 id (int8), $2 claimed stage (text, also `failed_stage`), $3 claim token
+/// (int8), $4 `failure_class` (text), $5 `last_error` (text); guarded. Returns the id,
+/// or no row when the guard did not match.
+pub const FAIL_IN_PLACE: &str = "UPDATE pepsi.workqueue \
+     SET status = 'failed', timeout = NULL, \
+         state = state || jsonb_build_object('failure_class', $4::text, \
+                                             'failed_stage', $2::text, 'last_error', $5::text) \
+     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3 \
+     RETURNING workqueue_id";
+
 /// Last resort when a worker cannot write a row's outcome for a non-connection
-/// reason: pause it with the error, for 1 minute the first time and twice as long
-/// each time after (`state.unwritten` counts them), up to an hour, so a stage whose
-/// outcome never fits does not repeat its side effects every minute. $1 id (int8),
-/// $2 claimed stage (text), $3 the error (text), $4 the claim token (int8); guarded.
-/// Returns the pause in minutes.
-pub const PAUSE_UNWRITTEN: &str = "UPDATE pepsi.workqueue \
-     SET status = 'paused', \
-         timeout = now() + make_interval(mins => \
-             least(60, power(2, least(coalesce((state->>'unwritten')::int, 0), 6)))::int), \
-         state = state || jsonb_build_object('last_error', $3::text, \
-             'unwritten', coalesce((state->>'unwritten')::int, 0) + 1) \
-     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $4 \
-     RETURNING least(60, power(2, least(coalesce((state->>'unwritten')::int, 1) - 1, 6)))::int8";
+/// reason. `state.unwritten` counts the attempts (a value that is not a number counts
+/// as none, a huge one as many); the attempt that brings it to $5 fails the row with
+/// `failure_class` `unwritable` (and `failed_stage`), every earlier one pauses it with
+/// the error, for 1 minute the first time and twice as long each time after, up to an
+/// hour, so a stage whose outcome never fits does not repeat its side effects every
+/// minute, nor forever. The state is merged server-side, never replaced. $1 id (int8),
+/// $2 claimed stage (text), $3 the error (text), $4 the claim token (int8), $5 the
+/// attempt that fails the row (int4); guarded. Returns (the new status as text, the
+/// pause in minutes or NULL when it failed, the attempt count), or no row when the
+/// guard did not match.
+pub const PAUSE_OR_FAIL_UNWRITTEN: &str = "WITH cur AS ( \
+         SELECT w.workqueue_id, \
+                CASE WHEN jsonb_typeof(w.state -> 'unwritten') = 'number' \
+                     THEN least(greatest(floor((w.state ->> 'unwritten')::numeric), 0), \
+                                1000)::int \
+                     ELSE 0 END + 1 AS n \
+           FROM pepsi.workqueue w \
+          WHERE w.workqueue_id = $1 AND w.status = 'running' AND w.stage = $2 \
+            AND w.claim = $4 \
+     ) \
+     UPDATE pepsi.workqueue w \
+        SET status = CASE WHEN cur.n >= $5 THEN 'failed'::pepsi.workqueue_status \
+                          ELSE 'paused'::pepsi.workqueue_status END, \
+            timeout = CASE WHEN cur.n >= $5 THEN NULL \
+                           ELSE now() + make_interval(mins => \
+                                    least(60, power(2, least(cur.n - 1, 6)))::int) END, \
+            state = w.state \
+                    || jsonb_build_object('last_error', $3::text, 'unwritten', cur.n) \
+                    || CASE WHEN cur.n >= $5 \
+                            THEN jsonb_build_object('failure_class', 'unwritable', \
+                                                    'failed_stage', $2::text) \
+                            ELSE '{}'::jsonb END \
+       FROM cur \
+      WHERE w.workqueue_id = cur.workqueue_id AND w.status = 'running' AND w.stage = $2 \
+        AND w.claim = $4 \
+     RETURNING w.status::text, \
+               CASE WHEN cur.n < $5 THEN least(60, power(2, least(cur.n - 1, 6)))::int8 END, \
+               cur.n::int8";
 
 /// The coordinator session's bounds (§8.2 "Bounded waits"): a row lock held elsewhere
 /// (an operator's `SELECT … FOR UPDATE`, a killed worker's statement still running) or

@@ -96,8 +96,8 @@ fn tail(bytes: &[u8]) -> String {
 
 /// The message as the command reads it.
 fn message_text(message: &Message) -> Vec<u8> {
-    let headers = message.headers.as_deref().unwrap_or_default();
-    let body = message.body.as_deref().unwrap_or_default();
+    let headers = message.headers().unwrap_or_default();
+    let body = message.body().unwrap_or_default();
     let mut text = Vec::with_capacity(headers.len() + body.len() + 2);
     text.extend_from_slice(headers);
     let ended = headers.is_empty() || headers.ends_with(b"\n\n") || headers.ends_with(b"\r\n\r\n");
@@ -252,8 +252,7 @@ mod tests {
             Map::new(),
             String::new(),
         );
-        m.headers = Some(headers.to_vec());
-        m.body = Some(body.to_vec());
+        m.set_content(Some(headers.to_vec()), Some(body.to_vec()));
         message_text(&m)
     }
 

@@ -6,21 +6,24 @@
 //! Called by `startup.rs` once `ready` is out. It owns the batch's connection and the
 //! per-stage timings of the REPORT; it reads the claim token with each row and hands it
 //! on, but writes nothing itself (`writes.rs` does) and decides no outcome (`chain.rs`
-//! and `errors.rs` do). A row it cannot use is never a crash of the worker.
+//! and `errors.rs` do). A row it cannot use is never a crash of the worker, and never
+//! its batch's problem: when the batch's SELECT is refused, the ids are loaded one at a
+//! time, and a row that cannot be loaded at all is failed alone (`unreadable`), under
+//! the claim token read by a SELECT of nothing but its claim.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use postgres::types::Type;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::errors::status_for;
 use super::input::IdReader;
 use super::runtime::Worker;
 use super::settings;
-use super::writes::Plan;
-use super::{Load, Message, StageError};
+use super::writes::{Plan, Write};
+use super::{Load, Message};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
 use crate::exit::{self, Failure};
@@ -102,11 +105,9 @@ impl Worker {
             Load::Metadata => (sql::LOAD_METADATA, Load::Metadata),
             Load::Full => (sql::LOAD_FULL, Load::Full),
         };
-        let id_list: Vec<i64> = ids.to_vec();
-        let load = |conn: &mut PgConn| {
-            db::retry_transient(|| conn.query_typed(query, &[(&id_list, Type::INT8_ARRAY)]))
-        };
-        let rows = match load(&mut conn) {
+        // Ids answered without a row: those whose load failed when loaded one by one.
+        let mut settled: HashMap<i64, Plan> = HashMap::new();
+        let rows = match load_rows(&mut conn, query, ids) {
             Ok(rows) => rows,
             // A pooled connection that died while idle (a database restart) is noticed
             // only now, before anything was done: one fresh connection, then 74.
@@ -127,10 +128,19 @@ impl Worker {
                             .collect();
                     }
                 };
-                match load(&mut conn) {
+                match load_rows(&mut conn, query, ids) {
                     Ok(rows) => rows,
+                    Err(e) if db::classify(&e) == ErrorKind::Other => {
+                        load_one_by_one(&mut conn, query, ids, &e, &mut settled)
+                    }
                     Err(e) => return load_failed(ids, &e),
                 }
+            }
+            // Refused for a reason of its own (a value of one row the statement cannot
+            // handle): the same for every later try, so one row must not hold up the
+            // batch forever.
+            Err(e) if db::classify(&e) == ErrorKind::Other => {
+                load_one_by_one(&mut conn, query, ids, &e, &mut settled)
             }
             Err(e) => return load_failed(ids, &e),
         };
@@ -140,6 +150,10 @@ impl Worker {
         let mut plans = Vec::with_capacity(ids.len());
         let mut seen = HashSet::new();
         for &id in ids {
+            if let Some(plan) = settled.remove(&id) {
+                plans.push(plan);
+                continue;
+            }
             let row = if seen.insert(id) {
                 by_id.remove(&id)
             } else {
@@ -187,8 +201,10 @@ impl Worker {
     }
 
     /// A running row that cannot be read into a message is that message's permanent
-    /// error, written with whatever of its state is readable, under the claim token read
-    /// with it. Without a readable token no write is safe: the row is left as it is.
+    /// error. The worker does not hold the row's whole state (it may be what cannot be
+    /// read), so the failure keys are merged into the stored state server-side, under
+    /// the claim token read with the row; a stored state is never replaced by a smaller
+    /// one. Without a readable token no write is safe: the row is left as it is.
     fn unreadable(&mut self, id: i64, row: &postgres::Row, why: String) -> Plan {
         let stage: String = row.get(col::STAGE);
         let claim = match row.try_get::<_, i64>(col::CLAIM) {
@@ -201,27 +217,116 @@ impl Worker {
                 return Plan::answer_only(id, protocol::STATUS_OK);
             }
         };
-        let mut message = Message::new(
-            id,
-            stage.clone(),
-            String::new(),
-            Vec::new(),
-            None,
-            None,
-            readable_state(row),
-            String::new(),
+        log::warn!("{stage}: message {id}: permanent error, failing it: {why}");
+        failing_plan(id, stage, claim, "permanent", why)
+    }
+}
+
+/// A plan that fails a running row in place (see [`Write::Fail`]) and answers that it
+/// failed.
+fn failing_plan(id: i64, stage: String, claim: i64, class: &'static str, error: String) -> Plan {
+    let mut plan = Plan::answer_only(id, protocol::STATUS_PERMANENT);
+    plan.claimed = stage;
+    plan.claim = claim;
+    plan.write = Write::Fail { class, error };
+    plan
+}
+
+/// Runs [`sql::LOAD_METADATA`] or [`sql::LOAD_FULL`] for these ids, re-running it on a
+/// serialization failure or deadlock.
+fn load_rows(
+    conn: &mut PgConn,
+    query: &str,
+    ids: &[i64],
+) -> Result<Vec<postgres::Row>, postgres::Error> {
+    let ids = ids.to_vec();
+    db::retry_transient(|| conn.query_typed(query, &[(&ids, Type::INT8_ARRAY)]))
+}
+
+/// The batch's load was refused for a non-connection reason (`err`): loads its ids one
+/// at a time, so that only a row that cannot be loaded is affected. Returns the rows
+/// that loaded; every other id gets its plan in `settled`.
+fn load_one_by_one(
+    conn: &mut PgConn,
+    query: &str,
+    ids: &[i64],
+    err: &postgres::Error,
+    settled: &mut HashMap<i64, Plan>,
+) -> Vec<postgres::Row> {
+    let mut unique = HashSet::new();
+    let ids: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| unique.insert(*id))
+        .collect();
+    if ids.len() > 1 {
+        log::warn!(
+            "cannot load messages {ids:?} together: {}; loading them one at a time",
+            db::describe(err)
         );
-        message.claim = claim;
-        let mut plan = Plan::for_message(&message);
-        let section = self.graph.get(&stage).cloned();
-        self.handle_error(
-            &mut plan,
-            message,
-            &stage,
-            section.as_ref(),
-            StageError::permanent(why),
+    }
+    let mut rows = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        // A batch of one has been tried already.
+        let single;
+        let err = if ids.len() == 1 {
+            err
+        } else {
+            match load_rows(conn, query, &[id]) {
+                Ok(row) => {
+                    rows.extend(row);
+                    continue;
+                }
+                Err(e) => {
+                    single = e;
+                    &single
+                }
+            }
+        };
+        settled.insert(id, unloadable(conn, id, err));
+    }
+    rows
+}
+
+/// The plan for a row whose load failed with `err`. A failure of the connection (or
+/// overload) is answered as such; any other is the row's own: when it is running, it
+/// fails alone with `failure_class` `unreadable`, under the stage and claim token read
+/// by [`sql::LOAD_CLAIM`], which reads nothing of the row's content.
+fn unloadable(conn: &mut PgConn, id: i64, err: &postgres::Error) -> Plan {
+    let kind = db::classify(err);
+    if kind != ErrorKind::Other {
+        let answer = status_for(kind);
+        log::warn!(
+            "cannot load message {id}: {}; answering {answer}",
+            db::describe(err)
         );
-        plan
+        return Plan::answer_only(id, answer);
+    }
+    let why = format!("cannot load the message: {}", db::describe(err));
+    let claim = db::retry_transient(|| conn.query_typed_opt(sql::LOAD_CLAIM, &[(&id, Type::INT8)]));
+    match claim {
+        Ok(None) => {
+            log::warn!("message {id} does not exist; nothing to do");
+            Plan::answer_only(id, protocol::STATUS_OK)
+        }
+        Ok(Some(row)) => {
+            let stage: String = row.get(0);
+            let status: String = row.get(1);
+            if status != "running" {
+                log::warn!("{stage}: message {id} is {status}, not running; left alone ({why})");
+                return Plan::answer_only(id, protocol::STATUS_OK);
+            }
+            log::warn!("{stage}: message {id}: {why}; failing it as unreadable");
+            failing_plan(id, stage, row.get(2), "unreadable", why)
+        }
+        Err(e) => {
+            let answer = status_for(db::classify(&e));
+            log::warn!(
+                "message {id}: {why}; nor can its claim be read: {}; answering {answer}",
+                db::describe(&e)
+            );
+            Plan::answer_only(id, answer)
+        }
     }
 }
 
@@ -244,15 +349,18 @@ fn per_message(total: Duration, n: usize) -> u64 {
     (total.as_micros() as u64) / (n.max(1) as u64)
 }
 
-/// The row's state, when it is readable: kept when the row itself is not usable.
-fn readable_state(row: &postgres::Row) -> Map<String, Value> {
-    row.try_get::<_, String>(col::STATE)
-        .ok()
-        .and_then(|text| match serde_json::from_str::<Value>(&text) {
-            Ok(Value::Object(map)) => Some(map),
-            _ => None,
-        })
-        .unwrap_or_default()
+/// How long a message has lived, from the seconds [`sql::LOAD_METADATA`] computes
+/// (a difference of epochs, so any stored time gives a number, never an error).
+/// `Duration::from_secs_f64` panics on what such a difference can be, so: an age below
+/// zero (a clock ahead, an arrival in the future) is no age; an age that is not a
+/// finite number (an infinite arrival or creation time) cannot be known and counts as
+/// spent, so that a host error's retries end instead of running hourly forever; an age
+/// beyond what a `Duration` holds is the largest.
+fn lifetime_age(secs: f64) -> Duration {
+    if !secs.is_finite() {
+        return Duration::MAX;
+    }
+    Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)
 }
 
 /// Builds a message from a row of [`sql::LOAD_METADATA`] / [`sql::LOAD_FULL`].
@@ -286,11 +394,42 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
     message.claim = column(row, col::CLAIM)?;
     message.auth_user = column(row, col::AUTH_USER)?;
     message.client_ip = column(row, col::CLIENT_IP)?;
-    message.lifetime_age = Duration::from_secs_f64(column::<f64>(row, col::LIFETIME_AGE)?.max(0.0));
+    // NULL cannot come from the load; were it to, it is an age that cannot be known.
+    message.lifetime_age =
+        lifetime_age(column::<Option<f64>>(row, col::LIFETIME_AGE)?.unwrap_or(f64::NAN));
     message.settings = settings::parse(column::<Option<String>>(row, col::SETTINGS)?.as_deref());
     if loaded == Load::Full {
-        message.headers = column(row, col::HEADERS)?;
-        message.body = column(row, col::BODY)?;
+        message.set_content(column(row, col::HEADERS)?, column(row, col::BODY)?);
     }
     Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_lifetime_age_converts_without_a_panic() {
+        assert_eq!(lifetime_age(90.5), Duration::from_millis(90_500));
+        assert_eq!(lifetime_age(0.0), Duration::ZERO);
+        assert_eq!(lifetime_age(-0.0), Duration::ZERO);
+        assert_eq!(
+            lifetime_age(-3600.0),
+            Duration::ZERO,
+            "arrived in the future"
+        );
+        assert_eq!(
+            lifetime_age(f64::INFINITY),
+            Duration::MAX,
+            "arrived -infinity"
+        );
+        assert_eq!(
+            lifetime_age(f64::NEG_INFINITY),
+            Duration::MAX,
+            "arrived infinity"
+        );
+        assert_eq!(lifetime_age(f64::NAN), Duration::MAX);
+        assert_eq!(lifetime_age(1e300), Duration::MAX, "beyond a Duration");
+        assert_eq!(lifetime_age(f64::MIN), Duration::ZERO);
+    }
 }

@@ -102,12 +102,15 @@ impl Worker {
                     let same_stage =
                         message.state.get("temporary_stage").and_then(Value::as_str) == Some(stage);
                     let failures = if same_stage {
-                        message
+                        // Whatever the stored count holds (a string, a fraction, a
+                        // number beyond u32) it must not overflow: garbage counts as
+                        // none, a huge count as the largest.
+                        let stored = message
                             .state
                             .get("temporary_failures")
                             .and_then(Value::as_u64)
-                            .unwrap_or(0) as u32
-                            + 1
+                            .unwrap_or(0);
+                        u32::try_from(stored).unwrap_or(u32::MAX).saturating_add(1)
                     } else {
                         1
                     };

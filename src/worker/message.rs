@@ -3,7 +3,8 @@
 //! and whether a stage rewrote it.
 //!
 //! Setters of the envelope and extracted metadata mark the message rewritten, which
-//! fusion must know (§12.6) and the write must carry; `state` is free to change.
+//! fusion must know (§12.6) and the write must carry; `state` is free to change. The
+//! header block and body are read-only: no write carries them.
 
 use std::time::Duration;
 
@@ -12,6 +13,30 @@ use serde_json::{Map, Value};
 use super::settings::SettingRow;
 
 /// One row being processed.
+///
+/// A stage reads the header block and the body but cannot replace them: no write
+/// carries them, so a rewrite would be silently lost.
+///
+/// ```
+/// # use pepsi::worker::Message;
+/// let m = Message::new(1, "s".into(), String::new(), vec!["r@x".into()], None, None,
+///                      Default::default(), String::new());
+/// assert_eq!((m.headers(), m.body()), (None, None));
+/// ```
+///
+/// ```compile_fail,E0616
+/// # use pepsi::worker::Message;
+/// let mut m = Message::new(1, "s".into(), String::new(), vec!["r@x".into()], None, None,
+///                          Default::default(), String::new());
+/// m.headers = Some(b"X-Rewritten: yes\r\n".to_vec());
+/// ```
+///
+/// ```compile_fail,E0616
+/// # use pepsi::worker::Message;
+/// let mut m = Message::new(1, "s".into(), String::new(), vec!["r@x".into()], None, None,
+///                          Default::default(), String::new());
+/// m.body = Some(b"rewritten".to_vec());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Message {
     /// `workqueue_id`.
@@ -37,10 +62,8 @@ pub struct Message {
     /// How long the message has lived, from `arrived` or `state.dsn_created`, when it
     /// was loaded.
     pub lifetime_age: Duration,
-    /// The header block, for stages that load it.
-    pub headers: Option<Vec<u8>>,
-    /// The body, for stages that load it.
-    pub body: Option<Vec<u8>>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
     /// Overrides from `pepsi.settings` for the correspondents, all stages.
     pub settings: Vec<SettingRow>,
     rewritten: bool,
@@ -97,6 +120,25 @@ impl Message {
     /// The extracted `Subject:`.
     pub fn subject(&self) -> Option<&str> {
         self.subject.as_deref()
+    }
+
+    /// The header block, for stages that load it (`Load::Full`). Read-only: no write
+    /// carries it.
+    pub fn headers(&self) -> Option<&[u8]> {
+        self.headers.as_deref()
+    }
+
+    /// The body, for stages that load it (`Load::Full`). Read-only: no write carries
+    /// it.
+    pub fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+
+    /// Sets the header block and body as loaded with the row (the runtime, and tests
+    /// of stages).
+    pub(crate) fn set_content(&mut self, headers: Option<Vec<u8>>, body: Option<Vec<u8>>) {
+        self.headers = headers;
+        self.body = body;
     }
 
     /// Rewrites the envelope sender.

@@ -31,6 +31,15 @@ pub(super) enum Write {
     Update(Value),
     /// Delete the row: the message is done.
     Delete,
+    /// Fail the row at its claimed stage without rewriting its state (the worker could
+    /// not load or read it): [`sql::FAIL_IN_PLACE`] merges these failure keys into the
+    /// stored state.
+    Fail {
+        /// `state.failure_class`.
+        class: &'static str,
+        /// `state.last_error`.
+        error: String,
+    },
     /// Split the row; every group continues at `stage`, pending.
     Split {
         groups: Value,
@@ -82,6 +91,23 @@ impl Plan {
     }
 }
 
+/// How many times a worker tries to write an outcome the database refuses for a
+/// non-connection reason before it gives up and fails the row `unwritable`: attempts
+/// 1 to 4 pause it for 1, 2, 4 and 8 minutes, the 5th fails it, about a quarter of an
+/// hour after the first. Serialization failures and deadlocks are re-run inside each
+/// attempt (`db::retry_transient`) and a lost connection is no attempt (it answers 74),
+/// so what is left is a refusal of this very outcome (a constraint, a trigger, a value
+/// out of range): it rarely clears by itself, and every attempt re-runs the stage's
+/// side effects (a delivery by `exec`), so a few attempts bound the duplicates, while a
+/// quarter of an hour leaves an operator who is fixing a constraint or trigger the time
+/// to do so before messages fail.
+pub(super) const UNWRITABLE_ATTEMPTS: i32 = 5;
+
+/// The longest pause a stage's outcome may ask for: far beyond any retry policy, and
+/// far within what a `timestamptz` can hold (a pause beyond it would make the write
+/// fail).
+const MAX_PAUSE: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
 /// The two batched write statements.
 #[derive(Clone, Copy)]
 enum Shape {
@@ -90,8 +116,15 @@ enum Shape {
 }
 
 impl Worker {
-    /// Writes every plan's outcome: splits one by one, then one UPDATE and one DELETE.
+    /// Writes every plan's outcome: failures in place and splits one by one (both are
+    /// rare), then one UPDATE and one DELETE.
     pub(super) fn commit(&mut self, conn: &mut PgConn, plans: &mut [Plan]) {
+        for plan in plans.iter_mut() {
+            if let Write::Fail { class, error } = &plan.write {
+                let (class, error) = (*class, error.clone());
+                fail_in_place(conn, plan, class, &error);
+            }
+        }
         for plan in plans.iter_mut() {
             let Write::Split {
                 groups,
@@ -187,39 +220,58 @@ impl Worker {
                     protocol::STATUS_IOERR
                 }
                 ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
-                _ => pause_unwritten(conn, plan, err),
+                _ => pause_or_fail_unwritten(conn, plan, err),
             };
         }
     }
 }
 
 /// Writing an outcome failed for a non-connection reason: pause the row at its claimed
-/// stage with the error, as a last resort, so it is retried. Guarded like every write.
-fn pause_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 {
+/// stage with the error, as a last resort, so it is retried; or, at the
+/// [`UNWRITABLE_ATTEMPTS`]th such attempt, fail it `unwritable`. Guarded like every
+/// write; the state is merged server-side.
+fn pause_or_fail_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 {
     let error = db::storable(&format!("cannot write the outcome: {}", db::describe(err)));
-    match conn.query_typed_opt(
-        sql::PAUSE_UNWRITTEN,
-        &[
-            (&plan.id, Type::INT8),
-            (&plan.claimed, Type::TEXT),
-            (&error, Type::TEXT),
-            (&plan.claim, Type::INT8),
-        ],
-    ) {
-        Ok(row) => {
-            match row {
-                Some(row) => log::warn!(
-                    "{}: message {}: {error}; paused for {} min",
-                    plan.claimed,
-                    plan.id,
-                    row.get::<_, i64>(0)
-                ),
-                None => log::warn!(
-                    "{}: message {}: {error}; it was no longer running there",
-                    plan.claimed,
-                    plan.id
-                ),
+    let result = db::retry_transient(|| {
+        conn.query_typed_opt(
+            sql::PAUSE_OR_FAIL_UNWRITTEN,
+            &[
+                (&plan.id, Type::INT8),
+                (&plan.claimed, Type::TEXT),
+                (&error, Type::TEXT),
+                (&plan.claim, Type::INT8),
+                (&UNWRITABLE_ATTEMPTS, Type::INT4),
+            ],
+        )
+    });
+    match result {
+        Ok(Some(row)) => {
+            let attempt: i64 = row.get(2);
+            match row.get::<_, Option<i64>>(1) {
+                Some(minutes) => {
+                    log::warn!(
+                        "{}: message {}: {error}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, paused for {minutes} min",
+                        plan.claimed,
+                        plan.id
+                    );
+                    protocol::STATUS_OK
+                }
+                None => {
+                    log::warn!(
+                        "{}: message {}: {error}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, failing it as unwritable",
+                        plan.claimed,
+                        plan.id
+                    );
+                    protocol::STATUS_EXHAUSTED
+                }
             }
+        }
+        Ok(None) => {
+            log::warn!(
+                "{}: message {}: {error}; it was no longer running there",
+                plan.claimed,
+                plan.id
+            );
             protocol::STATUS_OK
         }
         Err(e) => {
@@ -232,6 +284,48 @@ fn pause_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error) -> u8 
             status_for(db::classify(&e))
         }
     }
+}
+
+/// Writes a [`Write::Fail`]: the row fails at its claimed stage with these failure keys
+/// merged into its stored state, in one guarded statement; sets the plan's answer when
+/// the row was taken away or the write failed.
+fn fail_in_place(conn: &mut PgConn, plan: &mut Plan, class: &str, error: &str) {
+    let error = db::storable(error);
+    let result = db::retry_transient(|| {
+        conn.query_typed_opt(
+            sql::FAIL_IN_PLACE,
+            &[
+                (&plan.id, Type::INT8),
+                (&plan.claimed, Type::TEXT),
+                (&plan.claim, Type::INT8),
+                (&class, Type::TEXT),
+                (&error, Type::TEXT),
+            ],
+        )
+    });
+    match result {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            log::warn!(
+                "{}: message {} was taken away; its failure ({class}) was not written",
+                plan.claimed,
+                plan.id
+            );
+            plan.answer = protocol::STATUS_OK;
+        }
+        Err(e) => {
+            // Nothing was written; the dispatcher defers the row and it is loaded again.
+            let answer = status_for(db::classify(&e));
+            log::warn!(
+                "{}: message {}: cannot fail it ({class}: {error}): {}; answering {answer}",
+                plan.claimed,
+                plan.id,
+                db::describe(&e)
+            );
+            plan.answer = answer;
+        }
+    }
+    plan.write = Write::Nothing;
 }
 
 /// Calls `workqueue_split` (one round trip), guarded by the claimed stage and the claim
@@ -320,7 +414,7 @@ pub(super) fn update_row(
         "claim": message.claim,
         "stage": stage,
         "status": status,
-        "delay_ms": delay.map(|d| d.as_millis() as u64),
+        "delay_ms": delay.map(|d| d.min(MAX_PAUSE).as_millis() as u64),
         "state": Value::Object(message.state.clone()),
         "rewritten": message.rewritten(),
     });
@@ -359,5 +453,45 @@ mod tests {
             (plan.id, plan.claimed.as_str(), plan.claim),
             (7, "relay", 42)
         );
+    }
+
+    #[test]
+    fn a_pause_beyond_a_century_is_cut_to_one_the_database_can_store() {
+        let m = Message::new(
+            7,
+            "relay".into(),
+            String::new(),
+            vec!["r@y.example".into()],
+            None,
+            None,
+            Default::default(),
+            String::new(),
+        );
+        let row = update_row(&m, "relay", "relay", "paused", Some(Duration::MAX));
+        assert_eq!(row["delay_ms"], MAX_PAUSE.as_millis() as u64);
+        assert!(row["delay_ms"].as_i64().is_some(), "fits a bigint");
+        let row = update_row(
+            &m,
+            "relay",
+            "relay",
+            "paused",
+            Some(Duration::from_secs(60)),
+        );
+        assert_eq!(row["delay_ms"], 60_000);
+    }
+
+    #[test]
+    fn a_state_keeps_numbers_beyond_f64_and_u64_exactly() {
+        let text = r#"{"n":1e400,"big":123456789012345678901234567890,"trailing":1.50,"small":7}"#;
+        let state: Value = serde_json::from_str(text).unwrap();
+        // Keys come out sorted and an exponent signed; the numbers keep every digit.
+        assert_eq!(
+            state.to_string(),
+            r#"{"big":123456789012345678901234567890,"n":1e+400,"small":7,"trailing":1.50}"#
+        );
+        assert_eq!(state["small"].as_u64(), Some(7));
+        assert_eq!(state["small"].as_i64(), Some(7));
+        assert_eq!(state["big"].as_u64(), None, "beyond u64: not a u64");
+        assert_eq!(state["trailing"].as_f64(), Some(1.5));
     }
 }

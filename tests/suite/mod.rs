@@ -3,5 +3,6 @@
 mod dispatch;
 mod foundation;
 mod guarantees;
+mod poison;
 mod recovery;
 mod worker;
