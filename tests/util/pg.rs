@@ -6,7 +6,9 @@
 //! a private temporary directory, run as the `postgres` account when the tests run as
 //! root (initdb refuses root). It is stopped and removed when the test binary exits.
 //! Each test gets its own database, cloned from a template that already holds the
-//! schema.
+//! schema. A test binary that owns its cluster may also restart it ([`restart`]) and
+//! change its settings ([`admin`] with `ALTER SYSTEM`): every test binary has a cluster
+//! of its own, so this disturbs no other binary's tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -326,4 +328,41 @@ impl Drop for TestDb {
 /// Is this the throwaway cluster (so tests may configure it freely)?
 pub fn is_throwaway() -> bool {
     server().cluster.is_some()
+}
+
+/// The throwaway cluster's data directory, or None on an external server.
+pub fn data_dir() -> Option<PathBuf> {
+    server().cluster.as_ref().map(|dir| dir.join("data"))
+}
+
+/// The directory holding `initdb` and `pg_ctl`.
+pub fn bindir() -> Result<PathBuf, String> {
+    find_bindir()
+}
+
+/// A superuser connection to the server's `postgres` database (for `ALTER SYSTEM`,
+/// `pg_terminate_backend` and the like).
+pub fn admin() -> Client {
+    Client::connect(&with_db(&server().base, "postgres"), NoTls)
+        .expect("connect to the test server's postgres database")
+}
+
+/// Restarts the throwaway cluster and waits until it accepts connections again:
+/// `pg_ctl restart`, with `-m fast` (every session terminated at once) when `fast`,
+/// else `-m smart` (waits for every session to end). As the `postgres` account when
+/// run as root. Every open connection breaks. Fails on an external server.
+pub fn restart(fast: bool) -> Result<(), String> {
+    let Some(dir) = server().cluster.as_ref() else {
+        return Err("the tests use an external server: it cannot be restarted".into());
+    };
+    let bindir = find_bindir()?;
+    // `-l` again: without it the new postmaster would write to pg_ctl's stdout, which
+    // `run` reads to its end, so it would wait for the server to exit.
+    run(as_owner(&bindir.join("pg_ctl"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-l")
+        .arg(dir.join("server.log"))
+        .args(["-m", if fast { "fast" } else { "smart" }])
+        .args(["-w", "-t", "60", "restart"]))
 }
