@@ -1,9 +1,14 @@
-//! `pepsi-dispatch [GLOBAL] serve`.
+//! `pepsi-dispatch [GLOBAL] serve | check [--overlay SECTION KEY VALUE]`.
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let result = pepsi::cli::start(&pepsi::dispatch::PROGRAM)
-        .and_then(|inv| inv.map_or(Ok(()), pepsi::dispatch::run));
+    let result = pepsi::cli::start(&pepsi::dispatch::PROGRAM).and_then(|inv| match inv {
+        None => Ok(()),
+        Some(inv) if inv.rest.first().is_some_and(|s| s == "check") => {
+            pepsi::dispatch::check::run(inv)
+        }
+        Some(inv) => pepsi::dispatch::run(inv),
+    });
     pepsi::exit::finish(pepsi::dispatch::PROGRAM.name, result)
 }

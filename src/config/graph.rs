@@ -3,11 +3,15 @@
 //! duration and boolean parses, and every stage reference (`NEXT` and any key ending in
 //! `_STAGE`) names an existing section.
 //!
+//! Also here, pure: the unknown keys of stage sections ([`unknown_keys`]) and the cycles
+//! of the graph ([`StageGraph::cycles`]), both warnings, never errors.
+//!
 //! Used by the dispatcher (routing, pool sizes) and by workers (their own options).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::keys;
 use super::raw::{ConfigError, Origin, Problems, Section};
 
 /// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
@@ -19,6 +23,18 @@ pub const MAX_PARALLELISM: u32 = 10_000;
 pub const MAX_QUEUE_LIMIT: u32 = 10_000;
 /// Fusion depth cap: a chain longer than this (a misconfigured cycle) commits a hop.
 pub const MAX_FUSION_DEPTH: usize = 16;
+
+/// The keys every stage section may set, whatever its program (SPEC §4).
+pub const STAGE_KEYS: &[&str] = &[
+    "PROGRAM",
+    "NEXT",
+    "PARALLELISM",
+    "QUEUE_LIMIT",
+    "MAX_MESSAGES",
+    "FUSION",
+    "MAX_LIFETIME",
+    "BOUNCE_STAGE",
+];
 
 /// One row of `pepsi.config_override`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +128,97 @@ impl StageSection {
     }
 }
 
+/// The stage sections with the overlay laid over them, before their values are checked.
+#[derive(Clone, Debug, Default)]
+pub struct LaidOver {
+    /// Every `[stage-*]` section, by section name.
+    pub sections: BTreeMap<String, Section>,
+    /// Overlay rows that cannot be laid over (an invalid key).
+    pub errors: Vec<ConfigError>,
+    /// Overlay rows that are ignored (a section other than `[stage-*]`).
+    pub warnings: Vec<ConfigError>,
+}
+
+/// Lays `overlay` over the file's stage sections (the first phase of
+/// [`StageGraph::build`]): a row sets its key, an empty value unsets it.
+pub fn lay_over(file: &[Section], overlay: &[OverrideRow]) -> LaidOver {
+    let mut sections: BTreeMap<String, Section> = file
+        .iter()
+        .filter(|s| s.name.starts_with(STAGE_PREFIX))
+        .map(|s| (s.name.clone(), s.clone()))
+        .collect();
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    for row in overlay {
+        if !row.section.starts_with(STAGE_PREFIX) || row.section.len() == STAGE_PREFIX.len() {
+            warnings.push(ConfigError {
+                section: Some(row.section.clone()),
+                key: Some(row.key.clone()),
+                ..ConfigError::at(
+                    Origin::Override,
+                    "only [stage-*] sections can be overridden; ignored",
+                )
+            });
+            continue;
+        }
+        if row.key.is_empty()
+            || !row.key.starts_with(|c: char| c.is_ascii_uppercase())
+            || !row
+                .key
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            errors.push(ConfigError {
+                section: Some(row.section.clone()),
+                ..ConfigError::at(
+                    Origin::Override,
+                    format!(
+                        "{:?} is not a valid key (upper-case letters, digits and '_')",
+                        row.key
+                    ),
+                )
+            });
+            continue;
+        }
+        sections
+            .entry(row.section.clone())
+            .or_insert_with(|| Section::new(row.section.clone(), Origin::Override))
+            .set(&row.key, row.value.trim(), Origin::Override);
+    }
+    LaidOver {
+        sections,
+        errors,
+        warnings,
+    }
+}
+
+/// The unknown keys of stage sections, as warnings naming where each is set (a file
+/// and line, or the overlay) and the nearest known key. A section is checked only when
+/// `program_keys` knows its `PROGRAM` (a built-in: the keys it declares); any other
+/// program's options are its own business.
+pub fn unknown_keys<'a>(
+    sections: impl IntoIterator<Item = &'a Section>,
+    program_keys: impl Fn(&str) -> Option<&'static [&'static str]>,
+) -> Vec<ConfigError> {
+    let mut warnings = Vec::new();
+    for section in sections {
+        let Some(program) = section.get("PROGRAM") else {
+            continue;
+        };
+        let Some(own) = program_keys(program) else {
+            continue;
+        };
+        let known: Vec<&str> = STAGE_KEYS.iter().chain(own).copied().collect();
+        let name = program.rsplit('/').next().unwrap_or(program);
+        for (key, _) in section.entries() {
+            if !known.contains(&key) {
+                warnings.push(section.error(key, keys::unknown_key(key, &known, Some(name))));
+            }
+        }
+    }
+    warnings
+}
+
 /// The checked stage graph.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StageGraph {
@@ -125,45 +232,11 @@ impl StageGraph {
         file: &[Section],
         overlay: &[OverrideRow],
     ) -> Result<StageGraph, Vec<ConfigError>> {
-        let mut sections: BTreeMap<String, Section> = file
-            .iter()
-            .filter(|s| s.name.starts_with(STAGE_PREFIX))
-            .map(|s| (s.name.clone(), s.clone()))
-            .collect();
-        let mut errors = Vec::new();
-        for row in overlay {
-            if !row.section.starts_with(STAGE_PREFIX) || row.section.len() == STAGE_PREFIX.len() {
-                log::warn!(
-                    "pepsi.config_override: [{}] {}: only [stage-*] sections can be overridden; ignored",
-                    row.section,
-                    row.key
-                );
-                continue;
-            }
-            if row.key.is_empty()
-                || !row.key.starts_with(|c: char| c.is_ascii_uppercase())
-                || !row
-                    .key
-                    .chars()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-            {
-                errors.push(ConfigError {
-                    section: Some(row.section.clone()),
-                    ..ConfigError::at(
-                        Origin::Override,
-                        format!(
-                            "{:?} is not a valid key (upper-case letters, digits and '_')",
-                            row.key
-                        ),
-                    )
-                });
-                continue;
-            }
-            sections
-                .entry(row.section.clone())
-                .or_insert_with(|| Section::new(row.section.clone(), Origin::Override))
-                .set(&row.key, row.value.trim(), Origin::Override);
-        }
+        let LaidOver {
+            sections,
+            mut errors,
+            ..
+        } = lay_over(file, overlay);
         let mut stages = BTreeMap::new();
         for section in sections.values() {
             if section.name.len() == STAGE_PREFIX.len() {
@@ -212,6 +285,106 @@ impl StageGraph {
     /// Is there a stage of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.stages.contains_key(name)
+    }
+
+    /// The stages a stage's references (`NEXT` and every `*_STAGE` key) name.
+    fn successors(&self, name: &str) -> BTreeSet<&str> {
+        self.stages
+            .get(name)
+            .into_iter()
+            .flat_map(|s| s.references().map(|(_, target)| target))
+            .filter(|target| self.stages.contains_key(*target))
+            .collect()
+    }
+
+    /// Every stage reachable from `start` through references, `start` itself only when
+    /// a path leads back to it.
+    fn reachable(&self, start: &str) -> BTreeSet<&str> {
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<&str> = self.successors(start).into_iter().collect();
+        while let Some(name) = todo.pop() {
+            if seen.insert(name) {
+                todo.extend(self.successors(name));
+            }
+        }
+        seen
+    }
+
+    /// The cycles of the graph through its stage references (`NEXT` and every `*_STAGE`
+    /// key): one per group of stages that all reach one another, each as the stage names
+    /// along one shortest cycle through the group's first stage, that stage repeated at
+    /// the end (`["loop1", "loop2", "loop1"]`). A cycle is legal — the hop limit bounds a
+    /// message that keeps going round — but worth a warning.
+    pub fn cycles(&self) -> Vec<Vec<String>> {
+        let reach: BTreeMap<&str, BTreeSet<&str>> = self
+            .stages
+            .keys()
+            .map(|name| (name.as_str(), self.reachable(name)))
+            .collect();
+        let mut grouped: BTreeSet<&str> = BTreeSet::new();
+        let mut cycles = Vec::new();
+        // Stages in name order, so each group is found from its first stage.
+        for (&start, from_start) in &reach {
+            if grouped.contains(start) || !from_start.contains(start) {
+                continue;
+            }
+            let group: BTreeSet<&str> = from_start
+                .iter()
+                .copied()
+                .filter(|other| reach[other].contains(start))
+                .collect();
+            grouped.extend(group.iter().copied());
+            // Breadth first from `start` inside the group, back to `start`.
+            let mut parent: BTreeMap<&str, &str> = BTreeMap::new();
+            let mut queue = std::collections::VecDeque::from([start]);
+            let mut last = None;
+            'search: while let Some(name) = queue.pop_front() {
+                for next in self.successors(name) {
+                    if next == start {
+                        last = Some(name);
+                        break 'search;
+                    }
+                    if group.contains(next) && !parent.contains_key(next) {
+                        parent.insert(next, name);
+                        queue.push_back(next);
+                    }
+                }
+            }
+            // Walk the parents back from the stage that leads to `start`.
+            let mut middle = Vec::new();
+            let mut at = last.expect("a stage in a group reaches itself");
+            while at != start {
+                middle.push(at.to_string());
+                at = parent[at];
+            }
+            middle.reverse();
+            let mut path = vec![start.to_string()];
+            path.extend(middle);
+            path.push(start.to_string());
+            cycles.push(path);
+        }
+        cycles
+    }
+
+    /// A warning for each cycle of the graph (see [`StageGraph::cycles`]), located at
+    /// its first stage's section.
+    pub fn cycle_warnings(&self) -> Vec<ConfigError> {
+        self.cycles()
+            .into_iter()
+            .map(|cycle| {
+                let first = &self.stages[&cycle[0]].section;
+                ConfigError {
+                    section: Some(first.name.clone()),
+                    ..ConfigError::at(
+                        first.origin.clone(),
+                        format!(
+                            "the stage references form a cycle: {} (legal, but a message can go round until [pepsi-dispatch] MAX_HOPS stops it)",
+                            cycle.join(" → ")
+                        ),
+                    )
+                }
+            })
+            .collect()
     }
 }
 
@@ -340,6 +513,83 @@ mod tests {
             errs[0]
                 .to_string()
                 .starts_with("pepsi.config_override: [stage-pass] \"next\"")
+        );
+    }
+
+    #[test]
+    fn cycles_are_found_once_each_as_a_path_back_to_their_first_stage() {
+        let g = StageGraph::build(&sections(PIPE), &[]).unwrap();
+        assert!(g.cycles().is_empty(), "a pipeline without a loop");
+        let g = StageGraph::build(
+            &sections(
+                "[stage-loop1]\nPROGRAM = p\nNEXT = loop2\n\
+                 [stage-loop2]\nPROGRAM = p\nNEXT = out\nELSE_STAGE = loop1\n\
+                 [stage-out]\nPROGRAM = p\n\
+                 [stage-self]\nPROGRAM = p\nBOUNCE_STAGE = self\n\
+                 [stage-x]\nPROGRAM = p\nNEXT = y\n[stage-y]\nPROGRAM = p\nNEXT = z\nFAIL_STAGE = x\n\
+                 [stage-z]\nPROGRAM = p\nNEXT = x\n",
+            ),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            g.cycles(),
+            vec![
+                vec!["loop1", "loop2", "loop1"],
+                vec!["self", "self"],
+                vec!["x", "y", "x"],
+            ],
+            "x→y→x is shorter than x→y→z→x; the group is reported once"
+        );
+        let w = g.cycle_warnings();
+        assert_eq!(w.len(), 3);
+        assert!(
+            w[0].to_string().starts_with(
+                "/g.conf:1: [stage-loop1] the stage references form a cycle: loop1 → loop2 → loop1"
+            ),
+            "{}",
+            w[0]
+        );
+    }
+
+    #[test]
+    fn overlay_rows_outside_stage_sections_are_warnings() {
+        let laid = lay_over(&sections(PIPE), &[row("pepsi", "ALLOW_FUSION", "yes")]);
+        assert!(laid.errors.is_empty());
+        assert_eq!(
+            laid.warnings[0].to_string(),
+            "pepsi.config_override: [pepsi] ALLOW_FUSION: only [stage-*] sections can be overridden; ignored"
+        );
+    }
+
+    #[test]
+    fn unknown_stage_keys_are_warned_about_for_built_in_programs_only() {
+        const IF: &[&str] = &["MATCH", "ELSE_STAGE"];
+        let keys = |program: &str| match program.rsplit('/').next() {
+            Some("pepsi-stage-if") => Some(IF),
+            Some("pepsi-stage-pass") => Some(&[][..]),
+            _ => None,
+        };
+        let laid = lay_over(
+            &sections(
+                "[stage-if]\nPROGRAM = pepsi-stage-if\nMATCHES = sender is x\nPARALLELSIM = 4\nELSE_STAGE = a\n\
+                 [stage-a]\nPROGRAM = /usr/bin/pepsi-stage-pass\nMATCH = x\n\
+                 [stage-ext]\nPROGRAM = /usr/lib/relay\nSMARTHOST = mx\nPARALLELSIM = 2\n",
+            ),
+            &[row("stage-a", "QUEUE_LIMT", "2")],
+        );
+        let text: Vec<String> = unknown_keys(laid.sections.values(), keys)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            text,
+            [
+                "/g.conf:8: [stage-a] MATCH: unknown key of pepsi-stage-pass, ignored",
+                "pepsi.config_override: [stage-a] QUEUE_LIMT: unknown key of pepsi-stage-pass, ignored; did you mean QUEUE_LIMIT?",
+                "/g.conf:3: [stage-if] MATCHES: unknown key of pepsi-stage-if, ignored; did you mean MATCH?",
+                "/g.conf:4: [stage-if] PARALLELSIM: unknown key of pepsi-stage-if, ignored; did you mean PARALLELISM?",
+            ]
         );
     }
 

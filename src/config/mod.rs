@@ -4,9 +4,12 @@
 //!
 //! Two phases, as everywhere in Pepsi: [`raw`] reads entries with their file and line;
 //! [`Config::from_sections`] checks every value and collects every problem, so an
-//! operator sees all mistakes at once, each naming file, line, section and key.
+//! operator sees all mistakes at once, each naming file, line, section and key. Unknown
+//! sections and keys are warnings ([`keys`]), kept in [`Config::warnings`] for the
+//! caller to log or print.
 
 pub mod graph;
+pub mod keys;
 pub mod raw;
 
 use std::path::{Path, PathBuf};
@@ -91,6 +94,9 @@ pub struct Config {
     pub bouncer: BouncerOptions,
     /// The file's `[stage-*]` sections, before the overlay.
     pub stage_sections: Vec<Section>,
+    /// Unknown sections and unknown keys of the fixed sections, as warnings (logged by
+    /// [`Config::load_or_fail`]; printed by `pepsi-dispatch check`).
+    pub warnings: Vec<ConfigError>,
 }
 
 /// The keys each fixed section knows; others draw a warning (a typo should not pass
@@ -119,6 +125,41 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
 ];
 
+/// The unknown sections of a file and the unknown keys of its fixed sections, each a
+/// warning naming file, line, section and key and the nearest known name.
+pub fn fixed_warnings(sections: &[Section]) -> Vec<ConfigError> {
+    let names: Vec<&str> = KNOWN.iter().map(|(n, _)| *n).collect();
+    let mut warnings = Vec::new();
+    for s in sections {
+        if s.name.starts_with(graph::STAGE_PREFIX) {
+            continue;
+        }
+        let Some((_, known)) = KNOWN.iter().find(|(n, _)| *n == s.name) else {
+            let mut message = "unknown section, ignored (a stage is [stage-NAME])".to_string();
+            if let Some(n) = keys::nearest(&s.name, &names) {
+                message.push_str(&format!("; did you mean [{n}]?"));
+            }
+            warnings.push(ConfigError {
+                section: Some(s.name.clone()),
+                ..ConfigError::at(s.origin.clone(), message)
+            });
+            continue;
+        };
+        for (key, _) in s.entries() {
+            if known.contains(&key) {
+                continue;
+            }
+            let mut message = keys::unknown_key(key, known, None);
+            // A key put in the wrong section says where it belongs.
+            if let Some((home, _)) = KNOWN.iter().find(|(_, k)| k.contains(&key)) {
+                message.push_str(&format!("; {key} belongs in [{home}]"));
+            }
+            warnings.push(s.error(key, message));
+        }
+    }
+    warnings
+}
+
 impl Config {
     /// Finds, reads and checks the configuration (search order of §4).
     pub fn load(explicit: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
@@ -127,14 +168,19 @@ impl Config {
         Config::from_sections(path, sections)
     }
 
-    /// Like [`Config::load`], as a program's start-up failure (exit 1).
+    /// Like [`Config::load`], as a program's start-up failure (exit 1); logs the
+    /// warnings.
     pub fn load_or_fail(explicit: Option<&Path>) -> Result<Config, Failure> {
-        Config::load(explicit).map_err(|errors| {
+        let config = Config::load(explicit).map_err(|errors| {
             Failure::general(format!(
                 "configuration error:\n{}",
                 raw::join_errors(&errors)
             ))
-        })
+        })?;
+        for w in &config.warnings {
+            log::warn!("{w}");
+        }
+        Ok(config)
     }
 
     /// Checks parsed sections.
@@ -150,22 +196,7 @@ impl Config {
                 .cloned()
                 .unwrap_or_else(|| empty(name))
         };
-        for s in &sections {
-            if !s.name.starts_with("stage-") && !KNOWN.iter().any(|(n, _)| *n == s.name) {
-                log::warn!(
-                    "{}: [{}]: unknown section, ignored (a stage is [stage-NAME])",
-                    s.origin,
-                    s.name
-                );
-            }
-        }
-        for (name, keys) in KNOWN {
-            for (key, value) in find(name).entries() {
-                if !keys.contains(&key) {
-                    log::warn!("{}: [{name}] {key}: unknown key, ignored", value.origin);
-                }
-            }
-        }
+        let warnings = fixed_warnings(&sections);
         let mut p = Problems::default();
 
         let pe = find("pepsi");
@@ -245,6 +276,7 @@ impl Config {
                 dispatch,
                 bouncer,
                 stage_sections,
+                warnings,
             })
         } else {
             Err(p.0)
@@ -313,6 +345,24 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn unknown_sections_and_keys_are_warnings_with_the_nearest_name() {
+        let c = cfg("[pepsi]\nRUN_AS = root\nALLOW_FUSON = no\nMAX_RUNTIME = 5s\n[pepsi-dispath]\nX = 1\n[pepsi-dispatch]\nMAX_HOP = 5\nCOLOUR = red\n[stage-a]\nPARALLELSIM = 4\n").unwrap();
+        let text: Vec<String> = c.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "/t.conf:3: [pepsi] ALLOW_FUSON: unknown key, ignored; did you mean ALLOW_FUSION?",
+                "/t.conf:4: [pepsi] MAX_RUNTIME: unknown key, ignored; MAX_RUNTIME belongs in [pepsi-dispatch]",
+                "/t.conf:5: [pepsi-dispath] unknown section, ignored (a stage is [stage-NAME]); did you mean [pepsi-dispatch]?",
+                "/t.conf:9: [pepsi-dispatch] COLOUR: unknown key, ignored",
+                "/t.conf:8: [pepsi-dispatch] MAX_HOP: unknown key, ignored; did you mean MAX_HOPS?",
+            ],
+            "stage sections are the stage graph's to check"
+        );
+        assert!(c.pepsi.allow_fusion, "the misspelt key is not read");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! Nothing here is async.
 
 pub mod background;
+pub mod check;
 pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
@@ -49,12 +50,17 @@ use crate::exit::Failure;
 /// The program's description.
 pub const PROGRAM: Program = Program {
     name: "pepsi-dispatch",
-    synopsis: "serve",
-    about: "Runs the Pepsi dispatcher until SIGINT or SIGTERM: claims pending messages from pepsi.workqueue \
+    synopsis: "serve | check [--overlay SECTION KEY VALUE]",
+    about: "serve: runs the Pepsi dispatcher until SIGINT or SIGTERM: claims pending messages from pepsi.workqueue \
             and hands their ids to pools of stage workers. Exactly one per database. SIGHUP reloads the \
             stage configuration.\nExit status: 0 clean shutdown, 1 an error at start (configuration, database, \
             lock held by another dispatcher), 70 a helper thread died (after a clean shutdown), 78 an invalid \
-            stage graph at a reload or a schema mismatch.",
+            stage graph at a reload or a schema mismatch.\n\
+            check: checks the configuration without starting anything (the file, pepsi.config_override, the \
+            stage graph, every built-in stage's section, that each PROGRAM is executable by RUN_AS, the schema) \
+            and prints every problem. --overlay SECTION KEY VALUE (repeatable) checks it as if that overlay row \
+            were written (an empty VALUE unsets the key), without writing it.\nExit status: 0 no errors \
+            (warnings allowed), 78 errors, 64 a usage error.",
 };
 
 /// How long the thread pool waits for a connection.
@@ -92,6 +98,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             join_errors(&errors)
         ))
     })?;
+    check::at_start(&config, &overlay, &graph)?;
     let poll =
         mio::Poll::new().map_err(|e| Failure::general(format!("cannot create the poller: {e}")))?;
     let waker = Arc::new(

@@ -1,13 +1,16 @@
 //! Hot reload (§9): on `config_changed`, SIGHUP or a (re)connected LISTEN session the
 //! loop has the thread pool read `pepsi.config_override`; with it, [`plan`] re-reads the
 //! file and decides — keep the graph and retry (the file or overlay cannot be read right
-//! now), shut down with exit 78 (the new graph is invalid: routing by one pipeline
-//! while new workers run another is worse than stopping), nothing to do (nothing
-//! workers read changed), or apply: rebuild the stage table and retire every worker.
+//! now), shut down with exit 78 (the new graph is invalid, or a built-in stage's section
+//! is, as its workers would find: routing by one pipeline while new workers run another,
+//! or refuse to run, is worse than stopping), nothing to do (nothing workers read
+//! changed), or apply (logging the new configuration's warnings): rebuild the stage
+//! table and retire every worker.
 //! `[pepsi-dispatch]` itself is never reloaded.
 
 use std::time::{Duration, Instant};
 
+use super::check;
 use super::event_loop::{Dispatcher, Stop};
 use super::ledger::Claim;
 use super::pool::StagePool;
@@ -57,10 +60,26 @@ pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Pl
             )));
         }
     };
+    // Checked as each built-in stage's workers will check it: a section they would
+    // refuse stalls its mail as surely as a dangling reference.
+    let errors = check::builtin_errors(&new_graph);
+    if !errors.is_empty() {
+        return Plan::Fatal(Failure::config(format!(
+            "the reloaded stage configuration is invalid; shutting down:\n{}",
+            join_errors(&errors)
+        )));
+    }
     // What workers read at start: the stage graph and the file's [pepsi] and
     // [pepsi-postgres].
     if &new_graph == graph && file.pepsi == current.pepsi && file.postgres == current.postgres {
         return Plan::Unchanged;
+    }
+    for w in file.warnings.iter().chain(&check::graph_warnings(
+        &file.stage_sections,
+        overlay,
+        Some(&new_graph),
+    )) {
+        log::warn!("{w}");
     }
     // [pepsi-dispatch] is not reloaded: the pool and timers were made from it.
     let dispatch = current.dispatch.clone();
@@ -172,6 +191,33 @@ mod tests {
         assert!(matches!(plan(&current, &graph, &[]), Plan::Unchanged));
         config_at(&dir, "[stage-a]\nNEXT = nowhere\n");
         assert!(matches!(plan(&current, &graph, &[]), Plan::Fatal(f) if f.code == 78));
+        // A built-in stage's section its workers would refuse stops the dispatcher too.
+        config_at(&dir, base);
+        let bad_match = [
+            OverrideRow {
+                section: "stage-a".into(),
+                key: "PROGRAM".into(),
+                value: "pepsi-stage-if".into(),
+            },
+            OverrideRow {
+                section: "stage-a".into(),
+                key: "MATCH".into(),
+                value: "sender is x or".into(),
+            },
+        ];
+        match plan(&current, &graph, &bad_match) {
+            Plan::Fatal(f) => {
+                assert_eq!(f.code, 78);
+                assert!(
+                    f.message.contains(
+                        "pepsi.config_override: [stage-a] MATCH: ends with a dangling \"or\""
+                    ),
+                    "{}",
+                    f.message
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         std::fs::remove_file(dir.join("pepsi.conf")).unwrap();
         assert!(matches!(plan(&current, &graph, &[]), Plan::Retry(_)));
         let _ = std::fs::remove_dir_all(&dir);

@@ -22,6 +22,10 @@ impl Stage for Discard {
         true
     }
 
+    fn keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn configure(&self, _section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         Ok(Box::new(ConfiguredDiscard))
     }

@@ -45,6 +45,10 @@ impl Stage for Exec {
         false
     }
 
+    fn keys(&self) -> &'static [&'static str] {
+        &["COMMAND", "TIMEOUT"]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         let s = &section.section;
         let argv: Vec<String> = s

@@ -1,12 +1,14 @@
 //! `pepsi-stage-if`: routes by a `MATCH` condition on the envelope and metadata to
 //! `NEXT` when it holds, else to `ELSE_STAGE`. Metadata only, fusable by default.
 //!
-//! `MATCH` is one or more conditions joined by ` and `, each `FIELD OP VALUE`:
-//! FIELD is `sender`, `sender-domain`, `recipient-domain` (true if any recipient
-//! matches), `sender-key`, `header-from`, `subject` or `state.KEY`; OP is `is`,
-//! `is-not`, `ends-with` or `contains`; VALUE is the rest of the condition, optionally in
-//! double quotes (`\"` and `\\` escape inside them). Addresses, domains and sender keys
-//! compare case-insensitively; subject and state values exactly.
+//! `MATCH` is one or more conditions, each `FIELD OP VALUE`, joined either all by
+//! ` and ` or all by ` or ` (mixing both in one MATCH is an error). FIELD is `sender`,
+//! `sender-domain`, `recipient-domain` (true if any recipient matches), `sender-key`,
+//! `header-from`, `subject` or `state.KEY`; OP is `is`, `is-not`, `ends-with` or
+//! `contains`; VALUE is one word or a double-quoted string (`\"` and `\\` escape inside
+//! it). Any other word after a VALUE is an error naming it: a MATCH is understood whole
+//! or refused (SPEC §4 "Strictness"). Addresses, domains and sender keys compare
+//! case-insensitively; subject and state values exactly.
 
 use crate::config::{ConfigError, StageSection};
 use crate::worker::{
@@ -35,6 +37,21 @@ pub enum Field {
     State(String),
 }
 
+impl std::fmt::Display for Field {
+    /// The field as a MATCH names it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Field::Sender => f.write_str("sender"),
+            Field::SenderDomain => f.write_str("sender-domain"),
+            Field::RecipientDomain => f.write_str("recipient-domain"),
+            Field::SenderKey => f.write_str("sender-key"),
+            Field::HeaderFrom => f.write_str("header-from"),
+            Field::Subject => f.write_str("subject"),
+            Field::State(key) => write!(f, "state.{key}"),
+        }
+    }
+}
+
 /// A comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -59,98 +76,226 @@ pub struct Condition {
     pub value: String,
 }
 
-/// Parses a `MATCH` expression.
-pub fn parse_match(text: &str) -> Result<Vec<Condition>, String> {
-    let mut rest = text.trim();
-    if rest.ends_with(" and") {
-        return Err("ends with a dangling \"and\"".into());
-    }
-    let mut out = Vec::new();
-    loop {
-        if rest.is_empty() {
-            return Err(if out.is_empty() {
-                "is empty".into()
-            } else {
-                "ends with a dangling \"and\"".into()
-            });
+/// How the conditions of a `MATCH` combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Join {
+    /// Every condition must hold (` and `, and a single condition).
+    All,
+    /// One condition is enough (` or `).
+    Any,
+}
+
+/// A parsed `MATCH`: its conditions and how they combine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// The conditions, in order.
+    pub conditions: Vec<Condition>,
+    /// How they combine.
+    pub join: Join,
+}
+
+impl Match {
+    /// Does the message satisfy the expression?
+    pub fn holds(&self, m: &Message) -> bool {
+        match self.join {
+            Join::All => self.conditions.iter().all(|c| c.holds(m)),
+            Join::Any => self.conditions.iter().any(|c| c.holds(m)),
         }
-        let (field, after) = split_word(rest);
-        let field = match field {
-            "sender" => Field::Sender,
-            "sender-domain" => Field::SenderDomain,
-            "recipient-domain" => Field::RecipientDomain,
-            "sender-key" => Field::SenderKey,
-            "header-from" => Field::HeaderFrom,
-            "subject" => Field::Subject,
-            f => match f.strip_prefix("state.") {
-                Some(key) if !key.is_empty() => Field::State(key.to_string()),
-                _ => {
-                    return Err(format!(
-                        "unknown field {f:?} (sender, sender-domain, recipient-domain, sender-key, header-from, subject, state.KEY)"
-                    ));
-                }
-            },
-        };
-        let (op, after) = split_word(after);
-        let op = match op {
-            "is" => Op::Is,
-            "is-not" => Op::IsNot,
-            "ends-with" => Op::EndsWith,
-            "contains" => Op::Contains,
-            "" => return Err(format!("the condition on {field:?} lacks an operator")),
-            o => {
-                return Err(format!(
-                    "unknown operator {o:?} (is, is-not, ends-with, contains)"
-                ));
-            }
-        };
-        let after = after.trim_start();
-        let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '\\' => match chars.next() {
-                        Some((_, e)) => value.push(e),
-                        None => break,
-                    },
-                    '"' => {
-                        end = Some(i + 1);
-                        break;
-                    }
-                    c => value.push(c),
-                }
-            }
-            let Some(end) = end else {
-                return Err("a quoted value lacks its closing quote".into());
-            };
-            (value, quoted[end..].trim_start())
-        } else {
-            match after.find(" and ") {
-                Some(i) => (after[..i].trim().to_string(), &after[i + 1..]),
-                None => (after.trim().to_string(), ""),
-            }
-        };
-        if value.is_empty() {
-            return Err(format!("the condition on {field:?} lacks a value"));
-        }
-        out.push(Condition { field, op, value });
-        if after.is_empty() {
-            return Ok(out);
-        }
-        rest = match after.strip_prefix("and ") {
-            Some(r) => r.trim_start(),
-            None => return Err(format!("expected \"and\" before {after:?}")),
-        };
     }
 }
 
-fn split_word(s: &str) -> (&str, &str) {
-    let s = s.trim_start();
-    match s.find(char::is_whitespace) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, ""),
+/// One token of a `MATCH`: a bare word, or a double-quoted string with its escapes
+/// resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Token {
+    Word(String),
+    Quoted(String),
+}
+
+impl Token {
+    /// The token as the operator wrote it, for error messages.
+    fn shown(&self) -> String {
+        match self {
+            Token::Word(w) => format!("{w:?}"),
+            Token::Quoted(q) => format!("the quoted {q:?}"),
+        }
+    }
+}
+
+/// Splits a `MATCH` into tokens: words separated by whitespace, and double-quoted
+/// strings in which `\"` and `\\` are the only escapes.
+fn tokenize(text: &str) -> Result<Vec<Token>, String> {
+    let mut tokens = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let Some(&first) = chars.peek() else {
+            return Ok(tokens);
+        };
+        if first == '"' {
+            chars.next();
+            let mut value = String::new();
+            loop {
+                match chars.next() {
+                    None => {
+                        return Err(format!(
+                            "the quoted value \"{value} lacks its closing quote"
+                        ));
+                    }
+                    Some('"') => break,
+                    Some('\\') => match chars.next() {
+                        Some(c @ ('"' | '\\')) => value.push(c),
+                        Some(c) => {
+                            return Err(format!(
+                                "unknown escape \"\\{c}\" in the quoted value \"{value} (only \\\" and \\\\)"
+                            ));
+                        }
+                        None => {
+                            return Err(format!(
+                                "the quoted value \"{value} lacks its closing quote"
+                            ));
+                        }
+                    },
+                    Some(c) => value.push(c),
+                }
+            }
+            // The closing quote ends the token: `"a"b` is not one value.
+            if let Some(&c) = chars.peek().filter(|c| !c.is_whitespace()) {
+                return Err(format!(
+                    "unexpected {c:?} right after the quoted value {value:?} (separate words with a space)"
+                ));
+            }
+            tokens.push(Token::Quoted(value));
+        } else {
+            let mut word = String::new();
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                word.push(c);
+            }
+            // A quote inside a bare word is a value written half-quoted.
+            if word.contains('"') {
+                return Err(format!(
+                    "{word:?} has a quote inside a word (quote the whole value: \"...\")"
+                ));
+            }
+            tokens.push(Token::Word(word));
+        }
+    }
+}
+
+/// Parses a field name.
+fn field(token: &Token) -> Result<Field, String> {
+    let Token::Word(word) = token else {
+        return Err(format!(
+            "expected a field, found {} (sender, sender-domain, recipient-domain, sender-key, header-from, subject, state.KEY)",
+            token.shown()
+        ));
+    };
+    Ok(match word.as_str() {
+        "sender" => Field::Sender,
+        "sender-domain" => Field::SenderDomain,
+        "recipient-domain" => Field::RecipientDomain,
+        "sender-key" => Field::SenderKey,
+        "header-from" => Field::HeaderFrom,
+        "subject" => Field::Subject,
+        f => match f.strip_prefix("state.") {
+            Some(key) if !key.is_empty() => Field::State(key.to_string()),
+            _ => {
+                return Err(format!(
+                    "unknown field {f:?} (sender, sender-domain, recipient-domain, sender-key, header-from, subject, state.KEY)"
+                ));
+            }
+        },
+    })
+}
+
+/// Parses an operator.
+fn op(token: &Token) -> Result<Op, String> {
+    match token {
+        Token::Word(w) if w == "is" => Ok(Op::Is),
+        Token::Word(w) if w == "is-not" => Ok(Op::IsNot),
+        Token::Word(w) if w == "ends-with" => Ok(Op::EndsWith),
+        Token::Word(w) if w == "contains" => Ok(Op::Contains),
+        other => Err(format!(
+            "unknown operator {} (is, is-not, ends-with, contains)",
+            other.shown()
+        )),
+    }
+}
+
+/// Is this token the join word `and` or `or`?
+fn join_of(token: &Token) -> Option<Join> {
+    match token {
+        Token::Word(w) if w == "and" => Some(Join::All),
+        Token::Word(w) if w == "or" => Some(Join::Any),
+        _ => None,
+    }
+}
+
+/// The word of a join, for messages.
+fn join_word(join: Join) -> &'static str {
+    match join {
+        Join::All => "and",
+        Join::Any => "or",
+    }
+}
+
+/// Parses a `MATCH` expression completely: every word must be part of a condition or a
+/// join, or the expression is refused naming the word.
+pub fn parse_match(text: &str) -> Result<Match, String> {
+    let tokens = tokenize(text)?;
+    if tokens.is_empty() {
+        return Err("is empty".into());
+    }
+    let mut conditions = Vec::new();
+    let mut join: Option<Join> = None;
+    let mut rest = tokens.iter();
+    loop {
+        // A condition: FIELD OP VALUE.
+        let Some(f) = rest.next() else {
+            let word = join_word(join.unwrap_or(Join::All));
+            return Err(format!(
+                "ends with a dangling {word:?} (a condition must follow it)"
+            ));
+        };
+        let field = field(f)?;
+        let Some(o) = rest.next() else {
+            return Err(format!("the condition on \"{field}\" lacks an operator"));
+        };
+        let op = op(o)?;
+        let value = match rest.next() {
+            None => return Err(format!("the condition on \"{field}\" lacks a value")),
+            Some(t) if join_of(t).is_some() => {
+                return Err(format!(
+                    "the condition on \"{field}\" lacks a value before {} (to compare with that word, quote it)",
+                    t.shown()
+                ));
+            }
+            Some(Token::Word(w) | Token::Quoted(w)) => w.clone(),
+        };
+        conditions.push(Condition { field, op, value });
+        // Then the end, or a join and another condition.
+        let Some(next) = rest.next() else {
+            return Ok(Match {
+                conditions,
+                join: join.unwrap_or(Join::All),
+            });
+        };
+        let Some(this) = join_of(next) else {
+            let last = &conditions[conditions.len() - 1].value;
+            return Err(format!(
+                "unexpected {} after the value {last:?} (a value is one word or a quoted string; conditions are joined by \"and\" or \"or\")",
+                next.shown()
+            ));
+        };
+        match join {
+            Some(earlier) if earlier != this => {
+                return Err(format!(
+                    "mixes \"and\" and \"or\" (at {:?}); use one kind of join in a MATCH",
+                    join_word(this)
+                ));
+            }
+            _ => join = Some(this),
+        }
     }
 }
 
@@ -196,7 +341,7 @@ impl Condition {
 }
 
 struct ConfiguredIf {
-    conditions: Vec<Condition>,
+    condition: Match,
     next: String,
     otherwise: String,
 }
@@ -214,11 +359,15 @@ impl Stage for If {
         true
     }
 
+    fn keys(&self) -> &'static [&'static str] {
+        &["MATCH", "ELSE_STAGE"]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         let s = &section.section;
-        let conditions = parse_match(s.required("MATCH")?).map_err(|e| s.error("MATCH", e))?;
+        let condition = parse_match(s.required("MATCH")?).map_err(|e| s.error("MATCH", e))?;
         Ok(Box::new(ConfiguredIf {
-            conditions,
+            condition,
             next: required_next(section)?,
             otherwise: s.required("ELSE_STAGE")?.to_string(),
         }))
@@ -227,7 +376,7 @@ impl Stage for If {
 
 impl Configured for ConfiguredIf {
     fn run(&self, message: &mut Message, _cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        let target = if self.conditions.iter().all(|c| c.holds(message)) {
+        let target = if self.condition.holds(message) {
             &self.next
         } else {
             &self.otherwise
@@ -260,8 +409,14 @@ mod tests {
     fn holds(expr: &str) -> bool {
         parse_match(expr)
             .unwrap_or_else(|e| panic!("{expr}: {e}"))
-            .iter()
-            .all(|c| c.holds(&msg()))
+            .holds(&msg())
+    }
+
+    fn refused(expr: &str) -> String {
+        match parse_match(expr) {
+            Ok(m) => panic!("{expr:?} should be refused, parsed as {m:?}"),
+            Err(e) => e,
+        }
     }
 
     #[test]
@@ -290,24 +445,138 @@ mod tests {
         assert!(holds(
             "subject is \"Hello and welcome\" and sender-domain is example.org"
         ));
-        let c = parse_match("subject contains \"say \\\"hi\\\"\"").unwrap();
-        assert_eq!(c[0].value, "say \"hi\"");
+        let m = parse_match("sender is a and sender is b and sender is c").unwrap();
+        assert_eq!((m.conditions.len(), m.join), (3, Join::All));
+    }
+
+    #[test]
+    fn conditions_join_with_or() {
+        assert!(holds(
+            "sender-domain is bounce.example or state.spam is true"
+        ));
+        assert!(holds(
+            "state.spam is true or sender-domain is bounce.example"
+        ));
+        assert!(!holds(
+            "sender-domain is bounce.example or state.spam is false"
+        ));
+        assert!(holds(
+            "sender is x@y or sender is z@y or recipient-domain is a.example"
+        ));
+        let m = parse_match("sender is a or sender is b").unwrap();
+        assert_eq!((m.conditions.len(), m.join), (2, Join::Any));
+        // The words "and"/"or" inside a quoted value are the value's.
+        assert!(holds(
+            "subject is \"Hello and welcome\" or sender is nobody"
+        ));
+    }
+
+    #[test]
+    fn quoted_values_keep_spaces_and_resolve_escapes() {
+        let m = parse_match(r#"subject contains "say \"hi\" \\ bye""#).unwrap();
+        assert_eq!(m.conditions[0].value, r#"say "hi" \ bye"#);
+        let m = parse_match("subject is \"  two  spaces \"").unwrap();
+        assert_eq!(m.conditions[0].value, "  two  spaces ");
+        let m = parse_match("sender is \"\"").unwrap();
+        assert_eq!(
+            m.conditions[0].value, "",
+            "an explicit empty value (the null sender)"
+        );
+        let m = parse_match("subject is \"or\" and sender is \"and\"").unwrap();
+        assert_eq!(m.conditions[0].value, "or");
+        assert_eq!(m.conditions[1].value, "and");
+        assert_eq!(m.join, Join::All);
+    }
+
+    #[test]
+    fn a_trailing_join_is_refused_naming_it() {
+        let e = refused("sender-domain is bounce.example or");
+        assert!(e.contains("dangling \"or\""), "{e}");
+        let e = refused("sender is x and");
+        assert!(e.contains("dangling \"and\""), "{e}");
+    }
+
+    #[test]
+    fn a_word_after_a_value_is_refused_naming_it() {
+        let e = refused("sender-domain is x garbage");
+        assert!(
+            e.contains("unexpected \"garbage\" after the value \"x\""),
+            "{e}"
+        );
+        let e = refused("subject is Hello world");
+        assert!(
+            e.contains("unexpected \"world\" after the value \"Hello\""),
+            "{e}"
+        );
+        // Unquoted, the "and" of a subject joins conditions: the word after it is named.
+        let e = refused("subject is Hello and welcome");
+        assert!(e.contains("unknown field \"welcome\""), "{e}");
+        let e = refused("subject is \"a\" b");
+        assert!(e.contains("unexpected \"b\" after the value \"a\""), "{e}");
+        let e = refused("sender is x AND sender is y");
+        assert!(e.contains("unexpected \"AND\""), "{e}");
+        let e = refused("sender is x \"and\" sender is y");
+        assert!(e.contains("unexpected the quoted \"and\""), "{e}");
+    }
+
+    #[test]
+    fn mixing_and_with_or_is_refused() {
+        let e = refused("sender is a and sender is b or sender is c");
+        assert!(e.contains("mixes \"and\" and \"or\""), "{e}");
+        let e = refused("sender is a or sender is b and sender is c");
+        assert!(e.contains("mixes \"and\" and \"or\""), "{e}");
+    }
+
+    #[test]
+    fn an_unterminated_quote_or_a_bad_escape_is_refused() {
+        let e = refused("subject is \"open");
+        assert!(e.contains("\"open lacks its closing quote"), "{e}");
+        let e = refused("subject is \"open\\\"");
+        assert!(e.contains("lacks its closing quote"), "{e}");
+        let e = refused("subject is \"a\\nb\"");
+        assert!(e.contains("unknown escape \"\\n\""), "{e}");
+        let e = refused("subject is \"a\"b");
+        assert!(e.contains("right after the quoted value \"a\""), "{e}");
+        let e = refused("subject is a\"b\"");
+        assert!(e.contains("quote inside a word"), "{e}");
     }
 
     #[test]
     fn unparsable_match_expressions_are_errors() {
-        for bad in [
-            "",
-            "colour is red",
-            "sender",
-            "sender equals x",
-            "sender is",
-            "sender is x and",
-            "subject is \"open",
-            "subject is \"a\" b",
-            "state. is x",
+        for (bad, why) in [
+            ("", "is empty"),
+            ("   ", "is empty"),
+            ("colour is red", "unknown field \"colour\""),
+            (
+                "\"sender\" is x",
+                "expected a field, found the quoted \"sender\"",
+            ),
+            ("sender", "lacks an operator"),
+            ("sender equals x", "unknown operator \"equals\""),
+            ("sender is", "lacks a value"),
+            ("sender is or", "lacks a value before \"or\""),
+            ("sender is x and and sender is y", "unknown field \"and\""),
+            ("state. is x", "unknown field \"state.\""),
+            ("or sender is x", "unknown field \"or\""),
         ] {
-            assert!(parse_match(bad).is_err(), "{bad:?} should be rejected");
+            let e = refused(bad);
+            assert!(e.contains(why), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_bad_match_names_file_line_section_and_key() {
+        use crate::config::raw;
+        let sections = raw::parse(
+            std::path::Path::new("/etc/pepsi/pepsi.conf"),
+            "[stage-if]\nPROGRAM = pepsi-stage-if\nNEXT = a\nELSE_STAGE = b\nMATCH = sender-domain is bounce.example or\n",
+        )
+        .unwrap();
+        let section = StageSection::check(&sections[0]).unwrap();
+        let e = If.configure(&section).err().expect("refused");
+        assert_eq!(
+            e.to_string(),
+            "/etc/pepsi/pepsi.conf:5: [stage-if] MATCH: ends with a dangling \"or\" (a condition must follow it)"
+        );
     }
 }

@@ -1,12 +1,16 @@
 //! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage; [`find`] maps a name
-//! (`pass` for `pepsi-stage-pass`) to it.
+//! (`pass` for `pepsi-stage-pass`) to it, [`for_program`] a `PROGRAM`, and
+//! [`check_section`] checks a section with its built-in's own `configure` — the one
+//! check the dispatcher (at start, at a reload, in `pepsi-dispatch check`) and the
+//! worker share (SPEC §4 "Strictness").
 
 pub mod discard;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
 
+use crate::config::{ConfigError, StageSection};
 use crate::worker::Stage;
 
 /// Every built-in stage.
@@ -15,6 +19,36 @@ pub const BUILTINS: &[&dyn Stage] = &[&pass::Pass, &if_stage::If, &discard::Disc
 /// The built-in stage of this name.
 pub fn find(name: &str) -> Option<&'static dyn Stage> {
     BUILTINS.iter().copied().find(|s| s.name() == name)
+}
+
+/// The built-in a `PROGRAM` names by its file name (`pepsi-stage-NAME`, on `PATH` or
+/// at any absolute path), whatever binary it resolves to.
+pub fn for_program(program: &str) -> Option<&'static dyn Stage> {
+    let name = program.rsplit('/').next().unwrap_or(program);
+    find(name.strip_prefix(crate::worker::runtime::PROGRAM_PREFIX)?)
+}
+
+/// The keys a `PROGRAM`'s built-in declares; `None` for a program that is not a
+/// built-in (its options are its own business).
+pub fn program_keys(program: &str) -> Option<&'static [&'static str]> {
+    for_program(program).map(|b| b.keys())
+}
+
+/// Checks a stage's section exactly as its worker will, with the `configure` of the
+/// built-in its `PROGRAM` names; `None` when the program is not a built-in.
+pub fn check_section(section: &StageSection) -> Option<Result<(), ConfigError>> {
+    for_program(&section.program).map(|b| b.configure(section).map(drop))
+}
+
+/// Checks every built-in stage's section of these; every problem.
+pub fn check_sections<'a>(
+    sections: impl IntoIterator<Item = &'a StageSection>,
+) -> Vec<ConfigError> {
+    sections
+        .into_iter()
+        .filter_map(check_section)
+        .filter_map(Result::err)
+        .collect()
 }
 
 /// The `pepsi-stage` program's description (the stage name is filled in by [`main`]).

@@ -26,6 +26,10 @@ impl Stage for Pass {
         true
     }
 
+    fn keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         Ok(Box::new(ConfiguredPass {
             next: required_next(section)?,

@@ -132,9 +132,14 @@ pub trait Stage: Sync {
     fn loads(&self) -> Load;
     /// Whether `FUSION` defaults to yes for this program.
     fn fusion_default(&self) -> bool;
-    /// Checks a section of this program and returns the body configured by it. Called
-    /// at worker start for every section this binary implements, and per message when
-    /// per-address settings change the section.
+    /// The keys of its own a section of this program may set, besides the keys every
+    /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
+    /// "unknown key" warning.
+    fn keys(&self) -> &'static [&'static str];
+    /// Checks a section of this program and returns the body configured by it: the one
+    /// check of a section of this kind, used by the dispatcher (at start, at a reload,
+    /// by `pepsi-dispatch check`) and by the worker (its own section at start, a
+    /// successor before fusing into it, a section with per-address overrides).
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError>;
 }
 

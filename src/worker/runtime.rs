@@ -60,8 +60,7 @@ pub(super) struct Worker {
 
 /// The built-in named by a program (by its file name), whatever binary it resolves to.
 pub(super) fn builtin_by_name(program: &str) -> Option<&'static dyn Stage> {
-    let name = program.rsplit('/').next().unwrap_or(program);
-    stages::find(name.strip_prefix(PROGRAM_PREFIX)?)
+    stages::for_program(program)
 }
 
 impl Worker {

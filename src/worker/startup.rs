@@ -1,12 +1,14 @@
 //! Worker start (SPEC §12.1, §5 steps 1 and 5): load the configuration, open the small
-//! pool whose sessions carry the worker's name, check the schema and every stage section
-//! this binary implements, print `ready`, then hand stdin to the serve loop.
+//! pool whose sessions carry the worker's name, check the schema and the worker's own
+//! stage section (SPEC §4 "Strictness": one bad section stops only its own stage), print
+//! `ready`, then hand stdin to the serve loop.
 //!
 //! Called by `stages::main` through `runtime::run`. Every failure here becomes a
 //! [`Failure`] with its exit status (78 for a schema or configuration mismatch, 74/75
 //! for an unreachable or overloaded database); this file must not touch the queue and
 //! decides nothing about messages.
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::time::Duration;
 
@@ -38,15 +40,19 @@ fn db_startup_failure(e: &postgres::Error) -> Failure {
     startup_failure(db::classify(e), format!("database: {}", db::describe(e)))
 }
 
-/// The `application_name` of this worker's sessions: `pepsi-worker:PID:STAGE`, where
-/// STAGE is the section the dispatcher started it for (`PEPSI_WORKER_STAGE`), or the
-/// built-in's own name when started without one (by hand, by a test).
-fn session_name(own: &dyn Stage) -> String {
-    let stage = std::env::var(protocol::WORKER_STAGE_ENV)
+/// The stage (`[stage-NAME]` section) the dispatcher started this worker for
+/// (`PEPSI_WORKER_STAGE`); `None` when started without one (by hand, by a test).
+fn started_for() -> Option<String> {
+    std::env::var(protocol::WORKER_STAGE_ENV)
         .ok()
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| own.name().to_string());
-    protocol::worker_session_name(std::process::id(), &stage)
+}
+
+/// The `application_name` of this worker's sessions: `pepsi-worker:PID:STAGE`, where
+/// STAGE is the section the dispatcher started it for, or the built-in's own name when
+/// started without one.
+fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
+    protocol::worker_session_name(std::process::id(), stage.unwrap_or(own.name()))
 }
 
 /// Runs a worker for the built-in stage `own` until stdin ends.
@@ -57,7 +63,8 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
             join_errors(&errors)
         ))
     })?;
-    let name = session_name(own);
+    let stage = started_for();
+    let name = session_name(own, stage.as_deref());
     let mut pg = db::connection_config(&config.postgres.connection, &name)
         .map_err(|e| Failure::config(format!("[pepsi-postgres] CONNECTION: {e}")))?;
     // Set after parsing so it wins over an application_name in CONNECTION: the
@@ -90,7 +97,7 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
         log::debug!("[pepsi] SHARE_TELEMETRY is on");
     }
     let mut worker = Worker::new(config, graph, pool, own);
-    worker.check_sections()?;
+    worker.check_sections(stage.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     writeln!(out, "{}", protocol::READY)
@@ -101,30 +108,90 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
 }
 
 impl Worker {
-    /// Checks every section this binary implements (§12.1); all problems at once.
-    fn check_sections(&mut self) -> Result<(), Failure> {
+    /// Checks the worker's own sections (§12.1, §4 "Strictness"), all problems at once:
+    /// the section of the stage it was started for, or, started without one, every
+    /// section whose `PROGRAM` is this built-in. Never the whole file: one bad section
+    /// stops only its own stage. The sections it may fuse into are checked too, but a
+    /// bad one only stops fusion into it (`can_fuse` refuses a successor whose
+    /// configuration fails), so it is a warning.
+    fn check_sections(&mut self, started_for: Option<&str>) -> Result<(), Failure> {
+        let own: Vec<StageSection> = match started_for {
+            Some(name) => match self.graph.get(name) {
+                Some(section) => vec![section.clone()],
+                None => {
+                    return Err(Failure::config(format!(
+                        "started for stage {name:?} ({}), which has no [stage-{name}] section; refusing to run",
+                        protocol::WORKER_STAGE_ENV
+                    )));
+                }
+            },
+            None => self
+                .graph
+                .stages()
+                .filter(|s| {
+                    builtin_by_name(&s.program).is_some_and(|b| b.name() == self.own.name())
+                })
+                .cloned()
+                .collect(),
+        };
         let mut problems = Vec::new();
-        let sections: Vec<StageSection> = self.graph.stages().cloned().collect();
-        for section in &sections {
-            let Some(builtin) = builtin_by_name(&section.program) else {
-                continue;
-            };
-            let ours = builtin.name() == self.own.name()
-                || self.fusable_builtin(&section.program).is_some();
-            if !ours {
-                continue;
-            }
+        for section in &own {
+            // The claimed stage runs as the built-in its PROGRAM names; a program that is
+            // not a built-in (a wrapper the stage was started through) is this one.
+            let builtin = builtin_by_name(&section.program).unwrap_or(self.own);
             if let Err(e) = builtin.configure(section) {
                 problems.push(e.to_string());
             }
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(Failure::config(format!(
+        if !problems.is_empty() {
+            return Err(Failure::config(format!(
                 "invalid stage configuration, refusing to run:\n{}",
                 problems.join("\n")
-            )))
+            )));
         }
+        for (section, builtin) in self.fusable_successors(&own) {
+            if let Err(e) = builtin.configure(&section) {
+                log::warn!(
+                    "{e}; messages will not be fused into stage {}",
+                    section.name
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The stages reachable from `from` through references that this worker may fuse
+    /// into (fusion on, a built-in of this very binary, `FUSION` on), with their
+    /// built-ins.
+    fn fusable_successors(
+        &mut self,
+        from: &[StageSection],
+    ) -> Vec<(StageSection, &'static dyn Stage)> {
+        let mut out = Vec::new();
+        if !self.config.pepsi.allow_fusion {
+            return out;
+        }
+        let mut seen: BTreeSet<String> = from.iter().map(|s| s.name.clone()).collect();
+        let mut todo: Vec<String> = from
+            .iter()
+            .flat_map(|s| s.references().map(|(_, target)| target.to_string()))
+            .collect();
+        while let Some(name) = todo.pop() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let Some(section) = self.graph.get(&name).cloned() else {
+                continue;
+            };
+            let Some(builtin) = self.fusable_builtin(&section.program) else {
+                continue;
+            };
+            if !section.fusion.unwrap_or(builtin.fusion_default()) {
+                continue;
+            }
+            todo.extend(section.references().map(|(_, t)| t.to_string()));
+            out.push((section, builtin));
+        }
+        out
     }
 }

@@ -894,7 +894,13 @@ fn with_application_name(conninfo: &str, name: &str) -> String {
 fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says() {
     let db = TestDb::new();
     let dir = TempDir::new("w-session");
-    let conf = config(&dir, &db, false, CHAIN);
+    // The stage a worker is started for has a section: the worker checks it.
+    let conf = config(
+        &dir,
+        &db,
+        false,
+        &format!("{CHAIN}\n[stage-relay]\nPROGRAM = {{pass}}\nNEXT = discard\n"),
+    );
     let text = std::fs::read_to_string(&conf).unwrap().replacen(
         &format!("CONNECTION = {}", db.connection()),
         &format!(

@@ -1,0 +1,92 @@
+//! Unknown keys (SPEC §4 "Strictness"): an unknown key is a warning naming where it is
+//! and the nearest known key, never an error — an operator's typo must not stop mail,
+//! but it must not pass silently either.
+//!
+//! Pure: [`super`] checks the fixed sections with it and [`super::graph`] the stage
+//! sections; the callers decide whether the warnings are logged or printed.
+
+/// The largest edit distance at which a known key is suggested for an unknown one.
+const MAX_SUGGESTION_DISTANCE: usize = 2;
+
+/// The Levenshtein distance between two strings: the fewest single-character
+/// insertions, deletions and substitutions that turn one into the other.
+pub fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    // One row of the dynamic-programming table at a time: row[j] is the distance
+    // between the prefix of `a` read so far and the first j characters of `b`.
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// The known key nearest to `key`, when it is close enough to be a typo of it (the
+/// first of equally near ones).
+pub fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (distance(key, k), *k))
+        .filter(|(d, _)| *d <= MAX_SUGGESTION_DISTANCE)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// The message of an unknown-key warning: `unknown key, ignored`, with the nearest
+/// known key when there is one (`; did you mean PARALLELISM?`) and `whose` naming
+/// whose keys were compared when that helps (`of pepsi-stage-if`).
+pub fn unknown_key(key: &str, known: &[&str], whose: Option<&str>) -> String {
+    let mut message = match whose {
+        Some(whose) => format!("unknown key of {whose}, ignored"),
+        None => "unknown key, ignored".to_string(),
+    };
+    if let Some(k) = nearest(key, known) {
+        message.push_str(&format!("; did you mean {k}?"));
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distance_counts_single_character_edits() {
+        assert_eq!(distance("", ""), 0);
+        assert_eq!(distance("ABC", ""), 3);
+        assert_eq!(distance("", "ABC"), 3);
+        assert_eq!(distance("NEXT", "NEXT"), 0);
+        assert_eq!(distance("NEX", "NEXT"), 1);
+        assert_eq!(distance("NEXTT", "NEXT"), 1);
+        assert_eq!(distance("NEXD", "NEXT"), 1);
+        assert_eq!(
+            distance("PARALLELSIM", "PARALLELISM"),
+            2,
+            "a swap is two edits"
+        );
+        assert_eq!(distance("KITTEN", "SITTING"), 3);
+    }
+
+    #[test]
+    fn the_nearest_key_is_suggested_only_when_close() {
+        let known = ["PARALLELISM", "QUEUE_LIMIT", "MAX_MESSAGES", "MAX_LIFETIME"];
+        assert_eq!(nearest("PARALLELSIM", &known), Some("PARALLELISM"));
+        assert_eq!(nearest("QUEUE_LIMITS", &known), Some("QUEUE_LIMIT"));
+        assert_eq!(nearest("MAX_MESSAGE", &known), Some("MAX_MESSAGES"));
+        assert_eq!(nearest("COLOUR", &known), None);
+        assert_eq!(
+            unknown_key("PARALLELSIM", &known, None),
+            "unknown key, ignored; did you mean PARALLELISM?"
+        );
+        assert_eq!(
+            unknown_key("COLOUR", &known, Some("pepsi-stage-pass")),
+            "unknown key of pepsi-stage-pass, ignored"
+        );
+    }
+}

@@ -1,0 +1,532 @@
+//! `pepsi-dispatch check` and the configuration checks the dispatcher shares with it
+//! (SPEC §4 "Strictness").
+//!
+//! `check` runs every check without starting anything: the file (syntax, values,
+//! unknown keys), the overlay read from the database (with `--overlay` rows laid over
+//! it as if written), the stage graph and its cycles, every built-in stage's section
+//! (with the same `configure` its worker runs), each `PROGRAM` executable by the
+//! `[pepsi] RUN_AS` account, and the schema version. It prints every problem, one a
+//! line, and exits 0 (warnings allowed) or 78.
+//!
+//! The dispatcher calls [`at_start`] once its stage graph is built (a bad built-in
+//! section is a start error, exit 1) and `reload.rs` calls [`builtin_errors`] and
+//! [`graph_warnings`] for a new graph. This file decides nothing about messages and
+//! changes nothing: it reads the file and the database, and writes only to stdout.
+
+use std::ffi::CString;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::cli::Invocation;
+use crate::config::graph::{self, OverrideRow};
+use crate::config::raw::{self, join_errors};
+use crate::config::{self, Config, ConfigError, Section, StageGraph, StageSection};
+use crate::db::{self, schema};
+use crate::exit::Failure;
+use crate::stages;
+
+use super::PROGRAM;
+
+/// Warnings about the stage graph with its overlay: overlay rows that are ignored,
+/// unknown keys of built-in stages' sections, and the cycles of `graph` when it is
+/// valid.
+pub fn graph_warnings(
+    stage_sections: &[Section],
+    overlay: &[OverrideRow],
+    graph: Option<&StageGraph>,
+) -> Vec<ConfigError> {
+    let laid = graph::lay_over(stage_sections, overlay);
+    let mut warnings = laid.warnings;
+    warnings.extend(graph::unknown_keys(
+        laid.sections.values(),
+        stages::program_keys,
+    ));
+    if let Some(graph) = graph {
+        warnings.extend(graph.cycle_warnings());
+    }
+    warnings
+}
+
+/// Every problem of the built-in stages' sections, each checked exactly as its worker
+/// will check it.
+pub fn builtin_errors(graph: &StageGraph) -> Vec<ConfigError> {
+    stages::check_sections(graph.stages())
+}
+
+/// The dispatcher's start-up check of a built stage graph: logs the warnings, and
+/// refuses to start (exit 1, like every start error) when a built-in stage's section
+/// is invalid — its workers would refuse to run and its mail would stall.
+pub fn at_start(
+    config: &Config,
+    overlay: &[OverrideRow],
+    graph: &StageGraph,
+) -> Result<(), Failure> {
+    for w in graph_warnings(&config.stage_sections, overlay, Some(graph)) {
+        log::warn!("{w}");
+    }
+    let errors = builtin_errors(graph);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::general(format!(
+            "invalid stage configuration:\n{}",
+            join_errors(&errors)
+        )))
+    }
+}
+
+/// What `check` found.
+#[derive(Debug, Default)]
+struct Findings {
+    errors: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Findings {
+    fn add_errors(&mut self, errors: impl IntoIterator<Item = ConfigError>) {
+        self.errors
+            .extend(errors.into_iter().map(|e| e.to_string()));
+    }
+
+    fn add_warnings(&mut self, warnings: impl IntoIterator<Item = ConfigError>) {
+        self.warnings
+            .extend(warnings.into_iter().map(|e| e.to_string()));
+    }
+
+    /// Prints every finding, one a line, and decides the exit: 0 without errors, else
+    /// 78.
+    fn finish(self, path: &Path) -> Result<(), Failure> {
+        for e in &self.errors {
+            println!("error: {e}");
+        }
+        for w in &self.warnings {
+            println!("warning: {w}");
+        }
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        if self.errors.is_empty() {
+            println!(
+                "{}: configuration OK ({})",
+                path.display(),
+                plural(self.warnings.len(), "warning")
+            );
+            Ok(())
+        } else {
+            Err(Failure::config(format!(
+                "{}: {} and {} found",
+                path.display(),
+                plural(self.errors.len(), "error"),
+                plural(self.warnings.len(), "warning")
+            )))
+        }
+    }
+}
+
+/// The `--overlay SECTION KEY VALUE` rows of a `check` command line.
+fn parse_arguments(rest: &[String]) -> Result<Vec<OverrideRow>, Failure> {
+    let usage = |message: String| {
+        Failure::usage(format!(
+            "{message}\nusage: {} [GLOBAL OPTIONS] {}",
+            PROGRAM.name, PROGRAM.synopsis
+        ))
+    };
+    let mut rows = Vec::new();
+    let mut args = rest.iter().skip(1);
+    while let Some(arg) = args.next() {
+        if arg != "--overlay" {
+            return Err(usage(format!("unexpected argument {arg:?}")));
+        }
+        let mut value = || args.next().cloned();
+        match (value(), value(), value()) {
+            (Some(section), Some(key), Some(value)) => rows.push(OverrideRow {
+                section,
+                key,
+                value,
+            }),
+            _ => {
+                return Err(usage(
+                    "--overlay needs SECTION KEY VALUE (an empty VALUE unsets the key)".into(),
+                ));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Lays the command line's rows over the database's, as writing them would: a row for
+/// the same section and key replaces the stored one.
+fn with_rows(mut overlay: Vec<OverrideRow>, extra: Vec<OverrideRow>) -> Vec<OverrideRow> {
+    for row in extra {
+        overlay.retain(|r| !(r.section == row.section && r.key == row.key));
+        overlay.push(row);
+    }
+    overlay
+}
+
+/// Runs `pepsi-dispatch check [--overlay SECTION KEY VALUE]…`.
+pub fn run(invocation: Invocation) -> Result<(), Failure> {
+    let extra = parse_arguments(&invocation.rest)?;
+    let path = raw::search(invocation.globals.config.as_deref());
+    let mut found = Findings::default();
+    let sections = match raw::read(&path) {
+        Ok(sections) => sections,
+        Err(errors) => {
+            // Without the file's sections nothing else can be checked.
+            found.add_errors(errors);
+            return found.finish(&path);
+        }
+    };
+    let config = Config::from_sections(path.clone(), sections.clone());
+    match &config {
+        Ok(c) => found.add_warnings(c.warnings.clone()),
+        Err(errors) => {
+            found.add_errors(errors.clone());
+            found.add_warnings(config::fixed_warnings(&sections));
+        }
+    }
+    // The fixed values as the dispatcher would read them, the defaults where the file
+    // is wrong (its errors are reported above).
+    let fixed = |section: &str, key: &str, default: &str| {
+        sections
+            .iter()
+            .find(|s| s.name == section)
+            .and_then(|s| s.get(key))
+            .unwrap_or(default)
+            .to_string()
+    };
+    let run_as = fixed("pepsi", "RUN_AS", "pepsi");
+    let connection = fixed("pepsi-postgres", "CONNECTION", config::DEFAULT_CONNECTION);
+    let stage_sections: Vec<Section> = sections
+        .iter()
+        .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
+        .cloned()
+        .collect();
+
+    let account = match Account::lookup(&run_as) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            found.errors.push(format!("[pepsi] RUN_AS: {e}"));
+            None
+        }
+    };
+    if let Some(account) = &account {
+        if let Err(e) = account.may(&path, Access::Read) {
+            found.errors.push(format!(
+                "{}: cannot be read as RUN_AS {} ({e}); workers and reloads read it as that account",
+                path.display(),
+                account.name
+            ));
+        }
+    }
+
+    let overlay = read_database(&connection, &mut found);
+    let overlay = with_rows(overlay, extra);
+
+    let graph = match StageGraph::build(&stage_sections, &overlay) {
+        Ok(g) => Some(g),
+        Err(errors) => {
+            found.add_errors(errors);
+            None
+        }
+    };
+    found.add_warnings(graph_warnings(&stage_sections, &overlay, graph.as_ref()));
+    // Every section that checks on its own is checked further, so a bad MATCH is
+    // reported beside a dangling NEXT elsewhere.
+    let laid = graph::lay_over(&stage_sections, &overlay);
+    let checked: Vec<StageSection> = laid
+        .sections
+        .values()
+        .filter(|s| s.name.len() > graph::STAGE_PREFIX.len())
+        .filter_map(|s| StageSection::check(s).ok())
+        .collect();
+    found.add_errors(stages::check_sections(&checked));
+    for stage in &checked {
+        if let Err(e) = program_runs(&stage.program, account.as_ref()) {
+            found.add_errors([stage.section.error("PROGRAM", e)]);
+        }
+    }
+    found.finish(&path)
+}
+
+/// Connects, checks the schema and reads the overlay; a problem is an error and leaves
+/// the overlay empty (the file alone is checked).
+fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
+    if connection.parse::<postgres::Config>().is_err() {
+        found
+            .errors
+            .push("database: not checked, [pepsi-postgres] CONNECTION is invalid".into());
+        return Vec::new();
+    }
+    let mut client = match db::connect(connection, "pepsi-dispatch check") {
+        Ok(c) => c,
+        Err(e) => {
+            // The client's error says only that it failed; its causes say why.
+            let mut why = db::describe(&e);
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                why.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            found.errors.push(format!(
+                "database: cannot connect: {why}; the schema and pepsi.config_override are not checked"
+            ));
+            return Vec::new();
+        }
+    };
+    match schema::check(&mut client) {
+        Ok(()) => {}
+        Err(schema::SchemaError::Mismatch(m)) => found.errors.push(format!("database: {m}")),
+        Err(schema::SchemaError::Db(e)) => found.errors.push(format!(
+            "database: cannot check the schema: {}",
+            db::describe(&e)
+        )),
+    }
+    match db::read_overlay(&mut client) {
+        Ok(rows) => rows,
+        Err(e) => {
+            found.errors.push(format!(
+                "database: cannot read pepsi.config_override: {}",
+                db::describe(&e)
+            ));
+            Vec::new()
+        }
+    }
+}
+
+/// What an account wants to do with a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Read,
+    Execute,
+}
+
+/// The `[pepsi] RUN_AS` account, as the kernel will see it once the dispatcher has
+/// switched to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Account {
+    name: String,
+    uid: u32,
+    /// The primary group and every supplementary group (`initgroups` gives it these).
+    groups: Vec<u32>,
+}
+
+impl Account {
+    /// Looks an account up in the system's user database.
+    fn lookup(name: &str) -> Result<Account, String> {
+        let c_name =
+            CString::new(name).map_err(|_| format!("{name:?} is not a valid account name"))?;
+        // SAFETY: c_name is a valid C string; getpwnam returns NULL or a pointer to
+        // static storage, read at once (this program has no other thread using it).
+        let pw = unsafe { libc::getpwnam(c_name.as_ptr()) };
+        if pw.is_null() {
+            return Err(format!("the account {name:?} does not exist"));
+        }
+        // SAFETY: pw is non-null and points to a valid passwd entry.
+        let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+        let mut groups: Vec<libc::gid_t> = vec![0; 64];
+        loop {
+            let mut n = groups.len() as libc::c_int;
+            // SAFETY: groups has room for n entries; getgrouplist writes at most n and
+            // sets n to the number it has (or needs).
+            let r =
+                unsafe { libc::getgrouplist(c_name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+            if r >= 0 {
+                groups.truncate(n.max(0) as usize);
+                break;
+            }
+            // Too small: n says how many are needed (grow at least twofold anyway).
+            let want = (n.max(0) as usize).max(groups.len() * 2);
+            groups.resize(want, 0);
+        }
+        if !groups.contains(&gid) {
+            groups.push(gid);
+        }
+        Ok(Account {
+            name: name.to_string(),
+            uid,
+            groups,
+        })
+    }
+
+    /// May this account read or execute `path`? When this process runs as the account
+    /// (or both are root) the kernel answers (`faccessat`, which also sees ACLs);
+    /// otherwise the mode bits of the file and the search bits of every directory on
+    /// the way to it do.
+    fn may(&self, path: &Path, access: Access) -> Result<(), String> {
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        if access == Access::Execute && !meta.is_file() {
+            return Err("not a regular file".into());
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == self.uid {
+            let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|_| "the path contains a NUL byte".to_string())?;
+            let mode = match access {
+                Access::Read => libc::R_OK,
+                Access::Execute => libc::X_OK,
+            };
+            // SAFETY: c_path is a valid C string.
+            let r =
+                unsafe { libc::faccessat(libc::AT_FDCWD, c_path.as_ptr(), mode, libc::AT_EACCESS) };
+            return if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error().to_string())
+            };
+        }
+        let absolute = std::path::absolute(path).map_err(|e| e.to_string())?;
+        let canonical = std::fs::canonicalize(path).map_err(|e| e.to_string())?;
+        // The directories of the path as written and of the file it leads to.
+        for dir in absolute
+            .ancestors()
+            .skip(1)
+            .chain(canonical.ancestors().skip(1))
+        {
+            let dm = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if !self.permits(dm.uid(), dm.gid(), dm.mode(), true, Access::Execute) {
+                return Err(format!(
+                    "permission denied: the directory {} cannot be searched",
+                    dir.display()
+                ));
+            }
+        }
+        if self.permits(meta.uid(), meta.gid(), meta.mode(), meta.is_dir(), access) {
+            Ok(())
+        } else {
+            Err(format!(
+                "permission denied (mode {:o}, owner {}, group {})",
+                meta.mode() & 0o7777,
+                meta.uid(),
+                meta.gid()
+            ))
+        }
+    }
+
+    /// The permission bits' answer for this account: the owner's bits if it owns the
+    /// file, else the group's if it is in the file's group, else the others'. Root
+    /// reads anything, searches any directory, and executes a file with any `x` bit.
+    fn permits(&self, uid: u32, gid: u32, mode: u32, dir: bool, access: Access) -> bool {
+        let bit = match access {
+            Access::Read => 0o4,
+            Access::Execute => 0o1,
+        };
+        if self.uid == 0 {
+            return access == Access::Read || dir || mode & 0o111 != 0;
+        }
+        let shift = if uid == self.uid {
+            6
+        } else if self.groups.contains(&gid) {
+            3
+        } else {
+            0
+        };
+        (mode >> shift) & bit != 0
+    }
+}
+
+/// Can `program` be started by the dispatcher running as `account`: an absolute (or
+/// relative) path must be an executable file; a bare name is looked up on `PATH` like
+/// `execvp`, the first executable match winning.
+fn program_runs(program: &str, account: Option<&Account>) -> Result<(), String> {
+    let executable = |path: &Path| match account {
+        Some(a) => a.may(path, Access::Execute),
+        None => std::fs::metadata(path).map(drop).map_err(|e| e.to_string()),
+    };
+    let run_as = account.map_or_else(String::new, |a| format!(" by RUN_AS {}", a.name));
+    if program.contains('/') {
+        return executable(Path::new(program))
+            .map_err(|e| format!("{program} cannot be executed{run_as}: {e}"));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let candidates: Vec<PathBuf> = std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .filter(|p| p.is_file())
+        .collect();
+    let mut refused = Vec::new();
+    for candidate in &candidates {
+        match executable(candidate) {
+            Ok(()) => return Ok(()),
+            Err(e) => refused.push(format!("{}: {e}", candidate.display())),
+        }
+    }
+    if refused.is_empty() {
+        Err(format!(
+            "{program} is not found on PATH ({})",
+            path.to_string_lossy()
+        ))
+    } else {
+        Err(format!(
+            "{program} cannot be executed{run_as}: {}",
+            refused.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(uid: u32, groups: &[u32]) -> Account {
+        Account {
+            name: "t".into(),
+            uid,
+            groups: groups.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_owner_group_or_other_bits_decide_for_an_ordinary_account() {
+        let a = account(1000, &[1000, 27]);
+        let x = Access::Execute;
+        assert!(a.permits(1000, 0, 0o700, false, x), "owner");
+        assert!(
+            !a.permits(1000, 1000, 0o070, false, x),
+            "the owner's bits, not the group's"
+        );
+        assert!(a.permits(0, 27, 0o750, false, x), "a supplementary group");
+        assert!(!a.permits(0, 0, 0o750, false, x), "neither owner nor group");
+        assert!(a.permits(0, 0, 0o755, false, x), "others");
+        assert!(a.permits(0, 0, 0o644, false, Access::Read));
+        assert!(!a.permits(0, 0, 0o640, false, Access::Read));
+    }
+
+    #[test]
+    fn root_executes_a_file_with_any_x_bit_and_searches_any_directory() {
+        let root = account(0, &[0]);
+        assert!(root.permits(1000, 1000, 0o001, false, Access::Execute));
+        assert!(!root.permits(1000, 1000, 0o644, false, Access::Execute));
+        assert!(root.permits(1000, 1000, 0o700, true, Access::Execute));
+        assert!(root.permits(1000, 1000, 0o000, false, Access::Read));
+    }
+
+    #[test]
+    fn overlay_arguments_replace_stored_rows_and_may_unset() {
+        let args: Vec<String> = ["check", "--overlay", "stage-x", "MATCH", ""]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let extra = parse_arguments(&args).unwrap();
+        let stored = vec![OverrideRow {
+            section: "stage-x".into(),
+            key: "MATCH".into(),
+            value: "sender is a".into(),
+        }];
+        let rows = with_rows(stored, extra);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].value, "");
+        let short: Vec<String> = ["check", "--overlay", "stage-x", "MATCH"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(parse_arguments(&short).unwrap_err().code, 64);
+        let other: Vec<String> = ["check", "--now"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(parse_arguments(&other).unwrap_err().code, 64);
+    }
+
+    #[test]
+    fn a_program_is_found_on_path_or_named_missing() {
+        assert!(program_runs("/nonexistent/prog", None).is_err());
+        let e = program_runs("pepsi-no-such-program", None).unwrap_err();
+        assert!(e.contains("not found on PATH"), "{e}");
+        assert!(program_runs("/bin/sh", None).is_ok());
+    }
+}

@@ -1,0 +1,487 @@
+//! Operator-proof configuration (SPEC §4 "Strictness"): `pepsi-dispatch check`, a bad
+//! built-in section refused at start and at reload but stopping only its own stage's
+//! workers, unknown keys and cycles as warnings.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::time::Duration;
+
+use pepsi::protocol::WORKER_STAGE_ENV;
+
+use crate::util::dispatcher::Dispatcher;
+use crate::util::worker::{Worker, code, report_stages};
+use crate::util::{TempDir, TestDb, bin, inject_claimed, row_at, run, stage, stderr, write_config};
+
+/// A configuration for `db` with `stages`, where `{pass}`, `{if}`, `{discard}` and
+/// `{exec}` stand for the stage programs.
+fn config(dir: &TempDir, db: &TestDb, stages: &str) -> PathBuf {
+    let mut text =
+        format!("[pepsi-dispatch]\nPOLL_INTERVAL = 1s\nWORKER_IDLE_TIMEOUT = 1s\n\n{stages}");
+    for name in ["pass", "if", "discard", "exec"] {
+        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
+    }
+    write_config(dir, db, &text)
+}
+
+/// The 1-based line of the first line of `conf` that starts with `start`.
+fn line_of(conf: &Path, start: &str) -> usize {
+    std::fs::read_to_string(conf)
+        .unwrap()
+        .lines()
+        .position(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starts with {start:?}"))
+        + 1
+}
+
+/// `pepsi-dispatch -c conf check ARGS`.
+fn check(conf: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["-c", conf.to_str().unwrap(), "check"];
+    all.extend_from_slice(args);
+    run(&bin("pepsi-dispatch"), &all)
+}
+
+/// Stdout as text.
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Both streams, for assertion messages.
+fn both(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", stdout(out), stderr(out))
+}
+
+/// `pepsi-dispatch -c conf serve`, expected to stop at start (killed, failing the
+/// test, if it is still running after a while).
+fn serve_at_start(conf: &Path) -> Output {
+    let mut child = Command::new(bin("pepsi-dispatch"))
+        .arg("-c")
+        .arg(conf)
+        .arg("serve")
+        .env_remove("PEPSI_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "pepsi-dispatch serve did not stop at start:\n{}",
+                both(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A worker started as the dispatcher starts it (`PEPSI_WORKER_STAGE` names its
+/// stage): its first line, then (stdin closed) its exit status and stderr.
+fn worker_for(program: &Path, conf: &Path, stage: &str) -> (Option<String>, ExitStatus, String) {
+    let mut child = Command::new(program)
+        .arg("-c")
+        .arg(conf)
+        .arg("worker")
+        .env_remove("PEPSI_CONFIG")
+        .env(WORKER_STAGE_ENV, stage)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let first = (!first.is_empty()).then(|| first.trim_end().to_string());
+    (first, out.status, stderr(&out))
+}
+
+const GOOD: &str = "[stage-in]\nPROGRAM = {pass}\nNEXT = filter\n\n\
+                    [stage-filter]\nPROGRAM = {if}\nMATCH = sender-domain is bounce.example or state.spam is true\nNEXT = out\nELSE_STAGE = out\n\n\
+                    [stage-out]\nPROGRAM = {discard}\n";
+
+#[test]
+fn check_passes_a_good_configuration() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-good");
+    let conf = config(&dir, &db, GOOD);
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("configuration OK (0 warnings)"),
+        "{}",
+        both(&out)
+    );
+}
+
+#[test]
+fn an_incomplete_match_is_refused_by_check_naming_file_line_and_word() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-match");
+    for (expr, why) in [
+        (
+            "sender-domain is bounce.example or",
+            "ends with a dangling \"or\"",
+        ),
+        (
+            "sender-domain is x garbage",
+            "unexpected \"garbage\" after the value \"x\"",
+        ),
+        (
+            "sender is a and sender is b or sender is c",
+            "mixes \"and\" and \"or\"",
+        ),
+        (
+            "subject is \"open and sender is x",
+            "the quoted value \"open and sender is x lacks its closing quote",
+        ),
+    ] {
+        let conf = config(
+            &dir,
+            &db,
+            &GOOD.replace(
+                "sender-domain is bounce.example or state.spam is true",
+                expr,
+            ),
+        );
+        let out = check(&conf, &[]);
+        assert_eq!(out.status.code(), Some(78), "{expr}: {}", both(&out));
+        let expect = format!(
+            "error: {}:{}: [stage-filter] MATCH: {why}",
+            conf.display(),
+            line_of(&conf, "MATCH")
+        );
+        assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    }
+}
+
+#[test]
+fn one_bad_if_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-badif");
+    let conf = config(
+        &dir,
+        &db,
+        &GOOD.replace(
+            "sender-domain is bounce.example or state.spam is true",
+            "sender-domain is bounce.example or",
+        ),
+    );
+    let named = format!(
+        "{}:{}: [stage-filter] MATCH: ends with a dangling \"or\"",
+        conf.display(),
+        line_of(&conf, "MATCH")
+    );
+    let out = serve_at_start(&conf);
+    assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+    assert!(stderr(&out).contains(&named), "{}", both(&out));
+
+    // The good stages' workers run: `in` may not fuse into the bad `filter`, which
+    // only stops that fusion.
+    let (first, status, err) = worker_for(&stage("discard"), &conf, "out");
+    assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
+    let (first, status, err) = worker_for(&stage("pass"), &conf, "in");
+    assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains(&named) && err.contains("messages will not be fused into stage filter"),
+        "{err}"
+    );
+    // The bad stage's worker refuses to run, naming its section.
+    let (first, status, err) = worker_for(&stage("if"), &conf, "filter");
+    assert_eq!(first, None, "{err}");
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(err.contains(&named), "{err}");
+
+    // A message at the good stage moves on (unfused) to the bad one and waits there.
+    let mut c = db.client();
+    let id = inject_claimed(&mut c, "in", "a@x.example", &["r@y.example"]);
+    let mut w = Worker::ready(&stage("pass"), &conf);
+    let lines = w.run(&[id]);
+    assert_eq!(code(&lines[0]), 0, "{}", lines[0]);
+    assert_eq!(report_stages(&lines[0]), vec!["in"], "{}", lines[0]);
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("filter".into(), "pending".into()))
+    );
+}
+
+#[test]
+fn a_bad_exec_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-badexec");
+    for (exec, key, why) in [
+        (
+            "COMMAND = /bin/true\nTIMEOUT = 30 seconds\n",
+            "TIMEOUT",
+            "\"30 seconds\" is not a duration",
+        ),
+        ("TIMEOUT = 30s\n", "COMMAND", "is required but not set"),
+    ] {
+        let conf = config(
+            &dir,
+            &db,
+            &format!(
+                "[stage-in]\nPROGRAM = {{pass}}\nNEXT = relay\n\n[stage-relay]\nPROGRAM = {{exec}}\n{exec}"
+            ),
+        );
+        let line = if key == "TIMEOUT" {
+            line_of(&conf, "TIMEOUT")
+        } else {
+            line_of(&conf, "[stage-relay]")
+        };
+        let named = format!("{}:{line}: [stage-relay] {key}: {why}", conf.display());
+        let out = serve_at_start(&conf);
+        assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+        assert!(stderr(&out).contains(&named), "{named}\n{}", both(&out));
+        let out = check(&conf, &[]);
+        assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+        assert!(
+            stdout(&out).contains(&format!("error: {named}")),
+            "{named}\n{}",
+            both(&out)
+        );
+        let (first, status, err) = worker_for(&stage("pass"), &conf, "in");
+        assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
+        let (first, status, err) = worker_for(&stage("exec"), &conf, "relay");
+        assert_eq!(first, None, "{err}");
+        assert_eq!(status.code(), Some(78), "{err}");
+        assert!(err.contains(&named), "{named}\n{err}");
+    }
+}
+
+#[test]
+fn a_misspelt_key_is_a_warning_naming_the_nearest_key_in_the_file_and_the_overlay() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-typo");
+    let conf = config(
+        &dir,
+        &db,
+        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nPARALLELSIM = 4\n\n[stage-b]\nPROGRAM = {discard}\n",
+    );
+    let in_file = format!(
+        "{}:{}: [stage-a] PARALLELSIM: unknown key of pepsi-stage-pass, ignored; did you mean PARALLELISM?",
+        conf.display(),
+        line_of(&conf, "PARALLELSIM")
+    );
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(
+        stdout(&out).contains(&format!("warning: {in_file}")),
+        "{in_file}\n{}",
+        both(&out)
+    );
+    assert!(
+        stdout(&out).contains("configuration OK (1 warning)"),
+        "{}",
+        both(&out)
+    );
+
+    // The same key as an overlay row, first as if written, then written.
+    let in_overlay = "pepsi.config_override: [stage-b] PARALLELSIM: unknown key of pepsi-stage-discard, ignored; did you mean PARALLELISM?";
+    let out = check(&conf, &["--overlay", "stage-b", "PARALLELSIM", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(stdout(&out).contains(in_overlay), "{}", both(&out));
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-b', 'PARALLELSIM', '2')",
+        &[],
+    )
+    .unwrap();
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(stdout(&out).contains(in_overlay), "{}", both(&out));
+    assert!(stdout(&out).contains(&in_file), "{}", both(&out));
+
+    // The dispatcher starts and logs both.
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log(&in_file, Duration::from_secs(20));
+    d.wait_log(in_overlay, Duration::from_secs(20));
+    d.wait_log("serving 2 stages", Duration::from_secs(20));
+    assert!(d.terminate().success(), "{}", d.log());
+}
+
+#[test]
+fn check_names_a_program_that_is_missing_or_not_executable() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-program");
+    let plain = dir.write("not-executable", "#!/bin/sh\nexit 0\n");
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "[stage-a]\nPROGRAM = {}/missing-program\nNEXT = b\n\n[stage-b]\nPROGRAM = {}\n\n[stage-c]\nPROGRAM = pepsi-no-such-program-anywhere\n",
+            dir.0.display(),
+            plain.display()
+        ),
+    );
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    let at = |key: &str| format!("{}:{}:", conf.display(), line_of(&conf, key));
+    let a = format!(
+        "error: {} [stage-a] PROGRAM: {}/missing-program cannot be executed by RUN_AS root",
+        at("PROGRAM = /"),
+        dir.0.display()
+    );
+    assert!(text.contains(&a), "{a}\n{text}");
+    let b = format!(
+        "[stage-b] PROGRAM: {} cannot be executed by RUN_AS root",
+        plain.display()
+    );
+    assert!(text.contains(&b), "{b}\n{text}");
+    assert!(
+        text.contains("[stage-c] PROGRAM: pepsi-no-such-program-anywhere is not found on PATH"),
+        "{text}"
+    );
+    assert_eq!(text.matches("error: ").count(), 3, "{text}");
+}
+
+#[test]
+fn check_with_an_overlay_row_checks_it_without_writing_it() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-overlay");
+    let conf = config(&dir, &db, GOOD);
+    let out = check(&conf, &["--overlay", "stage-filter", "MATCH", "sender is"]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    assert!(
+        stdout(&out).contains(
+            "error: pepsi.config_override: [stage-filter] MATCH: the condition on \"sender\" lacks a value"
+        ),
+        "{}",
+        both(&out)
+    );
+    let mut c = db.client();
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.config_override", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "check writes nothing");
+    // A valid row, and an empty value that unsets a key the section needs.
+    let out = check(
+        &conf,
+        &[
+            "--overlay",
+            "stage-filter",
+            "MATCH",
+            "subject is \"a or b\"",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let out = check(&conf, &["--overlay", "stage-filter", "ELSE_STAGE", ""]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("[stage-filter] ELSE_STAGE: is required but not set"),
+        "{}",
+        both(&out)
+    );
+    // A usage error is 64.
+    let out = check(&conf, &["--overlay", "stage-filter", "MATCH"]);
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
+}
+
+#[test]
+fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-reload");
+    let conf = config(&dir, &db, GOOD);
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log("serving 3 stages", Duration::from_secs(20));
+    db.client()
+        .execute(
+            "INSERT INTO pepsi.config_override VALUES ('stage-filter', 'MATCH', 'sender-domain is x garbage')",
+            &[],
+        )
+        .unwrap();
+    let status = d.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(78), "{}", d.log());
+    assert!(
+        d.log().contains(
+            "pepsi.config_override: [stage-filter] MATCH: unexpected \"garbage\" after the value \"x\""
+        ),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn a_cycle_is_a_warning_of_check_and_at_start() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-cycle");
+    let conf = config(
+        &dir,
+        &db,
+        "[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\n\n[stage-loop2]\nPROGRAM = {pass}\nNEXT = loop1\n",
+    );
+    let warning = format!(
+        "{}:{}: [stage-loop1] the stage references form a cycle: loop1 → loop2 → loop1",
+        conf.display(),
+        line_of(&conf, "[stage-loop1]")
+    );
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(
+        stdout(&out).contains(&format!("warning: {warning}")),
+        "{warning}\n{}",
+        both(&out)
+    );
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log(&warning, Duration::from_secs(20));
+    d.wait_log("serving 2 stages", Duration::from_secs(20));
+    assert!(d.terminate().success(), "{}", d.log());
+}
+
+#[test]
+fn check_without_a_database_still_checks_the_file() {
+    let dir = TempDir::new("c-nodb");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi]\nRUN_AS = root\n[pepsi-postgres]\nCONNECTION = host=/nonexistent dbname=x\n\
+             [stage-a]\nPROGRAM = {}\nNEXT = a\nQUEUE_LIMT = 2\n",
+            stage("pass").display()
+        ),
+    );
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    assert!(text.contains("error: database: cannot connect"), "{text}");
+    assert!(text.contains("did you mean QUEUE_LIMIT?"), "{text}");
+    assert!(text.contains("form a cycle: a → a"), "{text}");
+}
+
+#[test]
+fn the_usage_names_check() {
+    let out = run(&bin("pepsi-dispatch"), &["-h"]);
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains("serve | check [--overlay SECTION KEY VALUE]"),
+        "{}",
+        both(&out)
+    );
+    let out = run(&bin("pepsi-dispatch"), &["inspect"]);
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
+}
+
+#[test]
+fn a_worker_started_for_a_stage_without_a_section_exits_78() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-nosection");
+    let conf = config(&dir, &db, GOOD);
+    let (first, status, err) = worker_for(&stage("pass"), &conf, "gone");
+    assert_eq!(first, None, "{err}");
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(
+        err.contains(
+            "started for stage \"gone\" (PEPSI_WORKER_STAGE), which has no [stage-gone] section"
+        ),
+        "{err}"
+    );
+}
