@@ -259,15 +259,8 @@ fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
     let mut client = match db::connect(connection, "pepsi-dispatch check") {
         Ok(c) => c,
         Err(e) => {
-            // The client's error says only that it failed; its causes say why.
-            let mut why = db::describe(&e);
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                why.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
             found.errors.push(format!(
-                "database: cannot connect: {why}; the schema and pepsi.config_override are not checked"
+                "database: {e}; the schema and pepsi.config_override are not checked"
             ));
             return Vec::new();
         }
