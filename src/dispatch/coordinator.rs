@@ -474,19 +474,7 @@ impl Coordinator {
                 });
             }
             Command::Requeue(claims) => {
-                let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-                let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
-                let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
-                let done = db::retry_transient(|| {
-                    client.query_typed(
-                        sql::REQUEUE,
-                        &[
-                            (&ids, Type::INT8_ARRAY),
-                            (&stages, Type::TEXT_ARRAY),
-                            (&tokens, Type::INT8_ARRAY),
-                        ],
-                    )
-                })?;
+                let done = write_claims(client, sql::REQUEUE, claims)?;
                 if done.len() < claims.len() {
                     log::warn!(
                         "{} of {} rows to requeue were no longer running under their claim; left as they are",
@@ -557,19 +545,7 @@ impl Coordinator {
                 }
             }
             Command::Resume(claims) => {
-                let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-                let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
-                let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
-                let done = db::retry_transient(|| {
-                    client.query_typed(
-                        sql::RESUME_DEFERRED,
-                        &[
-                            (&ids, Type::INT8_ARRAY),
-                            (&stages, Type::TEXT_ARRAY),
-                            (&tokens, Type::INT8_ARRAY),
-                        ],
-                    )
-                })?;
+                let done = write_claims(client, sql::RESUME_DEFERRED, claims)?;
                 if !done.is_empty() {
                     log::info!(
                         "{} messages deferred for a lost database connection back to pending early",
@@ -611,6 +587,28 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+/// Runs a guarded write over claims, one round trip: `statement` takes their ids,
+/// claimed stages and tokens as `$1`–`$3` and returns the rows it wrote.
+fn write_claims(
+    client: &mut Client,
+    statement: &str,
+    claims: &[Claim],
+) -> Result<Vec<postgres::Row>, postgres::Error> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+    let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
+    let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
+    db::retry_transient(|| {
+        client.query_typed(
+            statement,
+            &[
+                (&ids, Type::INT8_ARRAY),
+                (&stages, Type::TEXT_ARRAY),
+                (&tokens, Type::INT8_ARRAY),
+            ],
+        )
+    })
 }
 
 fn claim(
