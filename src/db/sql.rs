@@ -277,6 +277,22 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
                FROM pepsi.workqueue WHERE status = 'paused') n \
        LEFT JOIN claimed c ON true";
 
+/// The fair batched claim (§7): for every stage with free capacity at once, up to its
+/// own capacity, ranked by `pepsi.workqueue_claim_fair`. $1 stages (text[]), $2
+/// capacities (int4[]), $3 of each capacity the slots for the stage's oldest rows
+/// regardless of sender (int4[]), $4 each stage's average time per message in µs, > 0
+/// (float8[]), $5 per stage the sender after which its sender window starts, NULL from
+/// the first (text[]), $6 $7 $8 the known leads as parallel arrays: stage (text[]),
+/// sender (text[]), lead in µs (float8[]), $9 MAX_HOPS (int4). Returns (id, stage,
+/// sender key, token, seconds until the earliest paused row is due or NULL, looped,
+/// window end) per claimed row, plus one row per requested stage with a NULL id whose
+/// window end is the last sender considered when the 64-sender window was full and
+/// more wait (NULL otherwise: the next window starts from the first sender).
+///
+/// PLACEHOLDER of the policy branch: the lead replaces it with the SQL side's
+/// definition at the merge; only its parameters and columns are relied on here.
+pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, n.due, f.looped, f.window_end FROM (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 AS due FROM pepsi.workqueue WHERE status = 'paused') n LEFT JOIN pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4) f ON true";
+
 /// Flips due paused rows to pending and returns how many, with the seconds until the
 /// next paused row is due. A row due at infinity never is, and the difference of epochs
 /// gives an infinite number for it rather than an error. No parameters.
@@ -332,14 +348,15 @@ pub const RESUME_DEFERRED: &str = "UPDATE pepsi.workqueue q SET status = 'pendin
 /// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
 /// always runs to completion). $1 stages (text[]),
 /// $2 passes, $3 fused passes, $4 failures, $5 crashes, $6 timeouts, $7 requeues,
-/// $8 busy microseconds, $9 deferrals (int8[] each), $10 stages executed, $11 claims,
-/// $12 rows claimed, $13 worker starts (int8). Only the dispatcher writes these tables.
+/// $8 busy microseconds, $9 deferrals, $10 senders served (int8[] each), $11 stages
+/// executed, $12 claims, $13 rows claimed, $14 worker starts (int8). Only the
+/// dispatcher writes these tables.
 pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
          INSERT INTO pepsi.stage_stats AS s \
              (stage, passes, fused_passes, failures, crashes, timeouts, requeues, busy_us, \
-              deferrals) \
+              deferrals, senders_served) \
          SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], \
-                              $6::int8[], $7::int8[], $8::int8[], $9::int8[]) \
+                              $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[]) \
          ON CONFLICT (stage) DO UPDATE SET \
              passes = s.passes + EXCLUDED.passes, \
              fused_passes = s.fused_passes + EXCLUDED.fused_passes, \
@@ -349,10 +366,11 @@ pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
              requeues = s.requeues + EXCLUDED.requeues, \
              busy_us = s.busy_us + EXCLUDED.busy_us, \
              deferrals = s.deferrals + EXCLUDED.deferrals, \
+             senders_served = s.senders_served + EXCLUDED.senders_served, \
              updated = now()) \
      UPDATE pepsi.dispatch_stats SET \
-         stages_executed = stages_executed + $10, claims = claims + $11, \
-         rows_claimed = rows_claimed + $12, worker_starts = worker_starts + $13, \
+         stages_executed = stages_executed + $11, claims = claims + $12, \
+         rows_claimed = rows_claimed + $13, worker_starts = worker_starts + $14, \
          updated = now()";
 
 /// The body GC tick (§10). $1 the limit (int4).

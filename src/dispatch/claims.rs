@@ -85,13 +85,15 @@ impl PausedClock {
 }
 
 impl Dispatcher {
-    /// A claim answered: its rows join their stages' queues (rows of a stage that went
-    /// away meanwhile go straight back).
+    /// A claim answered: the policy learns where a fair claim's sender windows ended,
+    /// then its rows join their stages' queues (rows of a stage that went away
+    /// meanwhile go straight back).
     pub(super) fn on_claimed(
         &mut self,
         claims: Vec<Claim>,
         asked: &[(String, i32)],
         next_paused: Option<f64>,
+        windows: &[(String, Option<String>)],
     ) {
         self.gate.in_flight = false;
         self.release_reserved(asked);
@@ -105,7 +107,7 @@ impl Dispatcher {
                 self.gate.want = true;
             }
         }
-        self.ledger.claimed(&claims);
+        self.ledger.claimed(&claims, windows);
         let mut stray = Vec::new();
         for claim in claims {
             match self.stages.get_mut(&claim.stage) {

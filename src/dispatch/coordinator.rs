@@ -611,26 +611,43 @@ fn write_claims(
     })
 }
 
+/// Runs one claim statement and reads its answer: the claimed rows (rows failed by the
+/// loop limit are logged and left out) and, for a fair claim, where each stage's sender
+/// window ended.
 fn claim(
     client: &mut Client,
     request: &ClaimRequest,
     max_hops: i32,
 ) -> Result<Event, postgres::Error> {
+    let stages: Vec<&str> = request.asked().iter().map(|a| a.0.as_str()).collect();
+    let caps: Vec<i32> = request.asked().iter().map(|a| a.1).collect();
     let rows = match request {
-        ClaimRequest::Oldest(asked) => {
-            let stages: Vec<String> = asked.iter().map(|a| a.0.clone()).collect();
-            let caps: Vec<i32> = asked.iter().map(|a| a.1).collect();
-            db::retry_transient(|| {
-                client.query_typed(
-                    sql::CLAIM_OLDEST,
-                    &[
-                        (&stages, Type::TEXT_ARRAY),
-                        (&caps, Type::INT4_ARRAY),
-                        (&max_hops, Type::INT4),
-                    ],
-                )
-            })?
-        }
+        ClaimRequest::Oldest(_) => db::retry_transient(|| {
+            client.query_typed(
+                sql::CLAIM_OLDEST,
+                &[
+                    (&stages, Type::TEXT_ARRAY),
+                    (&caps, Type::INT4_ARRAY),
+                    (&max_hops, Type::INT4),
+                ],
+            )
+        })?,
+        ClaimRequest::Fair(fair) => db::retry_transient(|| {
+            client.query_typed(
+                sql::CLAIM_FAIR,
+                &[
+                    (&stages, Type::TEXT_ARRAY),
+                    (&caps, Type::INT4_ARRAY),
+                    (&fair.fifo, Type::INT4_ARRAY),
+                    (&fair.avg_us, Type::FLOAT8_ARRAY),
+                    (&fair.cursor, Type::TEXT_ARRAY),
+                    (&fair.lead_stage, Type::TEXT_ARRAY),
+                    (&fair.lead_sender, Type::TEXT_ARRAY),
+                    (&fair.lead_us, Type::FLOAT8_ARRAY),
+                    (&max_hops, Type::INT4),
+                ],
+            )
+        })?,
     };
     let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
     // A row that passed MAX_HOPS was failed by the claim instead of run.
@@ -648,6 +665,21 @@ fn claim(
         .iter()
         .filter(|r| r.get::<_, Option<bool>>(5) != Some(true))
         .collect();
+    // A fair claim answers one row per requested stage with no id: where that stage's
+    // sender window ended. (A claim of nothing at all answers one row of NULLs.)
+    let windows = match request {
+        ClaimRequest::Oldest(_) => Vec::new(),
+        ClaimRequest::Fair(_) => rows
+            .iter()
+            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
+            .filter_map(|r| {
+                Some((
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<String>>(6),
+                ))
+            })
+            .collect(),
+    };
     let claimed_at = Instant::now();
     let claims = rows
         .iter()
@@ -665,5 +697,6 @@ fn claim(
         claims,
         asked: request.asked().to_vec(),
         next_paused,
+        windows,
     })
 }

@@ -15,8 +15,9 @@ use crate::exit::Failure;
 /// Something the loop must learn about.
 #[derive(Debug)]
 pub enum Event {
-    /// A claim finished: the rows, what was asked per stage, and the seconds until the
-    /// earliest paused row is due (negative when overdue), if any.
+    /// A claim finished: the rows, what was asked per stage, the seconds until the
+    /// earliest paused row is due (negative when overdue), if any, and where a fair
+    /// claim's sender windows ended.
     Claimed {
         /// The claimed rows.
         claims: Vec<Claim>,
@@ -24,6 +25,10 @@ pub enum Event {
         asked: Vec<(String, i32)>,
         /// Seconds until the earliest paused row is due.
         next_paused: Option<f64>,
+        /// A fair claim's sender windows: per stage asked, the last sender considered
+        /// when the window was full and more wait, else `None` (§7). Empty for an
+        /// oldest-first claim.
+        windows: Vec<(String, Option<String>)>,
     },
     /// A claim could not be made (database trouble); nothing was claimed.
     ClaimFailed {

@@ -6,7 +6,8 @@
 //! back to the coordinator in a requeue, strike or deferral, whose write it guards with
 //! its token (§6 "Claim tokens").
 //!
-//! The [`Ledger`] applies each transition of a claim exactly once — claimed, started
+//! The [`Ledger`] applies each transition of a claim exactly once — claimed (with how
+//! many distinct senders each stage served, §7), started
 //! (reached the head of a worker's queue), ran (a status line, with the measured time),
 //! requeued without running, deferred (74), struck (crash or hang), or dropped (reset by
 //! the coordinator at a lock loss or at shutdown) — to the statistics and to the
@@ -18,7 +19,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::scheduler::ClaimPolicy;
+use super::scheduler::{ClaimPolicy, served};
 use super::stats::Deltas;
 use crate::protocol::Report;
 
@@ -163,13 +164,23 @@ impl Ledger {
         }
     }
 
-    /// A claim statement took these rows (none: nothing to count, §10).
-    pub fn claimed(&mut self, claims: &[Claim]) {
+    /// A claim statement took these rows (none: nothing to count, §10) and, for a fair
+    /// claim, ended each stage's sender window there (`windows`). The policy hears the
+    /// answer first, then each row.
+    pub fn claimed(&mut self, claims: &[Claim], windows: &[(String, Option<String>)]) {
+        let served = served(claims);
+        self.policy.answered(windows, &served);
         if claims.is_empty() {
             return;
         }
         self.deltas.claims = self.deltas.claims.saturating_add(1);
         self.deltas.rows_claimed = self.deltas.rows_claimed.saturating_add(claims.len() as i64);
+        for (stage, s) in &served {
+            let c = self.deltas.stage(stage);
+            c.senders_served = c
+                .senders_served
+                .saturating_add(i64::try_from(s.senders).unwrap_or(i64::MAX));
+        }
         for claim in claims {
             self.live.insert((claim.id, claim.token), Step::Claimed);
             self.policy.claimed(claim);
@@ -282,7 +293,7 @@ mod tests {
     fn each_transition_applies_once() {
         let mut l = Ledger::new(Box::new(OldestFirst));
         let (a, b, c) = (claim(1, 7), claim(2, 7), claim(3, 7));
-        l.claimed(&[a.clone(), b.clone(), c.clone()]);
+        l.claimed(&[a.clone(), b.clone(), c.clone()], &[]);
         assert_eq!(l.live(), 3);
         let v = vet_report(
             &Report::Absent,
@@ -304,12 +315,27 @@ mod tests {
     }
 
     #[test]
+    fn senders_served_adds_the_distinct_senders_of_each_claim_per_stage() {
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        let of = |id, sender: &str| Claim {
+            sender_key: sender.into(),
+            ..claim(id, 1)
+        };
+        l.claimed(&[of(1, "ip:a"), of(2, "ip:a"), of(3, "ip:b")], &[]);
+        l.claimed(&[of(4, "ip:a")], &[]);
+        l.claimed(&[], &[]);
+        assert_eq!(l.deltas.stages["s"].senders_served, 3);
+        assert_eq!((l.deltas.claims, l.deltas.rows_claimed), (2, 4));
+    }
+
+    #[test]
     fn a_transition_of_another_claim_of_the_same_row_changes_nothing() {
         let mut l = Ledger::new(Box::new(OldestFirst));
-        l.claimed(&[claim(1, 8)]);
+        l.claimed(&[claim(1, 8)], &[]);
+        let before = l.deltas.clone();
         l.requeued(&[claim(1, 7)]);
         assert!(l.holds(&claim(1, 8)));
-        assert!(!l.deltas.stages.contains_key("s"));
+        assert_eq!(l.deltas, before);
     }
 
     #[test]
@@ -319,9 +345,9 @@ mod tests {
             stages: vec![("s".into(), 1)],
             ..Vetted::default()
         };
-        l.claimed(&[claim(1, 7)]);
+        l.claimed(&[claim(1, 7)], &[]);
         // The worker advanced the row and the next claim took it at once.
-        l.claimed(&[claim(1, 8)]);
+        l.claimed(&[claim(1, 8)], &[]);
         l.ran(&claim(1, 7), Duration::ZERO, &v, false);
         l.ran(&claim(1, 8), Duration::ZERO, &v, false);
         assert_eq!(l.deltas.stages["s"].passes, 2);
@@ -363,7 +389,7 @@ mod tests {
             ..Vetted::default()
         };
         for n in 0..2 {
-            l.claimed(&[claim(n, 1)]);
+            l.claimed(&[claim(n, 1)], &[]);
             l.ran(&claim(n, 1), Duration::ZERO, &v, false);
         }
         assert_eq!(l.deltas.stages["s"].busy_us, i64::MAX);

@@ -6,7 +6,7 @@
 //!   table ([`pool`]) and the claim [`ledger`]; it polls the child pipes, the signal
 //!   sockets ([`signals`]) and a `mio::Waker`, with its handlers split by concern
 //!   ([`claims`], [`workers`], [`reload`], [`shutdown`]) and its pure decisions apart ([`pool`],
-//!   [`verdict`], [`timers`], [`scheduler`]);
+//!   [`verdict`], [`timers`], [`scheduler`] and its fair policy between senders, [`fair`]);
 //! - the coordinator ([`coordinator`]) owns the claiming connection and the advisory
 //!   lock and performs every queue write, serially;
 //! - the listener ([`listener`]) owns the LISTEN session;
@@ -23,6 +23,7 @@ pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
 pub mod events;
+pub mod fair;
 pub mod ledger;
 pub mod listener;
 pub mod pool;

@@ -86,8 +86,10 @@ impl Dispatcher {
                     return;
                 }
                 Ok(Event::Flushed(result)) => self.on_event(Event::Flushed(result)),
-                Ok(Event::Claimed { claims, .. }) => {
-                    self.ledger.claimed(&claims);
+                Ok(Event::Claimed {
+                    claims, windows, ..
+                }) => {
+                    self.ledger.claimed(&claims, &windows);
                     self.ledger.dropped(&claims);
                 }
                 Ok(Event::ThreadDied { thread, .. }) if thread == "coordinator" => {

@@ -30,6 +30,8 @@ pub struct StageCounters {
     pub busy_us: i64,
     /// Messages paused because their worker lost the database (§8.4).
     pub deferrals: i64,
+    /// Distinct senders among each claim's rows at the stage, summed (§7).
+    pub senders_served: i64,
 }
 
 impl StageCounters {
@@ -42,6 +44,7 @@ impl StageCounters {
         self.requeues = self.requeues.saturating_add(o.requeues);
         self.busy_us = self.busy_us.saturating_add(o.busy_us);
         self.deferrals = self.deferrals.saturating_add(o.deferrals);
+        self.senders_served = self.senders_served.saturating_add(o.senders_served);
     }
 }
 
@@ -91,7 +94,7 @@ impl Deltas {
 pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::Error> {
     let names: Vec<&str> = d.stages.keys().map(String::as_str).collect();
     let col = |f: fn(&StageCounters) -> i64| d.stages.values().map(f).collect::<Vec<i64>>();
-    let (passes, fused, failures, crashes, timeouts, requeues, busy, deferrals) = (
+    let (passes, fused, failures, crashes, timeouts, requeues, busy, deferrals, senders) = (
         col(|c| c.passes),
         col(|c| c.fused_passes),
         col(|c| c.failures),
@@ -100,6 +103,7 @@ pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::
         col(|c| c.requeues),
         col(|c| c.busy_us),
         col(|c| c.deferrals),
+        col(|c| c.senders_served),
     );
     client.query_typed(
         sql::FLUSH_STATS,
@@ -113,6 +117,7 @@ pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::
             (&requeues, Type::INT8_ARRAY),
             (&busy, Type::INT8_ARRAY),
             (&deferrals, Type::INT8_ARRAY),
+            (&senders, Type::INT8_ARRAY),
             (&d.stages_executed, Type::INT8),
             (&d.claims, Type::INT8),
             (&d.rows_claimed, Type::INT8),
@@ -135,10 +140,12 @@ mod tests {
         let mut b = Deltas::default();
         b.stage("x").passes = 3;
         b.stage("y").busy_us = 7;
+        b.stage("y").senders_served = 2;
         b.worker_starts = 4;
         a.merge(&b);
         assert_eq!(a.stages["x"].passes, 5);
         assert_eq!(a.stages["y"].busy_us, 7);
+        assert_eq!(a.stages["y"].senders_served, 2);
         assert_eq!(a.claims, 1);
         assert_eq!(a.worker_starts, 4);
         assert!(!a.is_empty());
