@@ -41,6 +41,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "003_hops_and_poison.sql",
         sql: include_str!("../../schema/003_hops_and_poison.sql"),
     },
+    SchemaFile {
+        number: 4,
+        name: "004_fair_claim.sql",
+        sql: include_str!("../../schema/004_fair_claim.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -277,21 +277,58 @@ pub const CLAIM_OLDEST: &str = "WITH want AS ( \
                FROM pepsi.workqueue WHERE status = 'paused') n \
        LEFT JOIN claimed c ON true";
 
-/// The fair batched claim (§7): for every stage with free capacity at once, up to its
-/// own capacity, ranked by `pepsi.workqueue_claim_fair`. $1 stages (text[]), $2
-/// capacities (int4[]), $3 of each capacity the slots for the stage's oldest rows
-/// regardless of sender (int4[]), $4 each stage's average time per message in µs, > 0
-/// (float8[]), $5 per stage the sender after which its sender window starts, NULL from
-/// the first (text[]), $6 $7 $8 the known leads as parallel arrays: stage (text[]),
-/// sender (text[]), lead in µs (float8[]), $9 MAX_HOPS (int4). Returns (id, stage,
-/// sender key, token, seconds until the earliest paused row is due or NULL, looped,
-/// window end) per claimed row, plus one row per requested stage with a NULL id whose
-/// window end is the last sender considered when the 64-sender window was full and
-/// more wait (NULL otherwise: the next window starts from the first sender).
+/// The batched fair claim (§7), one round trip: `pepsi.workqueue_claim_fair` (schema
+/// 004) for every stage with free capacity at once, with the due time of
+/// [`CLAIM_OLDEST`]. $1 stages (text[]), $2 capacities (int4[], never exceeded), $3 of
+/// each capacity the slots for the stage's oldest rows whoever sent them (int4[]),
+/// $4 each stage's average worker time per message in µs (float8[]), $5 each stage's
+/// sender cursor (text[], NULL elements: from the first sender), $6 $7 $8 the known
+/// leads in µs as parallel arrays of stage (text[]), sender key (text[]) and lead
+/// (float8[]), $9 MAX_HOPS (int4). Returns (0 id, 1 stage, 2 sender key, 3 token,
+/// 4 seconds until the earliest paused row is due or NULL, 5 looped, 6 window end):
+/// one row per claimed row (window end NULL), and one row per stage of $1 with a
+/// NULL id and its window end — the last sender considered when its window of 64
+/// senders was full, to pass as its next cursor; NULL when the window reached every
+/// waiting sender, so the cursor starts over (a stage asked with no capacity returns
+/// its cursor unmoved). The due time is on every row; with no stage asked the one row
+/// holds only it.
 ///
-/// PLACEHOLDER of the policy branch: the lead replaces it with the SQL side's
-/// definition at the merge; only its parameters and columns are relied on here.
-pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, n.due, f.looped, f.window_end FROM (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 AS due FROM pepsi.workqueue WHERE status = 'paused') n LEFT JOIN pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4) f ON true";
+/// It keeps every property of [`CLAIM_OLDEST`]:
+/// - Pending-index-only access, whatever the backlog: the senders waiting at a stage
+///   are enumerated by a loose index scan over the `(stage, sender_key, workqueue_id)`
+///   pending index (one probe per sender, at most 64 senders, the window rotating
+///   from one claim to the next), each sender's candidates are its capacity of oldest
+///   rows from the same index, and the FIFO reserve reads the stage's oldest rows
+///   from the `(stage, workqueue_id)` pending index with the one-value stage range of
+///   [`CLAIM_OLDEST`]. The reads stop at (senders × capacity) candidates plus the FIFO
+///   rows plus one probe per sender: a sender's deep backlog is never walked. The
+///   candidates match their sender as a range of one value too, so only the sender
+///   index gives their order, and the lock and the update fetch the picked rows by
+///   primary key with the status tested as text, so no partial index applies there.
+///   The function's statements are PL/pgSQL static SQL, whose plans turn generic
+///   after five calls of a session; the fair claim suite checks every nested plan's
+///   rows and buffers over a million-row backlog, before and after ANALYZE.
+/// - SKIP LOCKED: the picked rows are locked `FOR NO KEY UPDATE SKIP LOCKED`,
+///   re-checked pending at their stage; a row another session holds is left for a
+///   later claim and the next candidate in line (of those read) takes its slot.
+/// - One claim token per statement, from an InitPlan `nextval` in the one UPDATE that
+///   claims for every stage (drawn only when a row is claimed).
+/// - Hops counted as in [`CLAIM_OLDEST`], and a row past MAX_HOPS failed `looped`.
+/// - The due time as a difference of epochs (an infinite `timeout` gives an infinite
+///   number, not an error).
+///
+/// Per stage, the pick: the $3 oldest rows first, then the candidates by
+/// `lead + k × average` (the k-th oldest row of its sender, k from 0; ties by lower
+/// id), skipping rows already taken. A sender's lead is its known lead ($6–$8) or,
+/// without one, level with the least-served: the least known lead among the senders
+/// considered, 0 when none has one (§7 "keeping quiet buys no later priority").
+pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, n.due, f.looped, \
+            f.window_end \
+       FROM (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 \
+                    AS due \
+               FROM pepsi.workqueue WHERE status = 'paused') n \
+       LEFT JOIN pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], \
+                 $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4) f ON true";
 
 /// Flips due paused rows to pending and returns how many, with the seconds until the
 /// next paused row is due. A row due at infinity never is, and the difference of epochs

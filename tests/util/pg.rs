@@ -340,6 +340,22 @@ pub fn bindir() -> Result<PathBuf, String> {
     find_bindir()
 }
 
+/// The `psql` of the server binaries: beside `initdb` (followed through a symbolic
+/// link, as a `PATH` directory may hold links to only some of them), else `psql` from
+/// `PATH`. For tests that need what the `postgres` client does not expose (notices).
+pub fn psql() -> PathBuf {
+    let beside = |dir: &Path| Some(dir.join("psql")).filter(|p| p.is_file());
+    find_bindir()
+        .ok()
+        .and_then(|dir| {
+            beside(&dir).or_else(|| {
+                let initdb = std::fs::canonicalize(dir.join("initdb")).ok()?;
+                beside(initdb.parent()?)
+            })
+        })
+        .unwrap_or_else(|| PathBuf::from("psql"))
+}
+
 /// A superuser connection to the server's `postgres` database (for `ALTER SYSTEM`,
 /// `pg_terminate_backend` and the like).
 pub fn admin() -> Client {

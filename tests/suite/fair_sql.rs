@@ -1,0 +1,845 @@
+//! The fair claim at the SQL level (SPEC §7): `pepsi.workqueue_claim_fair` called
+//! through [`sql::CLAIM_FAIR`] with typed parameters, against a real PostgreSQL. The
+//! fence, the ranking by lead, the FIFO reserve, the rotating window of senders, rows
+//! another session holds, the properties shared with the oldest-first claim (one token,
+//! hops, the due time), the upgrade from schema 3, and the bound on what one call
+//! reads however deep one sender's backlog is: every nested statement's plan, read
+//! from `auto_explain` through `psql` (the `postgres` client does not expose notices).
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use postgres::{Client, GenericClient};
+
+use pepsi::db::{schema, sql};
+
+use crate::util::{TempDir, TestDb, bin, pg, run, stderr, write_config};
+
+/// MAX_HOPS for the calls that do not test it.
+const MAX_HOPS: i32 = 100;
+
+/// What the dispatcher asks of the fair claim for one stage.
+#[derive(Clone, Debug)]
+struct Ask {
+    stage: String,
+    cap: i32,
+    fifo: i32,
+    avg_us: f64,
+    cursor: Option<String>,
+}
+
+/// A stage's ask with no FIFO slots, an average of 1 ms and no cursor.
+fn ask(stage: &str, cap: i32) -> Ask {
+    Ask {
+        stage: stage.to_string(),
+        cap,
+        fifo: 0,
+        avg_us: 1000.0,
+        cursor: None,
+    }
+}
+
+impl Ask {
+    fn fifo(mut self, fifo: i32) -> Ask {
+        self.fifo = fifo;
+        self
+    }
+
+    fn cursor(mut self, cursor: Option<String>) -> Ask {
+        self.cursor = cursor;
+        self
+    }
+}
+
+/// A known lead: (stage, sender key, µs).
+type Lead<'a> = (&'a str, &'a str, f64);
+
+/// One claimed row.
+#[derive(Clone, Debug, PartialEq)]
+struct Claimed {
+    id: i64,
+    stage: String,
+    sender: String,
+    token: i64,
+    looped: bool,
+}
+
+/// What one call answered.
+#[derive(Debug)]
+struct Answer {
+    rows: Vec<Claimed>,
+    /// Each stage's window end, in the order the rows came.
+    ends: Vec<(String, Option<String>)>,
+    /// The due time, the same on every row.
+    due: Option<f64>,
+    /// How many rows the statement returned.
+    returned: usize,
+}
+
+impl Answer {
+    fn ids(&self) -> HashSet<i64> {
+        self.rows.iter().map(|r| r.id).collect()
+    }
+
+    fn at(&self, stage: &str) -> Vec<&Claimed> {
+        self.rows.iter().filter(|r| r.stage == stage).collect()
+    }
+
+    #[track_caller]
+    fn end(&self, stage: &str) -> Option<String> {
+        let ends: Vec<&Option<String>> = self
+            .ends
+            .iter()
+            .filter(|(s, _)| s == stage)
+            .map(|(_, e)| e)
+            .collect();
+        assert_eq!(ends.len(), 1, "one window row per stage: {self:?}");
+        ends[0].clone()
+    }
+}
+
+/// Calls [`sql::CLAIM_FAIR`] with typed parameters and sorts out its rows.
+#[track_caller]
+fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops: i32) -> Answer {
+    let stages: Vec<String> = asks.iter().map(|a| a.stage.clone()).collect();
+    let caps: Vec<i32> = asks.iter().map(|a| a.cap).collect();
+    let fifo: Vec<i32> = asks.iter().map(|a| a.fifo).collect();
+    let avg: Vec<f64> = asks.iter().map(|a| a.avg_us).collect();
+    let cursor: Vec<Option<String>> = asks.iter().map(|a| a.cursor.clone()).collect();
+    let lead_stage: Vec<String> = leads.iter().map(|l| l.0.to_string()).collect();
+    let lead_sender: Vec<String> = leads.iter().map(|l| l.1.to_string()).collect();
+    let lead_us: Vec<f64> = leads.iter().map(|l| l.2).collect();
+    let rows = c
+        .query(
+            sql::CLAIM_FAIR,
+            &[
+                &stages,
+                &caps,
+                &fifo,
+                &avg,
+                &cursor,
+                &lead_stage,
+                &lead_sender,
+                &lead_us,
+                &max_hops,
+            ],
+        )
+        .unwrap();
+    let mut answer = Answer {
+        rows: Vec::new(),
+        ends: Vec::new(),
+        due: None,
+        returned: rows.len(),
+    };
+    for (i, r) in rows.iter().enumerate() {
+        let due: Option<f64> = r.get(4);
+        if i == 0 {
+            answer.due = due;
+        }
+        assert_eq!(due, answer.due, "the due time is the same on every row");
+        let id: Option<i64> = r.get(0);
+        match id {
+            Some(id) => {
+                let end: Option<String> = r.get(6);
+                assert_eq!(end, None, "a claimed row carries no window end");
+                answer.rows.push(Claimed {
+                    id,
+                    stage: r.get(1),
+                    sender: r.get(2),
+                    token: r.get(3),
+                    looped: r.get(5),
+                })
+            }
+            None => {
+                if let Some(stage) = r.get::<_, Option<String>>(1) {
+                    answer.ends.push((stage, r.get(6)));
+                }
+            }
+        }
+    }
+    answer
+}
+
+/// Calls the fair claim inside a transaction that is rolled back, so one queue serves
+/// several questions.
+#[track_caller]
+fn what_would_be_claimed(c: &mut Client, asks: &[Ask], leads: &[Lead]) -> Answer {
+    let mut tx = c.transaction().unwrap();
+    let answer = claim_fair(&mut tx, asks, leads, MAX_HOPS);
+    tx.rollback().unwrap();
+    answer
+}
+
+/// Adds `n` pending rows at `stage` from `from` (sender key `from:<domain>`), straight
+/// into the queue; returns their ids, oldest first.
+fn add(c: &mut Client, stage: &str, from: &str, n: i64) -> Vec<i64> {
+    let mut ids: Vec<i64> = c
+        .query(
+            "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+             SELECT $1, $2, ARRAY['r@y.example'] FROM generate_series(1, $3::int8) \
+             RETURNING workqueue_id",
+            &[&stage, &from, &n],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The sender key of mail from `from`.
+fn key(from: &str) -> String {
+    format!("from:{}", from.split_once('@').unwrap().1)
+}
+
+fn status(c: &mut Client, id: i64) -> String {
+    c.query_one(
+        "SELECT status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn the_fair_claim_never_takes_more_than_the_cap() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // 100 senders with two rows each at `a`, five rows at `b`.
+    let senders: Vec<String> = (0..100).map(|i| format!("x@d{i:03}.example")).collect();
+    for s in &senders {
+        add(&mut c, "a", s, 2);
+    }
+    let at_b = add(&mut c, "b", "y@b.example", 5);
+    let answer = claim_fair(&mut c, &[ask("a", 7), ask("b", 0)], &[], MAX_HOPS);
+    assert_eq!(answer.at("a").len(), 7, "{answer:?}");
+    assert!(answer.at("b").is_empty(), "{answer:?}");
+    // All level, so seven senders get one row each.
+    let distinct: HashSet<&str> = answer.rows.iter().map(|r| r.sender.as_str()).collect();
+    assert_eq!(distinct.len(), 7, "{answer:?}");
+    let running: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 7);
+    for id in at_b {
+        assert_eq!(status(&mut c, id), "pending");
+    }
+    // 100 senders fill the window of 64: it ends at the 64th; `b`, asked for nothing,
+    // keeps its cursor.
+    assert_eq!(answer.end("a"), Some(key(&senders[63])));
+    assert_eq!(answer.end("b"), None);
+    assert_eq!(answer.returned, 7 + 2);
+    // FIFO slots beyond the cap are still within the cap.
+    let answer = claim_fair(&mut c, &[ask("a", 3).fifo(10)], &[], MAX_HOPS);
+    assert_eq!(answer.at("a").len(), 3, "{answer:?}");
+}
+
+#[test]
+fn a_flood_alternates_with_a_level_sender_and_a_lead_yields() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let a = add(&mut c, "a", "x@flood.example", 1000);
+    let b = add(&mut c, "a", "x@small.example", 10);
+    let (ka, kb) = (key("x@flood.example"), key("x@small.example"));
+    let set = |ids: &[i64]| ids.iter().copied().collect::<HashSet<i64>>();
+
+    // A has lead 0 and B none, so B is level: they alternate, five each.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 10)], &[("a", &ka, 0.0)]);
+    let want: HashSet<i64> = a[..5].iter().chain(&b[..5]).copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+
+    // A is 50 ms ahead of B: B's ten come first.
+    let leads = [("a", ka.as_str(), 50_000.0), ("a", kb.as_str(), 0.0)];
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 10)], &leads);
+    assert_eq!(answer.ids(), set(&b), "{answer:?}");
+    // With a cap of 60, B's ten and then A's rows from rank 50 ms on: A's k-th row
+    // ranks 50 + k ms, B's 10 rows 0…9 ms, so A's 50 oldest follow.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 60)], &leads);
+    let want: HashSet<i64> = b.iter().chain(&a[..50]).copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+
+    // A is 50 ms ahead and B has no lead: B starts level with the least-served sender
+    // considered, which is A, so keeping quiet bought B nothing: they alternate.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 10)], &[("a", &ka, 50_000.0)]);
+    let want: HashSet<i64> = a[..5].iter().chain(&b[..5]).copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+
+    // Level with the least-served: with C at 0 and A at 50 ms, B (no lead) ranks with
+    // C, and both come before A.
+    let c_ids = add(&mut c, "a", "x@third.example", 5);
+    let kc = key("x@third.example");
+    let leads = [("a", ka.as_str(), 50_000.0), ("a", kc.as_str(), 0.0)];
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 10)], &leads);
+    let want: HashSet<i64> = b[..5].iter().chain(&c_ids).copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+
+    // A lead of another stage does not count here.
+    let leads = [("other", ka.as_str(), 50_000.0)];
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 3)], &leads);
+    assert_eq!(answer.ids(), set(&[a[0], b[0], c_ids[0]]), "{answer:?}");
+}
+
+#[test]
+fn equal_ranks_go_to_the_lower_id() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // At t1 P's rows are older, at t2 Q's. Cap 3: both senders' rank-0 rows, then the
+    // rank-1 row with the lower id.
+    let p1 = add(&mut c, "t1", "x@p.example", 3);
+    let q1 = add(&mut c, "t1", "x@q.example", 3);
+    let q2 = add(&mut c, "t2", "x@q.example", 3);
+    let p2 = add(&mut c, "t2", "x@p.example", 3);
+    let answer = claim_fair(&mut c, &[ask("t1", 3), ask("t2", 3)], &[], MAX_HOPS);
+    let at = |stage: &str| -> Vec<i64> {
+        let mut ids: Vec<i64> = answer.at(stage).iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(at("t1"), vec![p1[0], p1[1], q1[0]]);
+    assert_eq!(at("t2"), vec![q2[0], q2[1], p2[0]]);
+}
+
+#[test]
+fn the_fifo_reserve_takes_the_oldest_rows_whatever_their_rank() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let flood = add(&mut c, "a", "x@flood.example", 300);
+    let newcomers: Vec<i64> = (1..=5)
+        .map(|i| add(&mut c, "a", &format!("x@new{i}.example"), 1)[0])
+        .collect();
+    let kf = key("x@flood.example");
+    let keys: Vec<String> = (1..=5).map(|i| key(&format!("x@new{i}.example"))).collect();
+    let mut leads: Vec<Lead> = vec![("a", kf.as_str(), 1e9)];
+    leads.extend(keys.iter().map(|k| ("a", k.as_str(), 0.0)));
+    let set = |ids: &[i64]| ids.iter().copied().collect::<HashSet<i64>>();
+
+    // By rank alone the flood, a thousand seconds ahead, gets nothing.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 4)], &leads);
+    assert_eq!(answer.ids(), set(&newcomers[..4]), "{answer:?}");
+    // Two FIFO slots: the stage's two oldest rows, then the best ranked.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 4).fifo(2)], &leads);
+    let want = set(&[flood[0], flood[1], newcomers[0], newcomers[1]]);
+    assert_eq!(answer.ids(), want, "{answer:?}");
+    // FIFO slots never exceed the cap.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 4).fifo(9)], &leads);
+    assert_eq!(answer.ids(), set(&flood[..4]), "{answer:?}");
+}
+
+#[test]
+fn the_window_of_senders_rotates_until_every_sender_was_served() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let senders: Vec<String> = (0..200).map(|i| format!("x@d{i:03}.example")).collect();
+    for s in &senders {
+        add(&mut c, "a", s, 1);
+    }
+    let mut cursor: Option<String> = None;
+    let mut served: Vec<String> = Vec::new();
+    let mut calls = 0;
+    let mut ends = Vec::new();
+    while served.len() < senders.len() {
+        calls += 1;
+        assert!(
+            calls <= 4,
+            "200 senders take ⌈200/64⌉ = 4 calls; served {served:?}"
+        );
+        let answer = claim_fair(&mut c, &[ask("a", 64).cursor(cursor)], &[], MAX_HOPS);
+        served.extend(answer.rows.iter().map(|r| r.sender.clone()));
+        cursor = answer.end("a");
+        ends.push(cursor.clone());
+    }
+    assert_eq!(served.len(), 200);
+    let distinct: HashSet<&String> = served.iter().collect();
+    assert_eq!(distinct.len(), 200, "each sender once");
+    assert_eq!(
+        ends,
+        vec![
+            Some(key(&senders[63])),
+            Some(key(&senders[127])),
+            Some(key(&senders[191])),
+            None
+        ]
+    );
+
+    // Wrapping round: 70 senders at `w`, the cursor at the 41st. The window runs from
+    // the 42nd to the last, then from the first on: 29 + 35 senders, and it is full,
+    // so it ends at the 35th. The next call takes the six left and ends the round.
+    let senders: Vec<String> = (0..70).map(|i| format!("x@w{i:02}.example")).collect();
+    for s in &senders {
+        add(&mut c, "w", s, 1);
+    }
+    let answer = claim_fair(
+        &mut c,
+        &[ask("w", 100).cursor(Some(key(&senders[40])))],
+        &[],
+        MAX_HOPS,
+    );
+    let got: HashSet<String> = answer.rows.iter().map(|r| r.sender.clone()).collect();
+    let want: HashSet<String> = senders[41..]
+        .iter()
+        .chain(&senders[..35])
+        .map(|s| key(s))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(answer.end("w"), Some(key(&senders[34])));
+    let answer = claim_fair(
+        &mut c,
+        &[ask("w", 100).cursor(answer.end("w"))],
+        &[],
+        MAX_HOPS,
+    );
+    let got: HashSet<String> = answer.rows.iter().map(|r| r.sender.clone()).collect();
+    let want: HashSet<String> = senders[35..41].iter().map(|s| key(s)).collect();
+    assert_eq!(got, want);
+    assert_eq!(answer.end("w"), None);
+}
+
+#[test]
+fn a_row_another_session_holds_is_skipped_and_the_next_takes_its_slot() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let s = add(&mut c, "a", "x@s.example", 5);
+    let t = add(&mut c, "a", "x@t.example", 3);
+    // An operator holds the stage's oldest row, which the FIFO slot would take.
+    let mut other = db.client();
+    let mut held = other.transaction().unwrap();
+    held.query(
+        "SELECT 1 FROM pepsi.workqueue WHERE workqueue_id = $1 FOR UPDATE",
+        &[&s[0]],
+    )
+    .unwrap();
+    // Waiting for it would fail the claim instead of passing the test.
+    c.batch_execute("SET lock_timeout = '5s'").unwrap();
+    // In line: s[0] (FIFO), then t[0] (rank 0), s[1] and t[1] (rank 1 ms, by id).
+    // s[0] is skipped and the next in line, s[1], takes its slot.
+    let answer = claim_fair(&mut c, &[ask("a", 2).fifo(1)], &[], MAX_HOPS);
+    assert_eq!(
+        answer.ids(),
+        [t[0], s[1]].into_iter().collect(),
+        "{answer:?}"
+    );
+    held.rollback().unwrap();
+    assert_eq!(status(&mut c, s[0]), "pending");
+    // Released, it is the next claim's oldest row.
+    let answer = claim_fair(&mut c, &[ask("a", 1).fifo(1)], &[], MAX_HOPS);
+    assert_eq!(answer.ids(), [s[0]].into_iter().collect());
+}
+
+#[test]
+fn the_fair_claim_stamps_one_token_counts_hops_and_tells_the_due_time() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let a = add(&mut c, "a", "x@a.example", 3);
+    let b = add(&mut c, "b", "x@b.example", 2);
+    // a[0] arrived from stage z after 3 hops: this claim is its 4th, past MAX_HOPS 3.
+    // a[1] is retried at the stage of its previous claim: no hop.
+    c.execute(
+        "UPDATE pepsi.workqueue SET hops = 3, hop_stage = 'z' WHERE workqueue_id = $1",
+        &[&a[0]],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE pepsi.workqueue SET hops = 3, hop_stage = 'a' WHERE workqueue_id = $1",
+        &[&a[1]],
+    )
+    .unwrap();
+    let paused = add(&mut c, "p", "x@p.example", 1)[0];
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour' \
+         WHERE workqueue_id = $1",
+        &[&paused],
+    )
+    .unwrap();
+    let answer = claim_fair(&mut c, &[ask("a", 5), ask("b", 5)], &[], 3);
+    assert_eq!(answer.rows.len(), 5, "{answer:?}");
+    let tokens: HashSet<i64> = answer.rows.iter().map(|r| r.token).collect();
+    assert_eq!(tokens.len(), 1, "one token for the whole call: {answer:?}");
+    let token = *tokens.iter().next().unwrap();
+    let due = answer.due.expect("a paused row is due");
+    assert!((3590.0..=3600.0).contains(&due), "{due}");
+    let looped: Vec<i64> = answer
+        .rows
+        .iter()
+        .filter(|r| r.looped)
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(looped, vec![a[0]]);
+    let row = |c: &mut Client, id: i64| -> (String, i32, Option<String>, i64, Option<String>) {
+        let r = c
+            .query_one(
+                "SELECT status::text, hops, hop_stage, claim, state ->> 'failure_class' \
+                 FROM pepsi.workqueue WHERE workqueue_id = $1",
+                &[&id],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+    };
+    assert_eq!(
+        row(&mut c, a[0]),
+        (
+            "failed".into(),
+            4,
+            Some("a".into()),
+            token,
+            Some("looped".into())
+        )
+    );
+    assert_eq!(
+        row(&mut c, a[1]),
+        ("running".into(), 3, Some("a".into()), token, None)
+    );
+    assert_eq!(
+        row(&mut c, b[0]),
+        ("running".into(), 1, Some("b".into()), token, None)
+    );
+    // A call that claims nothing draws no token; the next that does draws the next.
+    let before: i64 = c
+        .query_one("SELECT last_value FROM pepsi.workqueue_claim_seq", &[])
+        .unwrap()
+        .get(0);
+    let answer = claim_fair(&mut c, &[ask("a", 5), ask("b", 5)], &[], 3);
+    assert!(answer.rows.is_empty(), "{answer:?}");
+    let after: i64 = c
+        .query_one("SELECT last_value FROM pepsi.workqueue_claim_seq", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after);
+    add(&mut c, "b", "x@b.example", 1);
+    let answer = claim_fair(&mut c, &[ask("b", 5)], &[], 3);
+    assert_eq!(answer.rows.len(), 1);
+    assert_eq!(answer.rows[0].token, token + 1);
+    // No stage asked: one row, with the due time only.
+    let answer = claim_fair(&mut c, &[], &[], 3);
+    assert_eq!(answer.returned, 1);
+    assert!(answer.rows.is_empty() && answer.ends.is_empty() && answer.due.is_some());
+}
+
+#[test]
+fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
+    let db = TestDb::empty();
+    let dir = TempDir::new("fair-upgrade");
+    let mut c = db.client();
+    // A database as release 3 left it: rows pending, claimed (tokens, hops), paused.
+    for f in schema::FILES.iter().filter(|f| f.number <= 3) {
+        c.batch_execute(f.sql).unwrap();
+    }
+    c.execute(sql::WRITE_SCHEMA_VERSION, &[&3i32, &schema::digest(3)])
+        .unwrap();
+    let ids = add(&mut c, "a", "x@a.example", 12);
+    let rows = c
+        .query(
+            sql::CLAIM_OLDEST,
+            &[&vec!["a".to_string()], &vec![5i32], &MAX_HOPS],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 5);
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour' \
+         WHERE workqueue_id = $1",
+        &[&ids[11]],
+    )
+    .unwrap();
+    c.batch_execute("INSERT INTO pepsi.stage_stats (stage, passes) VALUES ('a', 7)")
+        .unwrap();
+    const ROWS: &str = "SELECT workqueue_id, stage, status::text, claim, hops, hop_stage, \
+                               state::text, sender_key, timeout::text \
+                          FROM pepsi.workqueue ORDER BY workqueue_id";
+    type Row = (
+        i64,
+        String,
+        String,
+        i64,
+        i32,
+        Option<String>,
+        String,
+        String,
+        Option<String>,
+    );
+    let snapshot = |c: &mut Client| -> Vec<Row> {
+        c.query(ROWS, &[])
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                )
+            })
+            .collect()
+    };
+    let before = snapshot(&mut c);
+    assert_eq!(
+        before.iter().filter(|r| r.2 == "running").count(),
+        5,
+        "{before:?}"
+    );
+
+    let conf = write_config(&dir, &db, "");
+    let out = run(
+        &bin("pepsi-setup"),
+        &["-c", conf.to_str().unwrap(), "schema"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (version, digest): (i32, String) = c
+        .query_one(sql::READ_SCHEMA_VERSION, &[])
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(version, schema::version());
+    assert!(version >= 4);
+    assert_eq!(digest, schema::digest(version));
+    assert_eq!(snapshot(&mut c), before, "every row kept as it was");
+    let (passes, served): (i64, i64) = c
+        .query_one(
+            "SELECT passes, senders_served FROM pepsi.stage_stats WHERE stage = 'a'",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!((passes, served), (7, 0));
+    // The fair claim works on the upgraded queue, under a fresh token.
+    let old_token = before.iter().map(|r| r.3).max().unwrap();
+    let answer = claim_fair(&mut c, &[ask("a", 10)], &[], MAX_HOPS);
+    let want: HashSet<i64> = ids[5..11].iter().copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+    assert!(answer.rows.iter().all(|r| r.token > old_token));
+    assert!(answer.due.is_some());
+}
+
+/// The plan lines of every statement `auto_explain` logged while `psql` ran `calls`
+/// (superuser: `LOAD` of a library outside `plugins/` needs it).
+fn nested_plans(db: &TestDb, calls: &str) -> String {
+    let script = format!(
+        "\\set ON_ERROR_STOP on\n\
+         LOAD 'auto_explain';\n\
+         SET auto_explain.log_min_duration = 0;\n\
+         SET auto_explain.log_analyze = on;\n\
+         SET auto_explain.log_timing = off;\n\
+         SET auto_explain.log_buffers = on;\n\
+         SET auto_explain.log_nested_statements = on;\n\
+         SET auto_explain.log_level = notice;\n\
+         SET client_min_messages = notice;\n\
+         {calls}"
+    );
+    let mut child = Command::new(pg::psql())
+        .args(["-X", "-q", "-d", &db.conninfo, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", pg::psql().display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "psql failed:\n{text}");
+    text
+}
+
+/// Fails when a node of any logged plan read more than `most` rows in all (actual rows
+/// per loop × loops, rows removed by a filter, heap fetches), a node of a statement
+/// inside the function touched more than `pages` buffers, or the queue was scanned
+/// whole. The buffers catch what the row counts do not show: index entries an index
+/// scan steps over because they fail its conditions (a sender matched by equality
+/// after a range on the stage is such a condition: the scan would step over every
+/// later sender's entries). The calling statement's buffers are the sum of the
+/// function's statements (and, in a session's first call, of their planning), so
+/// only its rows are bounded.
+#[track_caller]
+fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
+    let number_after = |line: &str, tag: &str| -> Option<f64> {
+        let rest = &line[line.find(tag)? + tag.len()..];
+        let end = rest
+            .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    let mut loops = 1.0;
+    let mut nodes = 0;
+    let mut caller = false;
+    for line in plans.lines() {
+        if let Some(text) = line.strip_prefix("Query Text: ") {
+            caller = text.contains("workqueue_claim_fair(");
+        }
+        if let Some(rows) = number_after(line, "actual rows=") {
+            loops = number_after(line, "loops=").unwrap_or(1.0);
+            nodes += 1;
+            assert!(
+                rows * loops <= most,
+                "{when}: a node read {rows} × {loops} rows, more than {most}: {line}\n{plans}"
+            );
+        }
+        for tag in [
+            "Rows Removed by Filter: ",
+            "Rows Removed by Index Recheck: ",
+        ] {
+            if let Some(removed) = number_after(line, tag) {
+                assert!(
+                    removed * loops <= most,
+                    "{when}: {line} (× {loops} loops) is more than {most}\n{plans}"
+                );
+            }
+        }
+        if let Some(fetches) = number_after(line, "Heap Fetches: ") {
+            assert!(fetches <= most, "{when}: {line}\n{plans}");
+        }
+        if line.contains("Buffers: shared") && !caller {
+            let touched = number_after(line, "hit=").unwrap_or(0.0)
+                + number_after(line, "read=").unwrap_or(0.0);
+            assert!(
+                touched <= pages,
+                "{when}: a node touched {touched} buffers, more than {pages}: {line}\n{plans}"
+            );
+        }
+        assert!(
+            !line.contains("Seq Scan on workqueue"),
+            "{when}: {line}\n{plans}"
+        );
+    }
+    assert!(nodes > 0, "{when}: no plan was logged:\n{plans}");
+}
+
+/// The median time of `n` fair claims, each rolled back.
+fn median_claim_time(c: &mut Client, asks: &[Ask], leads: &[Lead], n: usize) -> Duration {
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            what_would_be_claimed(c, asks, leads);
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[n / 2]
+}
+
+#[test]
+fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // The statistics stay as the burst left them until the test runs ANALYZE itself.
+    c.batch_execute("ALTER TABLE pepsi.workqueue SET (autovacuum_enabled = off)")
+        .unwrap();
+    // The flood is an authenticated submitter (sender key `user:flood`): the quickest
+    // key to compute, and a million rows are inserted here.
+    let insert_flood = |c: &mut Client, n: i64| {
+        c.execute(
+            "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, auth_user) \
+             SELECT 'a', 'x@flood.example', ARRAY['r@y.example'], 'flood' \
+               FROM generate_series(1, $1::int8)",
+            &[&n],
+        )
+        .unwrap();
+    };
+    insert_flood(&mut c, 1000);
+    // 50 other senders, whose keys sort before the flood's: 25 with 20 rows each (more
+    // than the cap) and 25 with one (a scan of such a sender's rows that does not stop
+    // at its last entry would run on into the flood's).
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+         SELECT 'a', 'x@other' || (g % 25) || '.example', ARRAY['r@y.example'] \
+           FROM generate_series(1, 500) g \
+         UNION ALL \
+         SELECT 'a', 'x@single' || g || '.example', ARRAY['r@y.example'] \
+           FROM generate_series(1, 25) g",
+        &[],
+    )
+    .unwrap();
+    let (senders, cap, fifo) = (51.0, 16, 2);
+    let most = senders * f64::from(cap) + f64::from(fifo);
+    let leads: Vec<Lead> = vec![("a", "user:flood", 0.0)];
+    let asks = [ask("a", cap).fifo(fifo)];
+    let shallow = median_claim_time(&mut c, &asks, &leads, 21);
+
+    let started = Instant::now();
+    insert_flood(&mut c, 999_000);
+    let filled = started.elapsed();
+    // A node may touch three buffers per row it may read (index pages, heap pages):
+    // far fewer than a walk over the flood's entries in either pending index.
+    let pages = 3.0 * most;
+    let index_pages: i64 = c
+        .query_one(
+            "SELECT least(pg_relation_size('pepsi.workqueue_pending_sender_idx'), \
+                          pg_relation_size('pepsi.workqueue_pending_idx')) / 8192",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        index_pages as f64 > 1.5 * pages,
+        "{index_pages} index pages"
+    );
+
+    // Seven calls in one session: the first five with custom plans, the later ones
+    // with the generic plans PL/pgSQL switches to.
+    let call = format!(
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4) AS {};\n",
+        sql::CLAIM_FAIR
+    ) + &"BEGIN;\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100);\n\
+          ROLLBACK;\n"
+        .repeat(7);
+    for when in ["a fresh burst", "after ANALYZE"] {
+        if when == "after ANALYZE" {
+            c.batch_execute("ANALYZE pepsi.workqueue").unwrap();
+        }
+        let plans = nested_plans(&db, &call);
+        assert_eq!(
+            plans.matches("WITH RECURSIVE walk").count(),
+            7,
+            "{when}: every call's nested statements are logged:\n{plans}"
+        );
+        assert!(plans.contains("workqueue_pending_sender_idx"), "{plans}");
+        assert!(plans.contains("workqueue_pending_idx"), "{plans}");
+        assert_reads_at_most(&plans, most, pages, when);
+        // One probe per sender: 51 found, one that finds no more, one for the first
+        // sender (the wrap; the NULL cursor's own probe reads nothing).
+        for walk in plans
+            .split("Query Text: ")
+            .filter(|b| b.starts_with("WITH RECURSIVE walk"))
+        {
+            let probes: f64 = walk
+                .lines()
+                .filter(|l| l.contains("Scan using workqueue_pending_sender_idx"))
+                .filter_map(|l| l.split("loops=").nth(1))
+                .filter_map(|n| n.trim_end_matches(')').parse::<f64>().ok())
+                .sum();
+            assert!(
+                probes <= senders + 2.0,
+                "{when}: {probes} probes for {senders} senders:\n{walk}"
+            );
+        }
+        if when == "a fresh burst" {
+            // One call's plans, for the record (`--nocapture`).
+            let first = plans.split("Query Text: PREPARE").next().unwrap();
+            eprintln!("fair claim, 1,000,000-row backlog, {when}, first call:\n{first}");
+        }
+    }
+    let deep = median_claim_time(&mut c, &asks, &leads, 21);
+    eprintln!(
+        "fair claim (51 senders, cap 16, fifo 2), median of 21: {shallow:?} with a 1,000-row \
+         backlog, {deep:?} with 1,000,000 (filled in {filled:?})"
+    );
+    let answer = claim_fair(&mut c, &asks, &leads, MAX_HOPS);
+    assert_eq!(answer.rows.len(), 16, "{answer:?}");
+}
