@@ -9,7 +9,12 @@
 //! (c) messages/s end to end, fusion off and on;
 //! (d) the dispatcher's CPU seconds per 1,000 hops (from /proc);
 //! (e) median and p99 latency from inject to the row's deletion for a trickle of
-//!     single messages.
+//!     single messages;
+//! (f) the fair claim's time (`sql::CLAIM_FAIR`, rolled back) at one sender's backlog
+//!     depths 1k, 10k, 100k and 1M, plus 50 small senders;
+//! (g) a 10-message sender's p50/p99 wait (inject to deletion) behind a 10,000-message
+//!     flood of another sender, against its wait on an empty queue;
+//! (h) the 5-stage hop rate with fair scheduling on against off.
 //!
 //! `BENCH_MESSAGES` (default 5000) sets the burst size. Figures, never assertions.
 
@@ -132,11 +137,16 @@ impl Setup {
     }
 
     fn config(&self, db: &TestDb, fusion: bool, queue_limit: u32) -> PathBuf {
+        self.config_with(db, fusion, queue_limit, true)
+    }
+
+    fn config_with(&self, db: &TestDb, fusion: bool, queue_limit: u32, fair: bool) -> PathBuf {
         let mut text = format!(
             "[pepsi]\nRUN_AS = root\nALLOW_FUSION = {}\n\n[pepsi-postgres]\nCONNECTION = {}\n\n\
-             [pepsi-dispatch]\nSTATS_INTERVAL = 60s\n\n",
+             [pepsi-dispatch]\nSTATS_INTERVAL = 60s\nFAIR_SCHEDULING = {}\n\n",
             if fusion { "yes" } else { "no" },
-            db.conninfo
+            db.conninfo,
+            if fair { "yes" } else { "no" }
         );
         for i in 1..=4 {
             text.push_str(&format!(
@@ -151,7 +161,7 @@ impl Setup {
         ));
         let path = self
             .dir
-            .join(format!("bench-{}-{queue_limit}.conf", fusion));
+            .join(format!("bench-{fusion}-{queue_limit}-{fair}.conf"));
         std::fs::write(&path, text).unwrap();
         path
     }
@@ -204,8 +214,12 @@ struct Burst {
 
 /// (b)/(c)/(d): a burst of `n` messages through the 5-stage pipeline.
 fn burst(setup: &Setup, fusion: bool, queue_limit: u32, n: i64) -> Burst {
+    burst_with(setup, fusion, queue_limit, n, true)
+}
+
+fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool) -> Burst {
     let db = TestDb::new();
-    let conf = setup.config(&db, fusion, queue_limit);
+    let conf = setup.config_with(&db, fusion, queue_limit, fair);
     let child = start_dispatcher(&conf, &setup.dir.join("dispatch.log"));
     let pid = child.id();
     let mut c = db.client();
@@ -270,6 +284,105 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
     (row.get(0), row.get(1))
 }
 
+/// (f): the fair claim's median time over 21 calls (each rolled back) with `depth` rows
+/// of one sender and 10 rows of each of 50 others waiting at one stage; cap 16.
+fn fair_claim_ms(depth: i64) -> f64 {
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+         SELECT 's', 'flood@a.example', ARRAY['r@y.example'] FROM generate_series(1, $1::int8)",
+        &[&depth],
+    )
+    .unwrap();
+    c.batch_execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+         SELECT 's', 'x@s' || (g % 50) || '.example', ARRAY['r@y.example'] FROM generate_series(1, 500) g;
+         VACUUM ANALYZE pepsi.workqueue",
+    )
+    .unwrap();
+    let stages = vec!["s".to_string()];
+    let caps = vec![16i32];
+    let fifo = vec![2i32];
+    let avg = vec![1000f64];
+    let cursor: Vec<Option<String>> = vec![None];
+    let none_t: Vec<String> = Vec::new();
+    let none_f: Vec<f64> = Vec::new();
+    let mut times = Vec::new();
+    for _ in 0..21 {
+        let mut tx = c.transaction().unwrap();
+        let t0 = Instant::now();
+        tx.query(
+            pepsi::db::sql::CLAIM_FAIR,
+            &[
+                &stages, &caps, &fifo, &avg, &cursor, &none_t, &none_t, &none_f, &100i32,
+            ],
+        )
+        .unwrap();
+        times.push(t0.elapsed().as_secs_f64() * 1000.0);
+        tx.rollback().unwrap();
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// (g): inject-to-deletion latencies (ms, sorted) of 10 messages of a small sender,
+/// after `flood` messages of another sender (0: on an empty queue), unfused, QL 4.
+fn small_sender_waits(setup: &Setup, flood: i64) -> Vec<f64> {
+    let db = TestDb::new();
+    let conf = setup.config(&db, false, 4);
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE TABLE latency (ms float8);
+         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF OLD.sender_key = 'from:small.example' THEN
+             INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000);
+         END IF; RETURN NULL; END $$;
+         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION record_latency();",
+    )
+    .unwrap();
+    let child = start_dispatcher(&conf, &setup.dir.join("small.log"));
+    settle(&mut c);
+    if flood > 0 {
+        c.execute(
+            "SELECT count(pepsi.workqueue_inject('p1', 'x@flood.example', ARRAY['r@y.example'], NULL, NULL)) \
+             FROM generate_series(1, $1::int8)",
+            &[&flood],
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    c.execute(
+        "SELECT count(pepsi.workqueue_inject('p1', 'x@small.example', ARRAY['r@y.example'], NULL, NULL)) \
+         FROM generate_series(1, 10)",
+        &[],
+    )
+    .unwrap();
+    while c
+        .query_one("SELECT count(*) FROM latency", &[])
+        .unwrap()
+        .get::<_, i64>(0)
+        < 10
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop(child);
+    let mut ms: Vec<f64> = c
+        .query("SELECT ms FROM latency", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms
+}
+
+/// The p50 and p99 of sorted values.
+fn p50_p99(sorted: &[f64]) -> (f64, f64) {
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
 fn main() {
     // `cargo bench` passes --bench; a plain `cargo test --benches` run lists nothing.
     if std::env::args().any(|a| a == "--list") {
@@ -330,6 +443,32 @@ fn main() {
     }
     let (p50, p99) = trickle(&setup, 300);
     writeln!(out, "(e) latency inject -> deletion, 300 single messages, fused: p50 {p50:.2} ms, p99 {p99:.2} ms").unwrap();
+    let mut depths = Vec::new();
+    for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
+        let ms = fair_claim_ms(depth);
+        writeln!(
+            out,
+            "(f) fair claim, one sender {depth:>9} deep + 50 small senders, cap 16: {ms:6.2} ms (median of 21)"
+        )
+        .unwrap();
+        depths.push(ms);
+    }
+    let alone = p50_p99(&small_sender_waits(&setup, 0));
+    let behind = p50_p99(&small_sender_waits(&setup, 10_000));
+    writeln!(
+        out,
+        "(g) a 10-message sender's wait, p50 / p99: alone {:.1} / {:.1} ms, behind a 10,000-message flood {:.1} / {:.1} ms",
+        alone.0, alone.1, behind.0, behind.1
+    )
+    .unwrap();
+    let off = burst_with(&setup, false, 16, n, false);
+    let on = burst_with(&setup, false, 16, n, true);
+    let (off_rate, on_rate) = ((5 * n) as f64 / off.seconds, (5 * n) as f64 / on.seconds);
+    writeln!(
+        out,
+        "(h) 5 stages, fusion off, QUEUE_LIMIT 16: fair scheduling off {off_rate:.0} hops/s, on {on_rate:.0} hops/s"
+    )
+    .unwrap();
     writeln!(out, "---").unwrap();
     writeln!(
         out,
@@ -348,4 +487,21 @@ fn main() {
         unfused_best.1
     )
     .unwrap();
+    let (lo, hi) = depths
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &d| (lo.min(d), hi.max(d)));
+    writeln!(
+        out,
+        "fair claim at 1M / at 1k deep: {:.2} (spread {:.0}% around the middle)",
+        depths[3] / depths[0],
+        (hi - lo) / ((hi + lo) / 2.0) * 50.0
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "small sender's p99 behind a flood / alone: {:.2}",
+        behind.1 / alone.1
+    )
+    .unwrap();
+    writeln!(out, "fair on / off hop rate: {:.2}", on_rate / off_rate).unwrap();
 }

@@ -19,7 +19,8 @@
 //! then report 2^62 µs for the row's stage), `tempfail` (75), `tempfail-once` (75,
 //! clearing the fault), `ioerr` (74), `ioerr-once` (74, clearing the fault), `slow`
 //! (300 ms); anything else advances the row to
-//! the stage's `NEXT` (or deletes it). Every batch read from stdin is logged to
+//! the stage's `NEXT` (or deletes it). A message's `state.cost_ms` is slept before it
+//! is handled (what it costs at the stage). Every batch read from stdin is logged to
 //! `$FAULT_LOG` as `batch N`; with `$FAULT_BATCH_ANSWERS` set a batch is answered only
 //! once all of it ran, as the runtime's batched stages do.
 
@@ -95,7 +96,9 @@ fn main() {
         for id in ids {
             let row = db
                 .query_opt(
-                    "SELECT stage, coalesce(state->>'fault', ''), claim FROM pepsi.workqueue WHERE workqueue_id = $1",
+                    "SELECT stage, coalesce(state->>'fault', ''), claim, \
+                            coalesce((state->>'cost_ms')::int8, 0) \
+                       FROM pepsi.workqueue WHERE workqueue_id = $1",
                     &[&id],
                 )
                 .expect("load");
@@ -104,6 +107,9 @@ fn main() {
                 continue;
             };
             let (stage, fault, claim): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+            // What the message costs at this stage: its `state.cost_ms`.
+            let cost: i64 = row.get(3);
+            std::thread::sleep(std::time::Duration::from_millis(cost.max(0) as u64));
             let next = graph.get(&stage).and_then(|s| s.next.clone());
             // Batched answers also mean batched writes: nothing is committed until the
             // whole batch ran.

@@ -16,7 +16,10 @@ ALTER TABLE pepsi.stage_stats ADD COLUMN senders_served bigint NOT NULL DEFAULT 
 --    exists, the 64th is the stage's window_end (the next call's cursor); else NULL.
 -- 2. Each considered sender's lead: its known lead (the p_lead_* arrays, matched on
 --    stage and sender) or, for a sender without one, level with the least-served: the
---    least known lead among the considered senders, 0 when none has one.
+--    least known lead among the considered senders, 0 when none has one. Level, less
+--    half a message: a tie would go to the lower id, which is the established
+--    sender's, claim after claim (its lead and the newcomer's level rise together), so
+--    a newcomer would never be served; half a message ahead, the two alternate.
 -- 3. The candidates: each considered sender's p_caps[i] oldest pending rows at the
 --    stage, the k-th (k = 0, 1, …) ranked lead + k × p_avg_us[i].
 -- 4. The pick: first the stage's p_fifo[i] oldest pending rows whoever sent them, then
@@ -160,7 +163,7 @@ BEGIN
              WHERE l.stage = v_stage AND l.us IS NOT NULL
              GROUP BY l.sender
         ), led AS (
-            SELECT s.key, coalesce(k.us, min(k.us) OVER (), 0) AS lead
+            SELECT s.key, coalesce(k.us, min(k.us) OVER () - v_avg / 2, 0) AS lead
               FROM unnest(v_senders) AS s(key)
               LEFT JOIN known k ON k.sender = s.key
         ), candidate AS (

@@ -73,6 +73,8 @@ struct Sender {
     at: Instant,
     /// Claimed rows not yet settled (their charges are in `lead`).
     unsettled: u32,
+    /// When it was last charged for a claim.
+    charged: Instant,
 }
 
 /// What the last request gave a stage, for the debug line of its answer.
@@ -137,15 +139,19 @@ impl Stage {
         i32::try_from(slots).unwrap_or(i32::MAX)
     }
 
-    /// Decays a sender's lead to `now` and forgets it when worth less than one
-    /// message; true when the sender can be dropped (no lead, nothing unsettled).
+    /// Decays a sender's lead to `now` and forgets it when it has decayed away: worth
+    /// less than one message with no charge for a half-life. (A sender served all the
+    /// time holds about a message of lead between its claims; forgetting that at once
+    /// would make it level with every newcomer claim after claim, and the tie goes to
+    /// its older rows.) True when the sender can be dropped (no lead, nothing unsettled).
     fn decay(sender: &mut Sender, avg: f64, half_life: f64, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(sender.at).as_secs_f64();
         if elapsed > 0.0 {
             sender.lead *= (-elapsed / half_life).exp2();
             sender.at = now;
         }
-        if sender.lead < avg {
+        let idle = now.saturating_duration_since(sender.charged).as_secs_f64();
+        if sender.lead < avg && idle >= half_life {
             sender.lead = 0.0;
         }
         sender.lead == 0.0 && sender.unsettled == 0
@@ -299,18 +305,33 @@ impl FairPolicy {
         let half_life = self.half_life;
         let stage = self.stage(&claim.stage);
         let charge = stage.avg;
+        // A newcomer starts where the claim ranked it: level with the least-served
+        // sender the stage knows, less half a message (see `sql::CLAIM_FAIR`).
+        let least = stage
+            .senders
+            .values()
+            .map(|s| s.lead)
+            .filter(|&l| l > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        let level = if least.is_finite() {
+            (least - charge / 2.0).max(0.0)
+        } else {
+            0.0
+        };
         let sender = stage
             .senders
             .entry(claim.sender_key.clone())
             .or_insert(Sender {
-                lead: 0.0,
+                lead: level,
                 at: now,
                 unsettled: 0,
+                charged: now,
             });
         // Decay (and perhaps forget) what it had before adding the new charge.
         Stage::decay(sender, charge, half_life, now);
         sender.lead += charge;
         sender.unsettled += 1;
+        sender.charged = now;
         self.charges.insert((claim.id, claim.token), charge);
     }
 
@@ -486,11 +507,13 @@ mod tests {
         assert!(leads(&mut p, "s", t + HALF).contains_key("ip:a"));
         assert!(leads(&mut p, "s", t + HALF + Duration::from_secs(1)).is_empty());
         assert!(p.stages["s"].senders.is_empty());
-        // A message cheaper than the average leaves less than one message: forgotten
-        // at the next claim, so the sender starts level again.
+        // A message cheaper than the average leaves less than one message: kept while
+        // its sender is being served, forgotten once it had no charge for a half-life,
+        // so the sender starts level again.
         p.claimed_at(&claim(3, "s", "ip:b"), t);
         p.ran_at(&claim(3, "s", "ip:b"), us(100), t);
-        let l = leads(&mut p, "s", t);
+        assert!(leads(&mut p, "s", t).contains_key("ip:b"));
+        let l = leads(&mut p, "s", t + HALF);
         assert!(!l.contains_key("ip:b"), "{l:?}");
         assert!(p.stages["s"].senders.is_empty());
     }
@@ -609,12 +632,13 @@ mod tests {
             .map(|((s, k), l)| (s, k, l))
             .collect();
         known.sort_by(|x, y| x.1.cmp(&y.1));
-        // Stage c was not asked: its lead is not sent.
+        // Stage c was not asked: its lead is not sent. ip:y came new to a stage where
+        // ip:x held 8 ms: level with it less half a message (6 ms), plus its charge.
         assert_eq!(
             known,
             vec![
                 ("a".into(), "ip:x".into(), 8_000.0),
-                ("a".into(), "ip:y".into(), 4_000.0),
+                ("a".into(), "ip:y".into(), 10_000.0),
             ]
         );
         // No capacity anywhere (a heartbeat): an empty request.

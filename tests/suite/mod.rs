@@ -2,6 +2,7 @@
 
 mod config_check;
 mod dispatch;
+mod fair;
 mod fair_sql;
 mod foundation;
 mod guarantees;
