@@ -158,3 +158,54 @@ fn without_fair_scheduling_the_claim_is_strictly_oldest_first() {
     assert_eq!(order.len(), 60);
     assert!(d.terminate().success());
 }
+
+#[test]
+fn the_oldest_rows_are_claimed_within_the_fifo_share_however_many_new_senders_arrive() {
+    let db = TestDb::new();
+    let dir = TempDir::new("f-fifo");
+    // One slot, a tenth of the slots for the oldest rows: an oldest row waits at most
+    // ten claims of the stage (the credit accumulates 0.1 a claim).
+    let conf = conf(&dir, &db, "FAIR_FIFO_PERCENT = 10", ONE_SLOT);
+    let mut c = db.client();
+    record_finishes(&mut c);
+    // An expensive old sender: by the time the stream arrives it has a lead of several
+    // of the stream's messages.
+    inject(&mut c, "a.example", 10, 40);
+    let d = Dispatcher::start(&conf, &[]);
+    crate::util::wait_until(30 * SEC, "the old sender is served four times", || {
+        finished_count(&mut c) >= 4
+    });
+    // A stream of senders new to the stage: each starts ahead of every sender already
+    // served, so without the reserve the old sender's rows would wait for all of them.
+    c.execute(
+        "SELECT count(pepsi.workqueue_inject('s', 'x@n' || g || '.example', ARRAY['r@y.example'], \
+                NULL, NULL, NULL, NULL, NULL, NULL, jsonb_build_object('cost_ms', 2))) \
+           FROM generate_series(1, 200) g",
+        &[],
+    )
+    .unwrap();
+    crate::util::wait_until(60 * SEC, "the old sender's rows are done", || {
+        c.query_one(
+            "SELECT count(*) FROM finished WHERE sender = 'from:a.example'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+            == 10
+    });
+    let last_a: i64 = c
+        .query_one(
+            "SELECT max(n) FROM finished WHERE sender = 'from:a.example'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    // Six rows left, one claim in ten for the oldest: about 60 claims after the first
+    // four, with slack for the claims in flight when the stream arrived. Without the
+    // reserve they wait for all 200 new senders.
+    assert!(
+        last_a <= 80,
+        "the old sender's last row finished {last_a}th, not within the reserve's share"
+    );
+    drop(d);
+}
