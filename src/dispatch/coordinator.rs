@@ -25,6 +25,7 @@ use postgres::types::Type;
 use super::events::{Event, EventSender};
 use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
+use super::statements;
 use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
 use crate::db::{self, ErrorKind, sql};
 use crate::exit::Failure;
@@ -459,7 +460,7 @@ impl Coordinator {
         let client = self.client.as_mut().expect("connected");
         match command {
             Command::Claim(request) => {
-                let event = claim(client, request, self.max_hops)?;
+                let event = statements::claim(client, request, self.max_hops)?;
                 self.events.send(event);
             }
             Command::FlipPaused => {
@@ -474,7 +475,7 @@ impl Coordinator {
                 });
             }
             Command::Requeue(claims) => {
-                let done = write_claims(client, sql::REQUEUE, claims)?;
+                let done = statements::write_claims(client, sql::REQUEUE, claims)?;
                 if done.len() < claims.len() {
                     log::warn!(
                         "{} of {} rows to requeue were no longer running under their claim; left as they are",
@@ -545,7 +546,7 @@ impl Coordinator {
                 }
             }
             Command::Resume(claims) => {
-                let done = write_claims(client, sql::RESUME_DEFERRED, claims)?;
+                let done = statements::write_claims(client, sql::RESUME_DEFERRED, claims)?;
                 if !done.is_empty() {
                     log::info!(
                         "{} messages deferred for a lost database connection back to pending early",
@@ -587,116 +588,4 @@ impl Coordinator {
         }
         Ok(())
     }
-}
-
-/// Runs a guarded write over claims, one round trip: `statement` takes their ids,
-/// claimed stages and tokens as `$1`–`$3` and returns the rows it wrote.
-fn write_claims(
-    client: &mut Client,
-    statement: &str,
-    claims: &[Claim],
-) -> Result<Vec<postgres::Row>, postgres::Error> {
-    let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-    let stages: Vec<&str> = claims.iter().map(|c| c.stage.as_str()).collect();
-    let tokens: Vec<i64> = claims.iter().map(|c| c.token).collect();
-    db::retry_transient(|| {
-        client.query_typed(
-            statement,
-            &[
-                (&ids, Type::INT8_ARRAY),
-                (&stages, Type::TEXT_ARRAY),
-                (&tokens, Type::INT8_ARRAY),
-            ],
-        )
-    })
-}
-
-/// Runs one claim statement and reads its answer: the claimed rows (rows failed by the
-/// loop limit are logged and left out) and, for a fair claim, where each stage's sender
-/// window ended.
-fn claim(
-    client: &mut Client,
-    request: &ClaimRequest,
-    max_hops: i32,
-) -> Result<Event, postgres::Error> {
-    let stages: Vec<&str> = request.asked().iter().map(|a| a.0.as_str()).collect();
-    let caps: Vec<i32> = request.asked().iter().map(|a| a.1).collect();
-    let rows = match request {
-        ClaimRequest::Oldest(_) => db::retry_transient(|| {
-            client.query_typed(
-                sql::CLAIM_OLDEST,
-                &[
-                    (&stages, Type::TEXT_ARRAY),
-                    (&caps, Type::INT4_ARRAY),
-                    (&max_hops, Type::INT4),
-                ],
-            )
-        })?,
-        ClaimRequest::Fair(fair) => db::retry_transient(|| {
-            client.query_typed(
-                sql::CLAIM_FAIR,
-                &[
-                    (&stages, Type::TEXT_ARRAY),
-                    (&caps, Type::INT4_ARRAY),
-                    (&fair.fifo, Type::INT4_ARRAY),
-                    (&fair.avg_us, Type::FLOAT8_ARRAY),
-                    (&fair.cursor, Type::TEXT_ARRAY),
-                    (&fair.lead_stage, Type::TEXT_ARRAY),
-                    (&fair.lead_sender, Type::TEXT_ARRAY),
-                    (&fair.lead_us, Type::FLOAT8_ARRAY),
-                    (&max_hops, Type::INT4),
-                ],
-            )
-        })?,
-    };
-    let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
-    // A row that passed MAX_HOPS was failed by the claim instead of run.
-    for r in rows
-        .iter()
-        .filter(|r| r.get::<_, Option<bool>>(5) == Some(true))
-    {
-        log::warn!(
-            "{}: message {} looped: claimed at a changed stage more than MAX_HOPS ({max_hops}) times; failed instead of run",
-            r.get::<_, String>(1),
-            r.get::<_, i64>(0)
-        );
-    }
-    let rows: Vec<&postgres::Row> = rows
-        .iter()
-        .filter(|r| r.get::<_, Option<bool>>(5) != Some(true))
-        .collect();
-    // A fair claim answers one row per requested stage with no id: where that stage's
-    // sender window ended. (A claim of nothing at all answers one row of NULLs.)
-    let windows = match request {
-        ClaimRequest::Oldest(_) => Vec::new(),
-        ClaimRequest::Fair(_) => rows
-            .iter()
-            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
-            .filter_map(|r| {
-                Some((
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, Option<String>>(6),
-                ))
-            })
-            .collect(),
-    };
-    let claimed_at = Instant::now();
-    let claims = rows
-        .iter()
-        .filter_map(|r| {
-            Some(Claim {
-                id: r.get::<_, Option<i64>>(0)?,
-                stage: r.get(1),
-                sender_key: r.get::<_, Option<String>>(2).unwrap_or_default(),
-                token: r.get(3),
-                claimed_at,
-            })
-        })
-        .collect();
-    Ok(Event::Claimed {
-        claims,
-        asked: request.asked().to_vec(),
-        next_paused,
-        windows,
-    })
 }

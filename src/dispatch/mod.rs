@@ -33,6 +33,7 @@ pub mod scheduler;
 pub mod session;
 pub mod shutdown;
 pub mod signals;
+pub mod statements;
 pub mod stats;
 pub mod timers;
 pub mod verdict;
