@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, GenericClient};
 
-use pepsi::db::{schema, sql};
+use pepsi::db::sql;
 
-use crate::util::{TempDir, TestDb, bin, pg, run, stderr, write_config};
+use crate::util::{TempDir, TestDb, pg, write_config};
 
 /// MAX_HOPS for the calls that do not test it.
 const MAX_HOPS: i32 = 100;
@@ -527,11 +527,7 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
     let dir = TempDir::new("fair-upgrade");
     let mut c = db.client();
     // A database as release 3 left it: rows pending, claimed (tokens, hops), paused.
-    for f in schema::FILES.iter().filter(|f| f.number <= 3) {
-        c.batch_execute(f.sql).unwrap();
-    }
-    c.execute(sql::WRITE_SCHEMA_VERSION, &[&3i32, &schema::digest(3)])
-        .unwrap();
+    crate::util::install_schema_upto(&mut c, 3);
     let ids = add(&mut c, "a", "x@a.example", 12);
     let rows = c
         .query(
@@ -589,18 +585,8 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
     );
 
     let conf = write_config(&dir, &db, "");
-    let out = run(
-        &bin("pepsi-setup"),
-        &["-c", conf.to_str().unwrap(), "schema"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (version, digest): (i32, String) = c
-        .query_one(sql::READ_SCHEMA_VERSION, &[])
-        .map(|r| (r.get(0), r.get(1)))
-        .unwrap();
-    assert_eq!(version, schema::version());
+    let version = crate::util::upgrade_with_setup(&mut c, &conf);
     assert!(version >= 4);
-    assert_eq!(digest, schema::digest(version));
     assert_eq!(snapshot(&mut c), before, "every row kept as it was");
     let (passes, served): (i64, i64) = c
         .query_one(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, GenericClient};
 
-use pepsi::db::{schema, sql};
+use pepsi::db::sql;
 use pepsi::protocol::worker_session_pattern;
 
 use super::dispatch::{
@@ -20,7 +20,7 @@ use super::dispatch::{
 };
 use crate::util::dispatcher::{Dispatcher, alive};
 use crate::util::worker::{Worker, code};
-use crate::util::{TempDir, TestDb, bin, inject, row_at, run, stage, state_of, stderr, wait_until};
+use crate::util::{TempDir, TestDb, inject, row_at, stage, state_of, wait_until};
 
 /// Counts the rows that are `running`.
 const RUNNING: &str = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'";
@@ -509,9 +509,7 @@ fn upgrading_from_schema_1_keeps_rows_in_flight() {
     let dir = TempDir::new("g-upgrade");
     let mut c = db.client();
     // A database as release 1 left it, with rows pending and in flight.
-    c.batch_execute(schema::FILES[0].sql).unwrap();
-    c.execute(sql::WRITE_SCHEMA_VERSION, &[&1i32, &schema::digest(1)])
-        .unwrap();
+    crate::util::install_schema_upto(&mut c, 1);
     let ids = inject_many(&mut c, "a", "a@x.example", 20);
     let in_flight = ids[..8].to_vec();
     c.execute(
@@ -525,17 +523,7 @@ fn upgrading_from_schema_1_keeps_rows_in_flight() {
         "",
         "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\n",
     );
-    let out = run(
-        &bin("pepsi-setup"),
-        &["-c", conf.to_str().unwrap(), "schema"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (version, digest): (i32, String) = c
-        .query_one(sql::READ_SCHEMA_VERSION, &[])
-        .map(|r| (r.get(0), r.get(1)))
-        .unwrap();
-    assert_eq!(version, schema::version());
-    assert_eq!(digest, schema::digest(version));
+    crate::util::upgrade_with_setup(&mut c, &conf);
     let rows: Vec<(i64, String, i64)> = c
         .query(
             "SELECT workqueue_id, status::text, claim FROM pepsi.workqueue ORDER BY workqueue_id",

@@ -180,3 +180,36 @@ pub fn due_in_secs(c: &mut postgres::Client, id: i64) -> f64 {
     .unwrap()
     .get(0)
 }
+
+/// Installs the schema files up to `version` as that release left the database, with
+/// its schema_version row (the starting point of an upgrade test).
+pub fn install_schema_upto(c: &mut postgres::Client, version: i32) {
+    use pepsi::db::{schema, sql};
+    for f in schema::FILES.iter().filter(|f| f.number <= version) {
+        c.batch_execute(f.sql).unwrap();
+    }
+    c.execute(
+        sql::WRITE_SCHEMA_VERSION,
+        &[&version, &schema::digest(version)],
+    )
+    .unwrap();
+}
+
+/// Runs `pepsi-setup -c conf schema`, which must succeed, and checks that the database
+/// is now at this release's version and digest. Returns the version.
+#[track_caller]
+pub fn upgrade_with_setup(c: &mut postgres::Client, conf: &Path) -> i32 {
+    use pepsi::db::{schema, sql};
+    let out = run(
+        &bin("pepsi-setup"),
+        &["-c", conf.to_str().unwrap(), "schema"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (version, digest): (i32, String) = c
+        .query_one(sql::READ_SCHEMA_VERSION, &[])
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(version, schema::version());
+    assert_eq!(digest, schema::digest(version));
+    version
+}
