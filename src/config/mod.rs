@@ -35,6 +35,9 @@ pub struct PepsiOptions {
     pub share_telemetry: bool,
     /// The account a program started as root switches to; `root` keeps root.
     pub run_as: String,
+    /// The system's mail host name (`MAILER-DAEMON@` it, the Reporting-MTA of a
+    /// delivery status notification); default: the host's name.
+    pub hostname: String,
 }
 
 /// `[pepsi-postgres]`.
@@ -102,7 +105,10 @@ pub struct Config {
 /// The keys each fixed section knows; others draw a warning (a typo should not pass
 /// silently, but a newer release's key must not stop an older program).
 const KNOWN: &[(&str, &[&str])] = &[
-    ("pepsi", &["ALLOW_FUSION", "SHARE_TELEMETRY", "RUN_AS"]),
+    (
+        "pepsi",
+        &["ALLOW_FUSION", "SHARE_TELEMETRY", "RUN_AS", "HOSTNAME"],
+    ),
     (
         "pepsi-postgres",
         &["CONNECTION", "WORKER_SYNCHRONOUS_COMMIT"],
@@ -160,6 +166,41 @@ pub fn fixed_warnings(sections: &[Section]) -> Vec<ConfigError> {
     warnings
 }
 
+/// A mail host name: dot-separated labels of letters, digits and hyphens (RFC 1123),
+/// at most 253 characters, as written (a trailing dot dropped).
+fn checked_hostname(name: &str) -> Result<String, String> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "{name:?} is not a host name (letters, digits and hyphens, labels joined by dots)"
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// The host's name as the kernel has it (`gethostname`), or `localhost` when it is not
+/// a usable host name.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it
+    // or truncates, and the last byte stays 0.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(0);
+    let name = if rc == 0 {
+        String::from_utf8_lossy(&buf[..len]).into_owned()
+    } else {
+        String::new()
+    };
+    checked_hostname(&name).unwrap_or_else(|_| "localhost".to_string())
+}
+
 impl Config {
     /// Finds, reads and checks the configuration (search order of §4).
     pub fn load(explicit: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
@@ -204,6 +245,12 @@ impl Config {
             allow_fusion: p.ok(pe.boolean("ALLOW_FUSION", true)).unwrap_or(true),
             share_telemetry: p.ok(pe.boolean("SHARE_TELEMETRY", false)).unwrap_or(false),
             run_as: pe.get("RUN_AS").unwrap_or("pepsi").to_string(),
+            hostname: match pe.get("HOSTNAME") {
+                Some(name) => p
+                    .ok(checked_hostname(name).map_err(|why| pe.error("HOSTNAME", why)))
+                    .unwrap_or_default(),
+                None => host_name(),
+            },
         };
 
         let pg = find("pepsi-postgres");
@@ -317,6 +364,30 @@ mod tests {
         assert_eq!(c.dispatch.fair_half_life, Duration::from_secs(60));
         assert_eq!(c.dispatch.fair_fifo_percent, 10);
         assert_eq!(c.bouncer.bounce_stage, None);
+        assert_eq!(c.pepsi.hostname, host_name());
+        assert!(!c.pepsi.hostname.is_empty());
+    }
+
+    #[test]
+    fn a_host_name_is_checked() {
+        let c = cfg("[pepsi]\nHOSTNAME = mail.example.org.\n").unwrap();
+        assert_eq!(c.pepsi.hostname, "mail.example.org");
+        for bad in [
+            "mail example",
+            "-x.example",
+            "a..b",
+            "mäil.example",
+            "x_y.example",
+        ] {
+            let errs = cfg(&format!("[pepsi]\nHOSTNAME = {bad}\n")).unwrap_err();
+            assert!(
+                errs[0]
+                    .to_string()
+                    .starts_with("/t.conf:2: [pepsi] HOSTNAME:"),
+                "{bad}: {}",
+                errs[0]
+            );
+        }
     }
 
     #[test]

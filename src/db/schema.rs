@@ -46,6 +46,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "004_fair_claim.sql",
         sql: include_str!("../../schema/004_fair_claim.sql"),
     },
+    SchemaFile {
+        number: 5,
+        name: "005_failure_path.sql",
+        sql: include_str!("../../schema/005_failure_path.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

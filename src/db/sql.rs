@@ -63,11 +63,12 @@ pub const LOAD_METADATA: &str = concat!(
     " FROM pepsi.workqueue q WHERE q.workqueue_id = ANY ($1)"
 );
 
-/// Loads rows with their header block and body. $1 ids (int8[]).
+/// Loads rows with their header block, body and arrival time (epoch seconds, for a
+/// report that states it). $1 ids (int8[]).
 pub const LOAD_FULL: &str = concat!(
     "SELECT ",
     load_columns!(),
-    ", q.headers, b.body FROM pepsi.workqueue q \
+    ", q.headers, b.body, extract(epoch FROM q.arrived)::float8 FROM pepsi.workqueue q \
      LEFT JOIN pepsi.workqueue_body b ON b.body_id = q.body_id \
      WHERE q.workqueue_id = ANY ($1)"
 );
@@ -110,6 +111,25 @@ pub const DELETE_FINISHED: &str = "DELETE FROM pepsi.workqueue q \
 /// when the guard did not match.
 pub const SPLIT: &str =
     "SELECT pepsi.workqueue_split($1, $2::text::jsonb, $3, $4, $5::text::jsonb, $6, $7)";
+
+/// The bounce stage's finish (§13.2), one round trip: the delivery status notification
+/// as a new pending row, the original deleted. $1 the original's id (int8), $2 its
+/// claimed stage (text, guard), $3 its claim token (int8, guard), $4 the stage the DSN
+/// goes to (text), $5 its one recipient, the original sender (text), $6 its `From:`
+/// (text), $7 its `Subject:` (text), $8 its header block (bytea), $9 its body (bytea).
+/// Returns the DSN's id, NULL when the guard did not match.
+pub const BOUNCE: &str = "SELECT pepsi.workqueue_bounce($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The failure bouncer's move (§13.1), one round trip: up to $3 (int4) rows whose
+/// status is one of $2 (text[]: failed, timeout) and whose stage is not $1 (text) go to
+/// $1 as pending, with one NOTIFY on `workqueue` when any moved. Locks the rows it
+/// picks; a row another caller moved meanwhile is skipped. Returns (id, the stage and
+/// status it had) per moved row.
+pub const BOUNCE_FAILED: &str = "SELECT b.workqueue_id, b.stage, b.status::text \
+     FROM pepsi.workqueue_bounce_failed($1, $2::text[]::pepsi.workqueue_status[], $3) b";
+
+/// LISTEN for the failure bouncer: rows turning failed or timeout.
+pub const LISTEN_BOUNCER: &str = "LISTEN workqueue_failed";
 
 /// The startup option of sessions whose commits need not wait for the WAL flush
 /// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).

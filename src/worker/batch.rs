@@ -52,6 +52,8 @@ mod col {
     pub const HEADERS: usize = 14;
     /// `LOAD_FULL` only.
     pub const BODY: usize = 15;
+    /// `LOAD_FULL` only: `arrived`, as epoch seconds.
+    pub const ARRIVED: usize = 16;
 }
 
 impl Worker {
@@ -400,6 +402,16 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
     message.settings = settings::parse(column::<Option<String>>(row, col::SETTINGS)?.as_deref());
     if loaded == Load::Full {
         message.set_content(column(row, col::HEADERS)?, column(row, col::BODY)?);
+        message.arrived = column::<Option<f64>>(row, col::ARRIVED)?
+            .filter(|s| s.is_finite())
+            .and_then(|s| {
+                let since = Duration::try_from_secs_f64(s.abs()).ok()?;
+                if s >= 0.0 {
+                    std::time::UNIX_EPOCH.checked_add(since)
+                } else {
+                    std::time::UNIX_EPOCH.checked_sub(since)
+                }
+            });
     }
     Ok(message)
 }

@@ -157,6 +157,7 @@ impl Worker {
                 &mut Context {
                     section: &ready.section,
                     client: conn,
+                    pepsi: &self.config.pepsi,
                 },
             );
             plan.report
@@ -188,6 +189,7 @@ impl Worker {
                         state: Value::Object(message.state.clone()).to_string(),
                     };
                 }
+                Ok(Outcome::Bounce(notification)) => plan.write = Write::Bounce(notification),
                 Err(e) => self.handle_error(&mut plan, message, &stage, Some(&ready.section), e),
             }
             return plan;

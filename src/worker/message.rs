@@ -6,7 +6,7 @@
 //! fusion must know (§12.6) and the write must carry; `state` is free to change. The
 //! header block and body are read-only: no write carries them.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value};
 
@@ -62,6 +62,9 @@ pub struct Message {
     /// How long the message has lived, from `arrived` or `state.dsn_created`, when it
     /// was loaded.
     pub lifetime_age: Duration,
+    /// When the message arrived, for stages that load the header block and body
+    /// (`Load::Full`); `None` for a metadata load or a time the system cannot hold.
+    pub arrived: Option<SystemTime>,
     headers: Option<Vec<u8>>,
     body: Option<Vec<u8>>,
     /// Overrides from `pepsi.settings` for the correspondents, all stages.
@@ -95,6 +98,7 @@ impl Message {
             state,
             sender_key,
             lifetime_age: Duration::ZERO,
+            arrived: None,
             headers: None,
             body: None,
             settings: Vec::new(),

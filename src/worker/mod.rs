@@ -24,7 +24,7 @@ use std::time::Duration;
 
 pub use message::Message;
 
-use crate::config::{ConfigError, StageSection};
+use crate::config::{ConfigError, PepsiOptions, StageSection};
 use crate::db::{self, ErrorKind};
 
 /// What a stage needs loaded besides the row's metadata (envelope, From:, Subject:,
@@ -54,6 +54,27 @@ pub enum Outcome {
         /// The stage every group continues at.
         stage: String,
     },
+    /// The message is done and this delivery status notification takes its place, as a
+    /// new pending row (§13.2); both in one write.
+    Bounce(Box<Notification>),
+}
+
+/// A delivery status notification that replaces a failed message (§13.2): a new
+/// message from the null sender to the failed message's sender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// The stage it goes to, pending.
+    pub stage: String,
+    /// Its one recipient: the failed message's envelope sender.
+    pub recipient: String,
+    /// Its `From:`, as extracted metadata.
+    pub header_from: String,
+    /// Its `Subject:`, as extracted metadata.
+    pub subject: String,
+    /// Its header block.
+    pub headers: Vec<u8>,
+    /// Its body.
+    pub body: Vec<u8>,
 }
 
 /// The class of a stage error (§12.4).
@@ -122,6 +143,8 @@ pub struct Context<'a> {
     pub section: &'a StageSection,
     /// The worker's database connection, for stages that query the database.
     pub client: &'a mut postgres::Client,
+    /// `[pepsi]`: the system's own options (its host name, for a report).
+    pub pepsi: &'a PepsiOptions,
 }
 
 /// A stage program: the static description the runtime and fusion need.

@@ -15,9 +15,9 @@ use std::time::Duration;
 use postgres::types::Type;
 use serde_json::{Value, json};
 
-use super::Message;
 use super::errors::status_for;
 use super::runtime::Worker;
+use super::{Message, Notification};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
 use crate::protocol::{self, StageTime};
@@ -46,6 +46,8 @@ pub(super) enum Write {
         stage: String,
         state: String,
     },
+    /// Replace the row by this delivery status notification.
+    Bounce(Box<Notification>),
 }
 
 /// One id of a batch: what to write, under which guard, and what to answer.
@@ -157,6 +159,12 @@ impl Worker {
                 Err(e) => self.write_failed(conn, std::slice::from_mut(plan), &e),
             }
         }
+        for plan in plans.iter_mut() {
+            if let Write::Bounce(notification) = &plan.write {
+                let notification = notification.clone();
+                self.bounce(conn, plan, &notification);
+            }
+        }
         let mut updates: Vec<&mut Plan> = plans
             .iter_mut()
             .filter(|p| matches!(p.write, Write::Update(_)))
@@ -167,6 +175,49 @@ impl Worker {
             .filter(|p| matches!(p.write, Write::Delete))
             .collect();
         self.write_batch(conn, &mut deletes, Shape::Delete);
+    }
+
+    /// Writes a [`Write::Bounce`]: the notification's row in, the original out, in one
+    /// guarded call.
+    fn bounce(&mut self, conn: &mut PgConn, plan: &mut Plan, notification: &Notification) {
+        let n = notification;
+        let result = db::retry_transient(|| {
+            conn.query_typed_one(
+                sql::BOUNCE,
+                &[
+                    (&plan.id, Type::INT8),
+                    (&plan.claimed, Type::TEXT),
+                    (&plan.claim, Type::INT8),
+                    (&n.stage, Type::TEXT),
+                    (&n.recipient, Type::TEXT),
+                    (&n.header_from, Type::TEXT),
+                    (&n.subject, Type::TEXT),
+                    (&n.headers, Type::BYTEA),
+                    (&n.body, Type::BYTEA),
+                ],
+            )
+        });
+        match result.map(|row| row.get::<_, Option<i64>>(0)) {
+            Ok(Some(dsn)) => {
+                log::info!(
+                    "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
+                    plan.claimed,
+                    plan.id,
+                    n.recipient,
+                    n.stage
+                );
+                plan.write = Write::Nothing;
+            }
+            Ok(None) => {
+                log::warn!(
+                    "{}: message {} was taken away; its delivery status notification was not written",
+                    plan.claimed,
+                    plan.id
+                );
+                plan.write = Write::Nothing;
+            }
+            Err(e) => self.write_failed(conn, std::slice::from_mut(plan), &e),
+        }
     }
 
     fn write_batch(&mut self, conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
