@@ -5,7 +5,9 @@
 //! check the dispatcher (at start, at a reload, in `pepsi-dispatch check`) and the
 //! worker share (SPEC §4 "Strictness").
 
+pub mod bounce;
 pub mod discard;
+pub mod dsn;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
@@ -14,7 +16,13 @@ use crate::config::{ConfigError, StageSection};
 use crate::worker::Stage;
 
 /// Every built-in stage.
-pub const BUILTINS: &[&dyn Stage] = &[&pass::Pass, &if_stage::If, &discard::Discard, &exec::Exec];
+pub const BUILTINS: &[&dyn Stage] = &[
+    &pass::Pass,
+    &if_stage::If,
+    &discard::Discard,
+    &exec::Exec,
+    &bounce::Bounce,
+];
 
 /// The built-in stage of this name.
 pub fn find(name: &str) -> Option<&'static dyn Stage> {
@@ -58,7 +66,7 @@ fn program(name: &'static str, synopsis: &'static str) -> crate::cli::Program {
         synopsis,
         about: "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
                 `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
-                Built-in stages: pass, if, discard, exec.",
+                Built-in stages: pass, if, discard, exec, bounce.",
     }
 }
 
@@ -89,7 +97,7 @@ pub fn main() -> std::process::ExitCode {
                 let name = inv.rest.first().cloned().unwrap_or_default();
                 let stage = find(&name).ok_or_else(|| {
                     crate::exit::Failure::usage(format!(
-                        "unknown stage {name:?} (pass, if, discard, exec)\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker"
+                        "unknown stage {name:?} (pass, if, discard, exec, bounce)\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker"
                     ))
                 })?;
                 if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {

@@ -97,7 +97,7 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
 }
 
 /// The built-in stage names the unified `pepsi-stage` binary answers to.
-pub const STAGE_NAMES: &[&str] = &["pass", "if", "discard", "exec"];
+pub const STAGE_NAMES: &[&str] = &["pass", "if", "discard", "exec", "bounce"];
 
 /// A directory holding `pepsi-stage-NAME` links to the unified stage binary, as the
 /// package installs them.

@@ -1,0 +1,898 @@
+//! The bounce stage (SPEC §13.2): failed messages driven through `pepsi-stage-bounce`
+//! as the dispatcher drives it, every delivery status notification read back from the
+//! database and parsed by an independent MIME parser (`mail-parser`, which the program
+//! does not use).
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mail_parser::{MessageParser, MimeHeaders};
+use postgres::Client;
+use serde_json::{Value, json};
+
+use crate::util::worker::{Worker, code};
+use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
+
+const HOST: &str = "mx.test.example";
+
+/// The bounce stage (to `deliver`, a discard) and `extra` sections; `{NAME}` stands for
+/// a built-in stage program.
+fn config(dir: &TempDir, db: &TestDb, extra: &str) -> PathBuf {
+    let mut text = format!(
+        "[stage-bounce]\nPROGRAM = {{bounce}}\nNEXT = deliver\n{extra}\n\
+         [stage-deliver]\nPROGRAM = {{discard}}\n"
+    );
+    for name in ["pass", "if", "discard", "exec", "bounce"] {
+        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
+    }
+    let conf = write_config(dir, db, &text);
+    let body = std::fs::read_to_string(&conf).unwrap().replacen(
+        "RUN_AS = root\n",
+        &format!("RUN_AS = root\nHOSTNAME = {HOST}\n"),
+        1,
+    );
+    std::fs::write(&conf, body).unwrap();
+    conf
+}
+
+/// A message as accepted: its envelope, header block, body and state.
+struct Original<'a> {
+    from: &'a str,
+    to: &'a [&'a str],
+    headers: Option<&'a [u8]>,
+    body: Option<&'a [u8]>,
+    state: Value,
+}
+
+const HEADERS: &[u8] = b"From: Alice <alice@origin.example>\r\n\
+To: bob@dest.example\r\n\
+Subject: Quarterly figures\r\n\
+Message-ID: <q4.figures@origin.example>\r\n\
+Date: Wed, 02 Dec 2026 10:00:00 +0000\r\n";
+const BODY: &[u8] = b"The figures are attached.\r\n\r\n-- \r\nAlice\r\n";
+
+impl Original<'_> {
+    fn simple(state: Value) -> Original<'static> {
+        Original {
+            from: "alice@origin.example",
+            to: &["bob@dest.example"],
+            headers: Some(HEADERS),
+            body: Some(BODY),
+            state,
+        }
+    }
+}
+
+/// Inserts the message at the bounce stage, claimed (running), arrived an hour ago.
+fn at_bounce(c: &mut Client, m: &Original<'_>) -> i64 {
+    let to: Vec<String> = m.to.iter().map(|s| s.to_string()).collect();
+    let id: i64 = c
+        .query_one(
+            "SELECT pepsi.workqueue_inject('bounce', $1, $2, $3, $4, NULL, NULL, NULL, NULL, $5::text::jsonb)",
+            &[&m.from, &to, &m.headers, &m.body, &m.state.to_string()],
+        )
+        .unwrap()
+        .get(0);
+    c.execute(
+        "UPDATE pepsi.workqueue SET arrived = now() - interval '1 hour' WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap();
+    claim(c, &[id]);
+    id
+}
+
+/// A DSN row as stored.
+struct Stored {
+    id: i64,
+    stage: String,
+    status: String,
+    mail_from: String,
+    rcpt_to: Vec<String>,
+    header_from: Option<String>,
+    subject: Option<String>,
+    state: Value,
+    raw: Vec<u8>,
+}
+
+/// The DSN made of message `original`, if any.
+fn dsn_of(c: &mut Client, original: i64) -> Option<Stored> {
+    let rows = c
+        .query(
+            "SELECT q.workqueue_id, q.stage, q.status::text, q.mail_from, q.rcpt_to, q.header_from, \
+                    q.subject, q.state::text, q.headers, b.body \
+               FROM pepsi.workqueue q LEFT JOIN pepsi.workqueue_body b USING (body_id) \
+              WHERE q.state ->> 'dsn_of' = $1::int8::text",
+            &[&original],
+        )
+        .unwrap();
+    assert!(rows.len() <= 1, "one report per failed message");
+    rows.first().map(|r| {
+        let headers: Vec<u8> = r.get(8);
+        let body: Vec<u8> = r.get(9);
+        let mut raw = headers;
+        raw.extend_from_slice(b"\r\n");
+        raw.extend_from_slice(&body);
+        Stored {
+            id: r.get(0),
+            stage: r.get(1),
+            status: r.get(2),
+            mail_from: r.get(3),
+            rcpt_to: r.get(4),
+            header_from: r.get(5),
+            subject: r.get(6),
+            state: serde_json::from_str(&r.get::<_, String>(7)).unwrap(),
+            raw,
+        }
+    })
+}
+
+/// Runs the bounce stage on these rows; every answer must be 0.
+fn bounce(conf: &std::path::Path, ids: &[i64]) {
+    let mut w = Worker::ready(&stage("bounce"), conf);
+    for line in w.run(ids) {
+        assert_eq!(code(&line), 0, "{line}");
+    }
+    let (status, stderr) = w.finish();
+    assert!(status.success(), "{stderr}");
+}
+
+/// A report, parsed.
+struct Parsed {
+    /// The top-level header fields, raw.
+    top: Vec<(String, String)>,
+    /// Per part: its content type, its transfer encoding and its raw contents.
+    parts: Vec<(String, String, Vec<u8>)>,
+    /// The per-message fields of the delivery-status part.
+    per_message: Vec<(String, String)>,
+    /// The per-recipient field groups.
+    per_recipient: Vec<Vec<(String, String)>>,
+}
+
+impl Parsed {
+    fn top(&self, name: &str) -> Option<&str> {
+        field(&self.top, name)
+    }
+
+    fn types(&self) -> Vec<&str> {
+        self.parts.iter().map(|(t, _, _)| t.as_str()).collect()
+    }
+
+    fn human(&self) -> String {
+        String::from_utf8(self.parts[0].2.clone()).unwrap()
+    }
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// The fields of a header-style block, by the independent parser.
+fn fields_of(block: &[u8]) -> Vec<(String, String)> {
+    let mut text = block.to_vec();
+    text.extend_from_slice(b"\r\n");
+    let m = MessageParser::default()
+        .parse_headers(&text)
+        .unwrap_or_else(|| panic!("fields: {}", String::from_utf8_lossy(block)));
+    m.headers_raw()
+        .map(|(n, v)| (n.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Parses a report with the independent parser and checks its structure: a
+/// `multipart/report; report-type=delivery-status` of a text part, a delivery-status
+/// part and at most one more; every line within RFC 5322's 998 octets.
+fn parse(raw: &[u8]) -> Parsed {
+    for line in raw.split(|&b| b == b'\n') {
+        assert!(line.len() <= 999, "a line of {} octets", line.len());
+    }
+    let m = MessageParser::default().parse(raw).expect("a MIME message");
+    let ct = m.root_part().content_type().expect("a content type");
+    assert_eq!(
+        (ct.ctype(), ct.subtype()),
+        ("multipart", Some("report")),
+        "{}",
+        String::from_utf8_lossy(raw)
+    );
+    assert_eq!(ct.attribute("report-type"), Some("delivery-status"));
+    let top: Vec<(String, String)> = m
+        .headers_raw()
+        .map(|(n, v)| (n.to_string(), v.trim().to_string()))
+        .collect();
+    let ids = m.root_part().sub_parts().expect("parts").to_vec();
+    let parts: Vec<(String, String, Vec<u8>)> = ids
+        .iter()
+        .map(|&i| {
+            let p = &m.parts[i as usize];
+            let ct = p.content_type().expect("each part has a content type");
+            let kind = format!("{}/{}", ct.ctype(), ct.subtype().unwrap_or(""));
+            let cte = p.content_transfer_encoding().unwrap_or("").to_string();
+            (
+                kind.to_lowercase(),
+                cte.to_lowercase(),
+                p.contents().to_vec(),
+            )
+        })
+        .collect();
+    assert!(
+        (2..=3).contains(&parts.len()),
+        "{:?}",
+        parts.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
+    assert!(parts[0].0 == "text/plain", "{}", parts[0].0);
+    assert!(
+        ["message/delivery-status", "message/global-delivery-status"].contains(&&*parts[1].0),
+        "{}",
+        parts[1].0
+    );
+    let report = parts[1].2.clone();
+    let text = String::from_utf8(report).unwrap().replace("\r\n", "\n");
+    let mut groups = text
+        .trim_end()
+        .split("\n\n")
+        .map(|g| fields_of(g.replace('\n', "\r\n").as_bytes()));
+    let per_message = groups.next().unwrap();
+    let per_recipient = groups.collect();
+    Parsed {
+        top,
+        parts,
+        per_message,
+        per_recipient,
+    }
+}
+
+/// An RFC 5322 date, as seconds since 1970, by the independent parser.
+fn epoch_of(date: &str) -> i64 {
+    mail_parser::DateTime::parse_rfc822(date)
+        .unwrap_or_else(|| panic!("not an RFC 5322 date: {date}"))
+        .to_timestamp()
+}
+
+fn now_epoch() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[test]
+fn a_report_has_every_field_and_replaces_the_failed_message() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-fields");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let id = at_bounce(
+        &mut c,
+        &Original {
+            from: "alice@origin.example",
+            to: &["bob@dest.example", "Carol@Dest.example"],
+            headers: Some(HEADERS),
+            body: Some(BODY),
+            state: json!({
+                "failure_class": "permanent",
+                "failed_stage": "relay",
+                "last_error": "relay: /var/lib/pepsi/secret.key: permission denied on db01.internal",
+                "dsn": {"envid": "ENV-42", "rcpt": {
+                    "bob@dest.example": {"orcpt": "rfc822;Bob@Dest.Example"},
+                    "carol@dest.example": {"notify": "FAILURE,DELAY"}
+                }}
+            }),
+        },
+    );
+    let arrived: i64 = c
+        .query_one(
+            "SELECT extract(epoch FROM arrived)::int8 FROM pepsi.workqueue WHERE workqueue_id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .get(0);
+    bounce(&conf, &[id]);
+    assert_eq!(row_at(&mut c, id), None, "the original is gone");
+    let dsn = dsn_of(&mut c, id).expect("a report");
+    assert_eq!(
+        (dsn.stage.as_str(), dsn.status.as_str()),
+        ("deliver", "pending")
+    );
+    assert_eq!(dsn.mail_from, "", "from the null sender");
+    assert_eq!(dsn.rcpt_to, ["alice@origin.example"]);
+    assert_eq!(
+        dsn.header_from.as_deref(),
+        Some("MAILER-DAEMON@mx.test.example")
+    );
+    assert_eq!(
+        dsn.subject.as_deref(),
+        Some("Undelivered Mail Returned to Sender")
+    );
+    assert!(dsn.state["dsn_created"].is_string(), "{}", dsn.state);
+    assert_eq!(dsn.state["dsn_of"], json!(id));
+
+    let p = parse(&dsn.raw);
+    assert_eq!(p.top("From"), Some("MAILER-DAEMON@mx.test.example"));
+    assert_eq!(p.top("To"), Some("<alice@origin.example>"));
+    assert_eq!(
+        p.top("Subject"),
+        Some("Undelivered Mail Returned to Sender")
+    );
+    assert!((epoch_of(p.top("Date").unwrap()) - now_epoch()).abs() < 60);
+    let message_id = p.top("Message-ID").unwrap();
+    assert!(message_id.starts_with('<') && message_id.ends_with("@mx.test.example>"));
+    assert_eq!(p.top("Auto-Submitted"), Some("auto-replied"));
+    assert_eq!(p.top("In-Reply-To"), Some("<q4.figures@origin.example>"));
+    assert_eq!(p.top("References"), Some("<q4.figures@origin.example>"));
+    assert_eq!(p.top("MIME-Version"), Some("1.0"));
+    assert_eq!(
+        p.types(),
+        ["text/plain", "message/delivery-status", "message/rfc822"]
+    );
+
+    assert_eq!(
+        field(&p.per_message, "Reporting-MTA"),
+        Some("dns; mx.test.example")
+    );
+    assert_eq!(
+        field(&p.per_message, "Original-Envelope-Id"),
+        Some("ENV-42")
+    );
+    assert!((epoch_of(field(&p.per_message, "Arrival-Date").unwrap()) - arrived).abs() <= 1);
+    assert_eq!(p.per_recipient.len(), 2);
+    let bob = &p.per_recipient[0];
+    assert_eq!(
+        field(bob, "Original-Recipient"),
+        Some("rfc822;Bob@Dest.Example")
+    );
+    assert_eq!(
+        field(bob, "Final-Recipient"),
+        Some("rfc822; bob@dest.example")
+    );
+    assert_eq!(field(bob, "Action"), Some("failed"));
+    assert_eq!(field(bob, "Status"), Some("5.0.0"));
+    assert_eq!(field(bob, "Diagnostic-Code"), None, "no stage gave one");
+    assert!((epoch_of(field(bob, "Last-Attempt-Date").unwrap()) - now_epoch()).abs() < 60);
+    let carol = &p.per_recipient[1];
+    assert_eq!(field(carol, "Original-Recipient"), None);
+    assert_eq!(
+        field(carol, "Final-Recipient"),
+        Some("rfc822; Carol@Dest.example")
+    );
+    assert_eq!(field(carol, "Status"), Some("5.0.0"));
+
+    let human = p.human();
+    assert!(human.contains("bob@dest.example") && human.contains("Carol@Dest.example"));
+    for secret in [
+        "secret.key",
+        "db01",
+        "/var/lib",
+        "permission denied",
+        "relay",
+    ] {
+        assert!(
+            !human.contains(secret),
+            "the human part names {secret:?}: {human}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&dsn.raw[..dsn.raw.len() - p.parts[2].2.len()])
+                .contains(secret),
+            "the report names {secret:?}"
+        );
+    }
+
+    let original = MessageParser::default().parse(&p.parts[2].2).unwrap();
+    assert_eq!(original.subject(), Some("Quarterly figures"));
+    assert_eq!(original.message_id(), Some("q4.figures@origin.example"));
+    let mut whole = HEADERS.to_vec();
+    whole.extend_from_slice(b"\r\n");
+    whole.extend_from_slice(BODY);
+    assert_eq!(p.parts[2].2, whole, "the original, byte for byte");
+}
+
+#[test]
+fn ret_and_the_size_limit_choose_the_whole_message_or_its_header() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-ret");
+    let conf = config(&dir, &db, "BOUNCE_SIZE_LIMIT = 400\n");
+    let mut c = db.client();
+    let big = [b"x".repeat(100), b"\r\n".to_vec()].concat().repeat(5);
+    let cases = [
+        ("small, no RET", json!({}), BODY.to_vec(), "message/rfc822"),
+        (
+            "large, no RET",
+            json!({}),
+            big.clone(),
+            "text/rfc822-headers",
+        ),
+        (
+            "large, RET=FULL",
+            json!({"dsn": {"ret": "FULL"}}),
+            big.clone(),
+            "message/rfc822",
+        ),
+        (
+            "small, RET=HDRS",
+            json!({"dsn": {"ret": "HDRS"}}),
+            BODY.to_vec(),
+            "text/rfc822-headers",
+        ),
+    ];
+    for (what, state, body, kind) in cases {
+        let mut s = state;
+        s["failure_class"] = json!("permanent");
+        let id = at_bounce(
+            &mut c,
+            &Original {
+                body: Some(&body),
+                ..Original::simple(s)
+            },
+        );
+        bounce(&conf, &[id]);
+        let p = parse(&dsn_of(&mut c, id).expect(what).raw);
+        assert_eq!(p.parts[2].0, kind, "{what}");
+        let mut expected = HEADERS.to_vec();
+        if kind == "message/rfc822" {
+            expected.extend_from_slice(b"\r\n");
+            expected.extend_from_slice(&body);
+        }
+        assert_eq!(p.parts[2].2, expected, "{what}");
+    }
+}
+
+#[test]
+fn notify_decides_who_is_told_and_never_suppresses() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-notify");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let never = at_bounce(
+        &mut c,
+        &Original::simple(json!({"failure_class": "permanent",
+            "dsn": {"rcpt": {"bob@dest.example": {"notify": "NEVER"}}}})),
+    );
+    let success_delay = at_bounce(
+        &mut c,
+        &Original::simple(json!({"failure_class": "permanent",
+            "dsn": {"rcpt": {"BOB@dest.example": {"notify": "SUCCESS,DELAY"}}}})),
+    );
+    let two = at_bounce(
+        &mut c,
+        &Original {
+            to: &["bob@dest.example", "dave@dest.example"],
+            ..Original::simple(json!({"failure_class": "permanent", "dsn": {
+            "envid": "QQ314159",
+            "rcpt": {
+                "bob@dest.example": {"notify": "NEVER"},
+                "dave@dest.example": {"notify": "FAILURE", "orcpt": "rfc822;dave@old.example"}
+            }}}))
+        },
+    );
+    bounce(&conf, &[never, success_delay, two]);
+    for id in [never, success_delay, two] {
+        assert_eq!(row_at(&mut c, id), None, "message {id} is done");
+    }
+    assert!(dsn_of(&mut c, never).is_none(), "NEVER: no report");
+    assert!(
+        dsn_of(&mut c, success_delay).is_none(),
+        "SUCCESS,DELAY: no report"
+    );
+    let p = parse(&dsn_of(&mut c, two).expect("a report for dave").raw);
+    assert_eq!(p.per_recipient.len(), 1);
+    assert_eq!(
+        field(&p.per_recipient[0], "Final-Recipient"),
+        Some("rfc822; dave@dest.example")
+    );
+    assert_eq!(
+        field(&p.per_recipient[0], "Original-Recipient"),
+        Some("rfc822;dave@old.example")
+    );
+    assert_eq!(
+        field(&p.per_message, "Original-Envelope-Id"),
+        Some("QQ314159")
+    );
+    assert!(!p.human().contains("bob@dest.example"));
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "only dave's report is left");
+}
+
+#[test]
+fn a_bounce_or_a_list_copy_is_never_bounced() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-never");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let null_sender = at_bounce(
+        &mut c,
+        &Original {
+            from: "",
+            ..Original::simple(json!({"failure_class": "permanent"}))
+        },
+    );
+    let list_copy = at_bounce(
+        &mut c,
+        &Original::simple(json!({"failure_class": "permanent", "list_copy": true})),
+    );
+    bounce(&conf, &[null_sender, list_copy]);
+    for id in [null_sender, list_copy] {
+        assert_eq!(row_at(&mut c, id), None);
+        assert!(dsn_of(&mut c, id).is_none());
+    }
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+}
+
+#[test]
+fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-again");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let id = at_bounce(
+        &mut c,
+        &Original::simple(json!({"failure_class": "permanent"})),
+    );
+    bounce(&conf, &[id]);
+    let dsn = dsn_of(&mut c, id).expect("a report");
+    // Its delivery fails for good.
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'failed', \
+                state = state || '{\"failure_class\": \"permanent\"}' WHERE workqueue_id = $1",
+        &[&dsn.id],
+    )
+    .unwrap();
+    let moved = c
+        .query(
+            pepsi::db::sql::BOUNCE_FAILED,
+            &[
+                &"bounce",
+                &vec!["failed".to_string(), "timeout".to_string()],
+                &100i32,
+            ],
+        )
+        .unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(
+        row_at(&mut c, dsn.id),
+        Some(("bounce".into(), "pending".into()))
+    );
+    claim(&mut c, &[dsn.id]);
+    bounce(&conf, &[dsn.id]);
+    assert_eq!(row_at(&mut c, dsn.id), None, "discarded");
+    assert!(dsn_of(&mut c, dsn.id).is_none(), "no report of a report");
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+}
+
+/// The status a recipient reads for a row in this state.
+fn status_for(c: &mut Client, conf: &std::path::Path, state: Value) -> (String, Option<String>) {
+    let id = at_bounce(c, &Original::simple(state));
+    bounce(conf, &[id]);
+    let p = parse(&dsn_of(c, id).expect("a report").raw);
+    let r = &p.per_recipient[0];
+    (
+        field(r, "Status").unwrap().to_string(),
+        field(r, "Diagnostic-Code").map(str::to_string),
+    )
+}
+
+#[test]
+fn each_failure_class_gives_its_status_and_a_stage_given_one_wins() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-status");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    for (class, status) in [
+        ("permanent", "5.0.0"),
+        ("retries-exhausted", "4.4.7"),
+        ("looped", "5.4.6"),
+        ("crashed", "5.3.0"),
+        ("timed-out", "5.3.0"),
+        ("unreadable", "5.3.0"),
+        ("unwritable", "5.3.0"),
+    ] {
+        assert_eq!(
+            status_for(&mut c, &conf, json!({ "failure_class": class })),
+            (status.to_string(), None),
+            "{class}"
+        );
+    }
+    assert_eq!(
+        status_for(
+            &mut c,
+            &conf,
+            json!({"failure_class": "permanent", "dsn_status": "5.1.1",
+                   "dsn_diagnostic": "smtp; 550 5.1.1 <bob@dest.example>: user unknown"})
+        ),
+        (
+            "5.1.1".to_string(),
+            Some("smtp; 550 5.1.1 <bob@dest.example>: user unknown".to_string())
+        )
+    );
+}
+
+/// The status of a row that really went each way to the bounce stage: a stage's
+/// permanent error, MAX_LIFETIME spent (a host error past it moves the row straight
+/// to BOUNCE_STAGE), three crashes and three hangs (moved by the bouncer's function).
+#[test]
+fn rows_failed_each_way_give_the_documented_status() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-ways");
+    let script = dir.write("fail67", "#!/bin/sh\nexit 67\n");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "\n[stage-hard]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\
+             [stage-soft]\nPROGRAM = {{exec}}\nCOMMAND = /bin/false\nMAX_LIFETIME = 1s\nBOUNCE_STAGE = bounce\n",
+            script.display()
+        ),
+    );
+    let mut c = db.client();
+    let inject_at = |c: &mut Client, stage: &str| -> i64 {
+        let id: i64 = c
+            .query_one(
+                "SELECT pepsi.workqueue_inject($1, 'alice@origin.example', ARRAY['bob@dest.example'], $2, $3)",
+                &[&stage, &HEADERS, &BODY],
+            )
+            .unwrap()
+            .get(0);
+        c.execute(
+            "UPDATE pepsi.workqueue SET arrived = now() - interval '1 hour' WHERE workqueue_id = $1",
+            &[&id],
+        )
+        .unwrap();
+        claim(c, &[id]);
+        id
+    };
+    let hard = inject_at(&mut c, "hard");
+    let mut w = Worker::ready(&stage("exec"), &conf);
+    assert_eq!(code(&w.run(&[hard])[0]), 65, "a permanent failure");
+    let soft = inject_at(&mut c, "soft");
+    assert_eq!(code(&w.run(&[soft])[0]), 0, "moved to the bounce stage");
+    w.finish();
+    assert_eq!(row_at(&mut c, hard), Some(("hard".into(), "failed".into())));
+    assert_eq!(
+        row_at(&mut c, soft),
+        Some(("bounce".into(), "pending".into()))
+    );
+    assert_eq!(state_of(&mut c, soft)["failure_class"], "retries-exhausted");
+    let strike = |c: &mut Client, kind: &str| -> i64 {
+        let id = inject_at(c, "hard");
+        for _ in 0..3 {
+            c.execute(
+                "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $1",
+                &[&id],
+            )
+            .unwrap();
+            c.query(
+                "SELECT * FROM pepsi.workqueue_strike($1, 'hard', $2, 'worker died', 0)",
+                &[&id, &kind],
+            )
+            .unwrap();
+        }
+        id
+    };
+    let crashed = strike(&mut c, "crashed");
+    let hung = strike(&mut c, "timed-out");
+    assert_eq!(
+        row_at(&mut c, crashed),
+        Some(("hard".into(), "failed".into()))
+    );
+    assert_eq!(
+        row_at(&mut c, hung),
+        Some(("hard".into(), "timeout".into()))
+    );
+    let moved = c
+        .query(
+            pepsi::db::sql::BOUNCE_FAILED,
+            &[
+                &"bounce",
+                &vec!["failed".to_string(), "timeout".to_string()],
+                &100i32,
+            ],
+        )
+        .unwrap();
+    assert_eq!(moved.len(), 3);
+    let ids = [hard, soft, crashed, hung];
+    claim(&mut c, &ids);
+    bounce(&conf, &ids);
+    let mut statuses = Vec::new();
+    for id in ids {
+        let p = parse(&dsn_of(&mut c, id).expect("a report").raw);
+        statuses.push(field(&p.per_recipient[0], "Status").unwrap().to_string());
+        assert!(!p.human().contains("worker died"));
+    }
+    assert_eq!(statuses, ["5.0.0", "4.4.7", "5.3.0", "5.3.0"]);
+}
+
+#[test]
+fn eight_bit_bodies_and_utf8_headers_survive_intact() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-utf8");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let headers = "From: Jürgen <jürgen@bücher.example>\r\nTo: zoë@dest.example\r\n\
+                   Subject: Grüße aus Köln – 東京\r\nMessage-ID: <utf8.1@bücher.example>\r\n"
+        .as_bytes()
+        .to_vec();
+    let mut body = "Liebe Zoë,\r\nschöne Grüße.\r\n".as_bytes().to_vec();
+    body.extend_from_slice(b"Latin-1: \xe9t\xe9\r\n");
+    let id = at_bounce(
+        &mut c,
+        &Original {
+            from: "jürgen@bücher.example",
+            to: &["zoë@dest.example"],
+            headers: Some(&headers),
+            body: Some(&body),
+            state: json!({"failure_class": "permanent",
+                          "dsn": {"rcpt": {"zoë@dest.example": {"orcpt": "utf-8;zoë@dest.example"}}}}),
+        },
+    );
+    bounce(&conf, &[id]);
+    let dsn = dsn_of(&mut c, id).expect("a report");
+    assert_eq!(dsn.rcpt_to, ["jürgen@bücher.example"]);
+    let p = parse(&dsn.raw);
+    assert_eq!(p.top("To"), Some("<jürgen@bücher.example>"), "RFC 6532");
+    assert_eq!(
+        p.types(),
+        [
+            "text/plain",
+            "message/global-delivery-status",
+            "message/global"
+        ]
+    );
+    assert_eq!(p.parts[2].1, "8bit");
+    assert_eq!(
+        field(&p.per_recipient[0], "Final-Recipient"),
+        Some("utf-8; zoë@dest.example"),
+        "RFC 6533"
+    );
+    assert_eq!(
+        field(&p.per_recipient[0], "Original-Recipient"),
+        Some("utf-8;zoë@dest.example")
+    );
+    let mut whole = headers.clone();
+    whole.extend_from_slice(b"\r\n");
+    whole.extend_from_slice(&body);
+    assert_eq!(p.parts[2].2, whole, "byte for byte");
+    let original = MessageParser::default().parse(&p.parts[2].2).unwrap();
+    assert_eq!(original.subject(), Some("Grüße aus Köln – 東京"));
+    assert!(p.human().contains("zoë@dest.example"));
+
+    // The same header as ASCII with a body of 8-bit bytes: message/rfc822, 8bit.
+    let id = at_bounce(
+        &mut c,
+        &Original {
+            body: Some(b"caf\xe9 cr\xe8me\r\n"),
+            ..Original::simple(json!({"failure_class": "permanent"}))
+        },
+    );
+    bounce(&conf, &[id]);
+    let p = parse(&dsn_of(&mut c, id).unwrap().raw);
+    assert_eq!(
+        p.types()[1..],
+        ["message/delivery-status", "message/rfc822"]
+    );
+    assert_eq!(p.parts[2].1, "8bit");
+    assert!(p.parts[2].2.ends_with(b"caf\xe9 cr\xe8me\r\n"));
+}
+
+#[test]
+fn bad_originals_still_give_a_report_and_never_a_crash() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-bad");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let several_mb: Vec<u8> =
+        b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\r\n".repeat(80_000);
+    let long_line = [b"x".repeat(5000), b"\r\n".to_vec()].concat();
+    /// What, its header block and body, its state, and what the report attaches.
+    type Case<'a> = (&'a str, Option<&'a [u8]>, Option<&'a [u8]>, Value, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        ("no header block", None, Some(BODY), json!({}), "none"),
+        (
+            "not RFC 5322",
+            Some(b" folded first\r\nno colon at all\r\n"),
+            Some(BODY),
+            json!({}),
+            "none",
+        ),
+        (
+            "several MB, no RET",
+            Some(HEADERS),
+            Some(&several_mb),
+            json!({}),
+            "text/rfc822-headers",
+        ),
+        (
+            "several MB, RET=FULL",
+            Some(HEADERS),
+            Some(&several_mb),
+            json!({"dsn": {"ret": "FULL"}}),
+            "message/rfc822",
+        ),
+        (
+            "a 5000-octet line, RET=FULL",
+            Some(HEADERS),
+            Some(&long_line),
+            json!({"dsn": {"ret": "FULL"}}),
+            "text/rfc822-headers",
+        ),
+        (
+            "a NUL in the body",
+            Some(HEADERS),
+            Some(b"a\0b\r\n"),
+            json!({}),
+            "text/rfc822-headers",
+        ),
+        ("no body", Some(HEADERS), None, json!({}), "message/rfc822"),
+    ];
+    let mut w = Worker::ready(&stage("bounce"), &conf);
+    for (what, headers, body, mut state, attached) in cases {
+        state["failure_class"] = json!("permanent");
+        let id = at_bounce(
+            &mut c,
+            &Original {
+                headers,
+                body,
+                ..Original::simple(state)
+            },
+        );
+        let line = w.run(&[id]).remove(0);
+        assert_eq!(code(&line), 0, "{what}: {line}");
+        assert_eq!(row_at(&mut c, id), None, "{what}");
+        let p = parse(
+            &dsn_of(&mut c, id)
+                .unwrap_or_else(|| panic!("{what}: a report"))
+                .raw,
+        );
+        match attached {
+            "none" => {
+                assert_eq!(p.parts.len(), 2, "{what}");
+                assert!(p.human().contains("could not be attached"), "{what}");
+            }
+            kind => assert_eq!(p.parts[2].0, kind, "{what}"),
+        }
+    }
+    let (status, stderr) = w.finish();
+    assert!(status.success(), "{stderr}");
+}
+
+#[test]
+fn a_bounce_stage_without_next_or_with_a_bad_limit_does_not_start() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-config");
+    for (section, named) in [
+        (
+            "NEXT = deliver\nBOUNCE_SIZE_LIMIT = lots\n",
+            "BOUNCE_SIZE_LIMIT",
+        ),
+        ("BOUNCE_SIZE_LIMIT = 100\n", "NEXT"),
+    ] {
+        let conf = write_config(
+            &dir,
+            &db,
+            &format!(
+                "[stage-bounce]\nPROGRAM = {}\n{section}[stage-deliver]\nPROGRAM = {}\n",
+                stage("bounce").display(),
+                stage("discard").display()
+            ),
+        );
+        let mut w = Worker::start(&stage("bounce"), &conf);
+        let (status, stderr) = w.finish();
+        assert_eq!(status.code(), Some(78), "{stderr}");
+        assert!(
+            stderr.contains(&format!("[stage-bounce] {named}")),
+            "{stderr}"
+        );
+    }
+}
