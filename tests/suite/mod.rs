@@ -1,5 +1,6 @@
 //! The integration test modules, one per area.
 
+mod bouncer;
 mod config_check;
 mod dispatch;
 mod fair;
