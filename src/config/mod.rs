@@ -80,6 +80,8 @@ pub struct DispatchOptions {
 pub struct BouncerOptions {
     /// Where failed rows are moved; required by the bouncer only.
     pub bounce_stage: Option<String>,
+    /// Where `BOUNCE_STAGE` is set (a file and line), for messages; `None` when unset.
+    pub origin: Option<Origin>,
 }
 
 /// The whole configuration file, checked.
@@ -304,10 +306,10 @@ impl Config {
                 .unwrap_or(100),
         };
 
+        let fb = find("pepsi-failure-bouncer");
         let bouncer = BouncerOptions {
-            bounce_stage: find("pepsi-failure-bouncer")
-                .get("BOUNCE_STAGE")
-                .map(str::to_string),
+            bounce_stage: fb.get("BOUNCE_STAGE").map(str::to_string),
+            origin: fb.value("BOUNCE_STAGE").map(|v| v.origin.clone()),
         };
 
         let stage_sections = sections
@@ -398,6 +400,10 @@ mod tests {
         assert_eq!(c.dispatch.max_runtime, Duration::from_secs(120));
         assert_eq!(c.dispatch.config_file, Some(PathBuf::from("/etc/x.conf")));
         assert_eq!(c.bouncer.bounce_stage.as_deref(), Some("bounce"));
+        assert_eq!(
+            c.bouncer.origin.map(|o| o.to_string()).as_deref(),
+            Some("/t.conf:8")
+        );
     }
 
     #[test]

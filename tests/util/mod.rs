@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod bouncer;
 pub mod dispatcher;
 pub mod pg;
 pub mod worker;
@@ -18,6 +19,7 @@ pub fn bin(name: &str) -> PathBuf {
     match name {
         "pepsi-setup" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-setup")),
         "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
+        "pepsi-failure-bouncer" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-failure-bouncer")),
         other => panic!("unknown program {other}"),
     }
 }
