@@ -4,7 +4,7 @@
 //! does not use).
 
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mail_parser::{MessageParser, MimeHeaders};
 use postgres::Client;
@@ -895,4 +895,154 @@ fn a_bounce_stage_without_next_or_with_a_bad_limit_does_not_start() {
             "{stderr}"
         );
     }
+}
+
+/// End to end: the dispatcher runs a relay (exec) that refuses one recipient domain for
+/// good; the failure bouncer moves the failed messages to the bounce stage; their
+/// reports are delivered by an exec stage into a folder. Each file is a report about
+/// exactly the refused recipients of one message; nothing else is bounced: not the
+/// delivered mail, not a failed notification (moved back and discarded), not a list
+/// copy.
+#[test]
+fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
+    use crate::util::bouncer::Bouncer;
+    use crate::util::dispatcher::Dispatcher;
+
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-e2e");
+    let mail = dir.path("mail");
+    let bounces = dir.path("bounces");
+    std::fs::create_dir_all(&mail).unwrap();
+    std::fs::create_dir_all(&bounces).unwrap();
+    let relay = dir.write(
+        "relay",
+        &format!(
+            "#!/bin/sh\ncase \",$PEPSI_RECIPIENTS,\" in\n  *@refused.example,*) echo 'refused.example refuses mail' >&2; exit 67 ;;\nesac\ncat > {}/$PEPSI_ID.eml\n",
+            mail.display()
+        ),
+    );
+    let deliver = dir.write(
+        "deliver-bounce",
+        &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", bounces.display()),
+    );
+    for script in [&relay, &deliver] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
+             [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
+             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n",
+            relay.display(),
+            deliver.display()
+        ),
+    );
+    // Reports go to the folder instead of the default discard.
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
+    std::fs::write(&conf, text).unwrap();
+
+    let mut c = db.client();
+    let inject = |c: &mut Client, from: &str, to: &[&str], state: Value| -> i64 {
+        let to: Vec<String> = to.iter().map(|s| s.to_string()).collect();
+        c.query_one(
+            "SELECT pepsi.workqueue_inject('relay', $1, $2, $3, $4, NULL, NULL, NULL, NULL, $5::text::jsonb)",
+            &[&from, &to, &HEADERS, &BODY, &state.to_string()],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let mut delivered = Vec::new();
+    for i in 0..20 {
+        delivered.push(inject(
+            &mut c,
+            &format!("s{i}@ok-sender.example"),
+            &[&format!("r{i}@ok.example")],
+            json!({}),
+        ));
+    }
+    inject(&mut c, "ann@a.example", &["x@refused.example"], json!({}));
+    inject(
+        &mut c,
+        "ben@b.example",
+        &["p@refused.example", "q@refused.example"],
+        json!({"dsn": {"envid": "BEN-1"}}),
+    );
+    let failed_dsn = inject(&mut c, "", &["z@refused.example"], json!({}));
+    inject(
+        &mut c,
+        "list-bounces@lists.example",
+        &["m@refused.example"],
+        json!({"list_copy": true}),
+    );
+
+    let mut d = Dispatcher::start(&conf, &[]);
+    let mut b = Bouncer::ready(&conf, &[]);
+    crate::util::wait_until(Duration::from_secs(60), "the queue is empty", || {
+        c.query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    assert!(b.terminate().success(), "{}", b.log());
+
+    let files = |dir: &std::path::Path| -> Vec<Vec<u8>> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        names.iter().map(|p| std::fs::read(p).unwrap()).collect()
+    };
+    assert_eq!(
+        files(&mail).len(),
+        delivered.len(),
+        "the good mail was delivered"
+    );
+    let reports = files(&bounces);
+    let mut seen: Vec<(String, Vec<String>)> = reports
+        .iter()
+        .map(|raw| {
+            let p = parse(raw);
+            let finals = p
+                .per_recipient
+                .iter()
+                .map(|r| field(r, "Final-Recipient").unwrap().to_string())
+                .collect();
+            for r in &p.per_recipient {
+                assert_eq!(field(r, "Action"), Some("failed"));
+                assert_eq!(field(r, "Status"), Some("5.0.0"));
+            }
+            assert!(!p.human().contains("refuses mail"), "no last_error");
+            (p.top("To").unwrap().to_string(), finals)
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "<ann@a.example>".to_string(),
+                vec!["rfc822; x@refused.example".to_string()]
+            ),
+            (
+                "<ben@b.example>".to_string(),
+                vec![
+                    "rfc822; p@refused.example".to_string(),
+                    "rfc822; q@refused.example".to_string()
+                ]
+            ),
+        ],
+        "one report per failed message with a sender, naming exactly its refused recipients"
+    );
+    assert!(
+        b.log().contains(&format!("message {failed_dsn} ")),
+        "the failed notification went through the bouncer: {}",
+        b.log()
+    );
 }
