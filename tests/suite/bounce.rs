@@ -10,6 +10,7 @@ use mail_parser::{MessageParser, MimeHeaders};
 use postgres::Client;
 use serde_json::{Value, json};
 
+use super::dispatch::queue_len;
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
 
@@ -135,6 +136,18 @@ fn bounce(conf: &std::path::Path, ids: &[i64]) {
     }
     let (status, stderr) = w.finish();
     assert!(status.success(), "{stderr}");
+}
+
+/// Moves every failed or timeout row to the bounce stage, as the failure bouncer does;
+/// how many moved.
+fn move_failed(c: &mut Client) -> usize {
+    let statuses = vec!["failed".to_string(), "timeout".to_string()];
+    c.query(
+        pepsi::db::sql::BOUNCE_FAILED,
+        &[&"bounce", &statuses, &100i32],
+    )
+    .unwrap()
+    .len()
 }
 
 /// A report, parsed.
@@ -490,10 +503,7 @@ fn notify_decides_who_is_told_and_never_suppresses() {
         Some("QQ314159")
     );
     assert!(!p.human().contains("bob@dest.example"));
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 1, "only dave's report is left");
 }
 
@@ -519,10 +529,7 @@ fn a_bounce_or_a_list_copy_is_never_bounced() {
         assert_eq!(row_at(&mut c, id), None);
         assert!(dsn_of(&mut c, id).is_none());
     }
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 0);
 }
 
@@ -545,17 +552,8 @@ fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
         &[&dsn.id],
     )
     .unwrap();
-    let moved = c
-        .query(
-            pepsi::db::sql::BOUNCE_FAILED,
-            &[
-                &"bounce",
-                &vec!["failed".to_string(), "timeout".to_string()],
-                &100i32,
-            ],
-        )
-        .unwrap();
-    assert_eq!(moved.len(), 1);
+    let moved = move_failed(&mut c);
+    assert_eq!(moved, 1);
     assert_eq!(
         row_at(&mut c, dsn.id),
         Some(("bounce".into(), "pending".into()))
@@ -564,10 +562,7 @@ fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
     bounce(&conf, &[dsn.id]);
     assert_eq!(row_at(&mut c, dsn.id), None, "discarded");
     assert!(dsn_of(&mut c, dsn.id).is_none(), "no report of a report");
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 0);
 }
 
@@ -691,17 +686,8 @@ fn rows_failed_each_way_give_the_documented_status() {
         row_at(&mut c, hung),
         Some(("hard".into(), "timeout".into()))
     );
-    let moved = c
-        .query(
-            pepsi::db::sql::BOUNCE_FAILED,
-            &[
-                &"bounce",
-                &vec!["failed".to_string(), "timeout".to_string()],
-                &100i32,
-            ],
-        )
-        .unwrap();
-    assert_eq!(moved.len(), 3);
+    let moved = move_failed(&mut c);
+    assert_eq!(moved, 3);
     let ids = [hard, soft, crashed, hung];
     claim(&mut c, &ids);
     bounce(&conf, &ids);
@@ -983,10 +969,7 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
     let mut d = Dispatcher::start(&conf, &[]);
     let mut b = Bouncer::ready(&conf, &[]);
     crate::util::wait_until(Duration::from_secs(60), "the queue is empty", || {
-        c.query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-            .unwrap()
-            .get::<_, i64>(0)
-            == 0
+        queue_len(&mut c) == 0
     });
     assert!(d.terminate().success(), "{}", d.log());
     assert!(b.terminate().success(), "{}", b.log());

@@ -5,6 +5,7 @@
 
 pub mod bouncer;
 pub mod dispatcher;
+pub mod logged;
 pub mod pg;
 pub mod worker;
 
