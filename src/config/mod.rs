@@ -133,6 +133,13 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
 ];
 
+/// Every fixed section with the keys it knows, in file order: what `pepsi.conf(5)` and
+/// the example configuration must document (the stage sections' keys are
+/// [`graph::STAGE_KEYS`] and each built-in's `Stage::keys`).
+pub fn known_keys() -> &'static [(&'static str, &'static [&'static str])] {
+    KNOWN
+}
+
 /// The unknown sections of a file and the unknown keys of its fixed sections, each a
 /// warning naming file, line, section and key and the nearest known name.
 pub fn fixed_warnings(sections: &[Section]) -> Vec<ConfigError> {
