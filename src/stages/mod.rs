@@ -59,14 +59,30 @@ pub fn check_sections<'a>(
         .collect()
 }
 
+/// The names of the built-in stages, in [`BUILTINS`] order, comma-separated.
+fn names() -> String {
+    BUILTINS
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The `pepsi-stage` program's description (the stage name is filled in by [`main`]).
 fn program(name: &'static str, synopsis: &'static str) -> crate::cli::Program {
     crate::cli::Program {
         name,
         synopsis,
-        about: "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
-                `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
-                Built-in stages: pass, if, discard, exec, bounce.",
+        about: Box::leak(
+            format!(
+                "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
+                 `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
+                 Built-in stages: {}. `pepsi-stage list` prints their names, one a line \
+                 (the links a package installs).",
+                names()
+            )
+            .into_boxed_str(),
+        ),
     }
 }
 
@@ -84,7 +100,7 @@ pub fn main() -> std::process::ExitCode {
             ),
             Some(stage),
         ),
-        None => (program("pepsi-stage", "NAME worker"), None),
+        None => (program("pepsi-stage", "NAME worker | list"), None),
     };
     let result = crate::cli::start(&program).and_then(|inv| {
         let Some(inv) = inv else { return Ok(()) };
@@ -93,11 +109,19 @@ pub fn main() -> std::process::ExitCode {
                 inv.expect_only(&program, &["worker"])?;
                 stage
             }
+            None if inv.rest == ["list"] => {
+                // One name a line, for scripts (the package's stage links).
+                for stage in BUILTINS {
+                    println!("{}", stage.name());
+                }
+                return Ok(());
+            }
             None => {
                 let name = inv.rest.first().cloned().unwrap_or_default();
                 let stage = find(&name).ok_or_else(|| {
                     crate::exit::Failure::usage(format!(
-                        "unknown stage {name:?} (pass, if, discard, exec, bounce)\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker"
+                        "unknown stage {name:?} ({})\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker\n       pepsi-stage [GLOBAL OPTIONS] list",
+                        names()
                     ))
                 })?;
                 if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {

@@ -1,0 +1,546 @@
+//! The Debian package, built and installed for real on this machine.
+//!
+//! `packaging/build-deb` builds it (or `PEPSI_DEB` names a `.deb` built already);
+//! `lintian` must report no error and no warning beyond `packaging/lintian-overrides`;
+//! `dpkg -i` installs it (systemd need not be running); then the test checks the
+//! `pepsi` account, every file's place, owner and mode, the stage links against the
+//! built-in stages, `systemd-analyze verify` of every installed unit, and runs the
+//! installed programs — started as root, so they switch to `pepsi` — against a
+//! throwaway database: `pepsi-setup schema`, `pepsi-dispatch check`, `pepsi-queue
+//! status` when the package has it, `pepsi-failure-bouncer sweep`, and a dispatcher
+//! that runs a message through two stages. Last, `dpkg --purge` and what must and
+//! must not remain.
+//!
+//! It needs root, dpkg, lintian, systemd-analyze and adduser, and a machine where
+//! `pepsi` is not installed; without them it says so and passes, except with `CI`
+//! set, where it fails. The machine is left as it was found: a guard purges the
+//! package, and removes the `pepsi` account if the test created it, even when an
+//! assertion fails.
+
+mod util;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use pepsi::stages::BUILTINS;
+use util::logged::Logged;
+use util::{TempDir, TestDb, wait_until};
+
+/// Where Debian 12's packages keep systemd units (and where build-deb puts them).
+const UNIT_DIR: &str = "/lib/systemd/system";
+
+/// The keys of the restart back-off that systemd learnt in version 254.
+const KEYS_FROM_254: &[&str] = &["RestartSteps", "RestartMaxDelaySec"];
+
+/// A file of this source tree.
+fn source(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// Runs a command to its end.
+fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Runs a command that must succeed; its stdout.
+#[track_caller]
+fn succeed(cmd: &mut Command) -> String {
+    let out = output(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn have(tool: &str) -> bool {
+    output(Command::new("sh").args(["-c", &format!("command -v {tool}")]))
+        .status
+        .success()
+}
+
+/// Is the package installed (or left configured) on this machine?
+fn pepsi_installed() -> bool {
+    let out = output(Command::new("dpkg-query").args(["-W", "-f", "${db:Status-Abbrev}", "pepsi"]));
+    out.status.success() && !String::from_utf8_lossy(&out.stdout).starts_with("un")
+}
+
+/// An account as `getent passwd` gives it: (uid, gid, home, shell).
+fn account(name: &str) -> Option<(u32, u32, String, String)> {
+    let out = output(Command::new("getent").args(["passwd", name]));
+    if !out.status.success() {
+        return None;
+    }
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let f: Vec<&str> = line.split(':').collect();
+    Some((
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+        f[5].to_string(),
+        f[6].to_string(),
+    ))
+}
+
+/// A group's id.
+fn group(name: &str) -> Option<u32> {
+    let out = output(Command::new("getent").args(["group", name]));
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .split(':')
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap()
+    })
+}
+
+/// dpkg with a few tries: another package manager may hold its lock for a moment.
+fn dpkg(args: &[&str]) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let out = output(Command::new("dpkg").args(args));
+        let locked = String::from_utf8_lossy(&out.stderr).contains("lock");
+        if out.status.success() || !locked || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Purges the package when dropped, and removes the `pepsi` account if the test
+/// created it: the machine is left as it was found, whatever failed.
+struct Installation {
+    account_existed: bool,
+    group_existed: bool,
+}
+
+impl Drop for Installation {
+    fn drop(&mut self) {
+        let _ = dpkg(&["--purge", "pepsi"]);
+        if !self.account_existed && account("pepsi").is_some() {
+            let _ = output(Command::new("userdel").arg("pepsi"));
+        }
+        if !self.group_existed && group("pepsi").is_some() {
+            let _ = output(Command::new("groupdel").arg("pepsi"));
+        }
+    }
+}
+
+/// Owner, group and permission bits of a path (not following a symbolic link).
+fn stat(path: &str) -> (u32, u32, u32) {
+    let m = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (m.uid(), m.gid(), m.mode() & 0o7777)
+}
+
+/// The programs the package must hold: one per `src/bin/*.rs`, as build-deb makes them.
+fn programs() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(source("src/bin"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".rs").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The files of a source folder, sorted.
+fn files_of(folder: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(source(folder))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
+}
+
+/// The program a unit's `ExecStart=` runs.
+fn exec_start(unit: &Path) -> String {
+    let text = std::fs::read_to_string(unit).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap_or_else(|| panic!("{} has no ExecStart=", unit.display()));
+    line.trim_start_matches(['-', '@', ':', '+', '!'])
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// systemd's version number.
+fn systemd_version() -> u32 {
+    let text = succeed(Command::new("systemd-analyze").arg("--version"));
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+}
+
+/// The `.deb` to test: `PEPSI_DEB`, else one built by `packaging/build-deb` into `out`.
+fn package(out: &TempDir) -> PathBuf {
+    if let Some(deb) = std::env::var_os("PEPSI_DEB").filter(|v| !v.is_empty()) {
+        return PathBuf::from(deb);
+    }
+    let stdout = succeed(Command::new(source("packaging/build-deb")).arg(&out.0));
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("build-deb printed the package's path"),
+    )
+}
+
+#[test]
+fn pepsi_stage_lists_every_built_in_stage() {
+    let out = succeed(Command::new(env!("CARGO_BIN_EXE_pepsi-stage")).arg("list"));
+    let listed: Vec<&str> = out.lines().collect();
+    let builtins: Vec<&str> = BUILTINS.iter().map(|s| s.name()).collect();
+    assert_eq!(listed, builtins);
+}
+
+#[test]
+fn the_package_installs_runs_and_purges_cleanly() {
+    let mut missing: Vec<&str> = [
+        "dpkg",
+        "dpkg-deb",
+        "lintian",
+        "systemd-analyze",
+        "adduser",
+        "runuser",
+    ]
+    .into_iter()
+    .filter(|t| !have(t))
+    .collect();
+    if !is_root() {
+        missing.insert(0, "root");
+    }
+    if !missing.is_empty() || pepsi_installed() {
+        let why = if missing.is_empty() {
+            "the package pepsi is installed on this machine already (dpkg --purge pepsi first)"
+                .to_string()
+        } else {
+            format!(
+                "it needs {} (apt-get install lintian dpkg-dev systemd adduser)",
+                missing.join(", ")
+            )
+        };
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the package test cannot run: {why}"
+        );
+        eprintln!("skipping the package test: {why}");
+        return;
+    }
+
+    let out = TempDir::new("deb");
+    let deb = package(&out);
+    let deb = deb.to_str().unwrap();
+
+    // lintian: no error, and no warning the overrides do not accept with a reason.
+    let lint = output(Command::new("lintian").args(["--fail-on", "none", deb]));
+    let lint_text = String::from_utf8_lossy(&lint.stdout).into_owned();
+    let tags: Vec<&str> = lint_text
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.starts_with("W: "))
+        .collect();
+    assert!(
+        lint.status.success() && tags.is_empty(),
+        "lintian {deb}:\n{lint_text}{}",
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    let _installation = Installation {
+        account_existed: account("pepsi").is_some(),
+        group_existed: group("pepsi").is_some(),
+    };
+    let installed = dpkg(&["-i", deb]);
+    assert!(
+        installed.status.success(),
+        "dpkg -i {deb}:\n{}{}",
+        String::from_utf8_lossy(&installed.stdout),
+        String::from_utf8_lossy(&installed.stderr)
+    );
+
+    // The account: a system user with its own group, no login, home /var/lib/pepsi.
+    let (uid, gid, home, shell) = account("pepsi").expect("postinst created the pepsi account");
+    assert!(uid < 1000, "pepsi is a system account (uid {uid})");
+    assert_eq!(group("pepsi"), Some(gid), "pepsi's primary group is pepsi");
+    assert_eq!(home, "/var/lib/pepsi");
+    assert_eq!(shell, "/usr/sbin/nologin");
+
+    // Programs and stage links.
+    for name in programs() {
+        assert_eq!(
+            stat(&format!("/usr/bin/{name}")),
+            (0, 0, 0o755),
+            "/usr/bin/{name}"
+        );
+    }
+    let mut links = BTreeSet::new();
+    for e in std::fs::read_dir("/usr/bin").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(stage) = name.strip_prefix("pepsi-stage-") {
+            let path = e.path();
+            assert!(path.is_symlink(), "{} is a link", path.display());
+            assert_eq!(
+                std::fs::canonicalize(&path).unwrap(),
+                Path::new("/usr/bin/pepsi-stage"),
+                "{} leads to pepsi-stage",
+                path.display()
+            );
+            links.insert(stage.to_string());
+        }
+    }
+    let builtins: BTreeSet<String> = BUILTINS.iter().map(|s| s.name().to_string()).collect();
+    assert_eq!(
+        links, builtins,
+        "one /usr/bin/pepsi-stage-NAME per built-in stage"
+    );
+    // Each link works: the stage answers to its name.
+    for stage in &builtins {
+        let help = succeed(Command::new(format!("/usr/bin/pepsi-stage-{stage}")).arg("-h"));
+        assert!(help.contains(&format!("pepsi-stage-{stage}")), "{help}");
+    }
+
+    // Manual pages, a link per stage to pepsi-stage(8).
+    for page in files_of("packaging/man") {
+        let name = page.file_name().unwrap().to_str().unwrap();
+        let section = name.rsplit('.').next().unwrap();
+        let installed = format!("/usr/share/man/man{section}/{name}.gz");
+        assert_eq!(stat(&installed), (0, 0, 0o644), "{installed}");
+    }
+    for stage in &builtins {
+        let link = format!("/usr/share/man/man8/pepsi-stage-{stage}.8.gz");
+        assert_eq!(
+            std::fs::canonicalize(&link).unwrap(),
+            Path::new("/usr/share/man/man8/pepsi-stage.8.gz"),
+            "{link}"
+        );
+    }
+
+    // The configuration: the example, a conffile, readable by root and group pepsi.
+    assert_eq!(stat("/etc/pepsi/pepsi.conf"), (0, gid, 0o640));
+    assert_eq!(
+        std::fs::read_to_string("/etc/pepsi/pepsi.conf").unwrap(),
+        std::fs::read_to_string(source("packaging/pepsi.conf")).unwrap()
+    );
+    let conffiles = succeed(Command::new("dpkg-query").args(["-W", "-f", "${Conffiles}", "pepsi"]));
+    assert!(conffiles.contains("/etc/pepsi/pepsi.conf "), "{conffiles}");
+    let read_as = |user: &str| {
+        output(Command::new("runuser").args(["-u", user, "--", "cat", "/etc/pepsi/pepsi.conf"]))
+            .status
+            .success()
+    };
+    assert!(read_as("pepsi"), "pepsi reads pepsi.conf");
+    assert!(!read_as("nobody"), "nobody else reads pepsi.conf");
+    assert_eq!(stat("/var/lib/pepsi"), (uid, gid, 0o750));
+
+    // The schema and the documentation.
+    for file in files_of("schema") {
+        let installed = Path::new("/usr/share/pepsi/schema").join(file.file_name().unwrap());
+        assert_eq!(
+            std::fs::read(&installed).unwrap(),
+            std::fs::read(&file).unwrap(),
+            "{}",
+            installed.display()
+        );
+    }
+    for doc in [
+        "copyright",
+        "changelog.Debian.gz",
+        "changelog.gz",
+        "README.md.gz",
+    ] {
+        let path = format!("/usr/share/doc/pepsi/{doc}");
+        assert_eq!(stat(&path), (0, 0, 0o644), "{path}");
+    }
+    assert_eq!(
+        std::fs::read_to_string("/usr/share/lintian/overrides/pepsi").unwrap(),
+        std::fs::read_to_string(source("packaging/lintian-overrides")).unwrap()
+    );
+
+    // The units: every one whose program is installed, each verified by systemd. Any
+    // word from systemd-analyze is a failure, but for the back-off keys an older
+    // systemd does not know yet.
+    let old_systemd = systemd_version() < 254;
+    let mut units = Vec::new();
+    for unit in files_of("packaging/systemd") {
+        let name = unit.file_name().unwrap().to_str().unwrap().to_string();
+        let service = unit.with_extension("service");
+        if Path::new(&exec_start(&service)).exists() {
+            units.push(name);
+        }
+    }
+    assert!(
+        units.contains(&"pepsi-dispatch.service".to_string()),
+        "{units:?}"
+    );
+    assert!(
+        units.contains(&"pepsi-failure-bouncer.service".to_string()),
+        "{units:?}"
+    );
+    if Path::new("/usr/bin/pepsi-queue").exists() {
+        assert!(
+            units.contains(&"pepsi-metrics.timer".to_string()),
+            "{units:?}"
+        );
+    }
+    for unit in &units {
+        let path = format!("{UNIT_DIR}/{unit}");
+        assert_eq!(stat(&path), (0, 0, 0o644), "{path}");
+        let verify = output(Command::new("systemd-analyze").arg("verify").arg(&path));
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&verify.stdout),
+            String::from_utf8_lossy(&verify.stderr)
+        );
+        let unexpected: Vec<&str> = said
+            .lines()
+            .filter(|l| {
+                !(old_systemd
+                    && KEYS_FROM_254
+                        .iter()
+                        .any(|k| l.contains(&format!("Unknown key '{k}' in section [Service]"))))
+            })
+            .collect();
+        assert!(
+            verify.status.success() && unexpected.is_empty(),
+            "systemd-analyze verify {path}:\n{said}"
+        );
+    }
+    let wants = Path::new("/etc/systemd/system/multi-user.target.wants");
+    for enabled in ["pepsi-dispatch.service", "pepsi-failure-bouncer.service"] {
+        assert!(wants.join(enabled).is_symlink(), "{enabled} is enabled");
+    }
+
+    // The installed programs against a database, started as root with the default
+    // [pepsi] RUN_AS: they switch to pepsi, which reaches the test cluster's socket.
+    let db = TestDb::empty();
+    let dir = TempDir::new("package");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi-postgres]\nCONNECTION = {}\n\n\
+             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n\
+             [stage-in]\nPROGRAM = pepsi-stage-pass\nNEXT = out\n\n\
+             [stage-out]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n",
+            db.connection()
+        ),
+    );
+    let conf = conf.to_str().unwrap();
+    let run = |program: &str, args: &[&str]| {
+        succeed(
+            Command::new(format!("/usr/bin/{program}"))
+                .arg("-c")
+                .arg(conf)
+                .args(args)
+                .env_remove("PEPSI_CONFIG"),
+        )
+    };
+    run("pepsi-setup", &["schema"]);
+    let mut client = db.client();
+    let version: i32 = client
+        .query_one(pepsi::db::sql::READ_SCHEMA_VERSION, &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pepsi::db::schema::version());
+    let check = run("pepsi-dispatch", &["check"]);
+    assert!(!check.contains("error"), "{check}");
+    if Path::new("/usr/bin/pepsi-queue").exists() {
+        run("pepsi-queue", &["status"]);
+    }
+    run("pepsi-failure-bouncer", &["sweep"]);
+
+    // Mail flows: a message through pass and discard, by workers the installed
+    // dispatcher starts through the installed links, all as pepsi.
+    let mut dispatcher = Logged::spawn(
+        "pepsi-dispatch",
+        Command::new("/usr/bin/pepsi-dispatch").args(["-c", conf, "serve"]),
+    );
+    let id = util::inject(
+        &mut client,
+        "in",
+        "sender@example.org",
+        &["rcpt@example.org"],
+    );
+    wait_until(Duration::from_secs(30), "the message is delivered", || {
+        util::row_at(&mut client, id).is_none()
+    });
+    let status = std::fs::read_to_string(format!("/proc/{}/status", dispatcher.pid())).unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uids.split_whitespace()
+            .skip(1)
+            .all(|u| u == uid.to_string()),
+        "the dispatcher runs as pepsi: {uids}"
+    );
+    dispatcher.signal(libc::SIGTERM);
+    let exit = dispatcher.wait(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}:\n{}", dispatcher.log());
+    drop(client);
+
+    // Purge: the files and the units go, the account stays (Debian keeps system
+    // accounts: files it owns elsewhere must not pass to a later account).
+    let purged = dpkg(&["--purge", "pepsi"]);
+    assert!(
+        purged.status.success(),
+        "dpkg --purge pepsi:\n{}{}",
+        String::from_utf8_lossy(&purged.stdout),
+        String::from_utf8_lossy(&purged.stderr)
+    );
+    assert!(!pepsi_installed());
+    assert!(account("pepsi").is_some(), "the pepsi account stays");
+    for gone in [
+        "/etc/pepsi",
+        "/var/lib/pepsi",
+        "/usr/share/pepsi",
+        "/usr/share/doc/pepsi",
+    ] {
+        assert!(!Path::new(gone).exists(), "{gone} is gone");
+    }
+    for name in programs() {
+        assert!(
+            !Path::new(&format!("/usr/bin/{name}")).exists(),
+            "/usr/bin/{name} is gone"
+        );
+    }
+    for stage in &builtins {
+        let link = format!("/usr/bin/pepsi-stage-{stage}");
+        assert!(!Path::new(&link).is_symlink(), "{link} is gone");
+    }
+    for unit in &units {
+        for path in [
+            format!("{UNIT_DIR}/{unit}"),
+            format!("/etc/systemd/system/{unit}"),
+            format!("/etc/systemd/system/multi-user.target.wants/{unit}"),
+            format!("/etc/systemd/system/timers.target.wants/{unit}"),
+        ] {
+            assert!(
+                !Path::new(&path).is_symlink() && !Path::new(&path).exists(),
+                "{path} is gone"
+            );
+        }
+    }
+    let overrides = succeed(Command::new("dpkg-statoverride").arg("--list"));
+    assert!(
+        !overrides.contains("pepsi"),
+        "the overrides are gone:\n{overrides}"
+    );
+}
