@@ -192,6 +192,38 @@ fn systemd_version() -> u32 {
         .unwrap_or_else(|| panic!("no version in {text:?}"))
 }
 
+/// A connection string for `db` that only the `pepsi` account can use, as on a Debian
+/// server after `createuser pepsi; createdb -O pepsi pepsi`: a role `pepsi` owning the
+/// database, reached by peer authentication, so that a program connecting as root is
+/// refused. (On an external server, `DATABASE_URL`, the harness's own connection.)
+fn as_pepsi(db: &TestDb) -> String {
+    let Some(data) = util::pg::data_dir() else {
+        return db.connection().to_string();
+    };
+    let mut admin = util::pg::admin();
+    admin
+        .batch_execute(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi') \
+             THEN CREATE ROLE pepsi LOGIN; END IF; END $$",
+        )
+        .unwrap();
+    admin
+        .batch_execute(&format!("ALTER DATABASE {} OWNER TO pepsi", db.name))
+        .unwrap();
+    // The first matching line decides: pepsi by peer, everyone else as before.
+    let hba = data.join("pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    if !rules.starts_with("local all pepsi peer\n") {
+        std::fs::write(&hba, format!("local all pepsi peer\n{rules}")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    }
+    let connection = db.connection().replace("user=postgres", "user=pepsi");
+    assert!(connection.contains("user=pepsi"), "{connection}");
+    // Root is refused now.
+    assert!(postgres::Client::connect(&connection, postgres::NoTls).is_err());
+    connection
+}
+
 /// The `.deb` to test: `PEPSI_DEB`, else one built by `packaging/build-deb` into `out`.
 fn package(out: &TempDir) -> PathBuf {
     if let Some(deb) = std::env::var_os("PEPSI_DEB").filter(|v| !v.is_empty()) {
@@ -430,18 +462,18 @@ fn the_package_installs_runs_and_purges_cleanly() {
     }
 
     // The installed programs against a database, started as root with the default
-    // [pepsi] RUN_AS: they switch to pepsi, which reaches the test cluster's socket.
+    // [pepsi] RUN_AS: they switch to pepsi before they connect.
     let db = TestDb::empty();
+    let connection = as_pepsi(&db);
     let dir = TempDir::new("package");
     let conf = dir.write(
         "pepsi.conf",
         &format!(
-            "[pepsi-postgres]\nCONNECTION = {}\n\n\
+            "[pepsi-postgres]\nCONNECTION = {connection}\n\n\
              [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n\
              [stage-in]\nPROGRAM = pepsi-stage-pass\nNEXT = out\n\n\
              [stage-out]\nPROGRAM = pepsi-stage-discard\n\n\
-             [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n",
-            db.connection()
+             [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n"
         ),
     );
     let conf = conf.to_str().unwrap();

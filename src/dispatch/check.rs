@@ -210,6 +210,15 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             None
         }
     };
+    // Started as root, check switches to RUN_AS as the dispatcher does, before it
+    // connects: the database sees the account the dispatcher connects as (peer
+    // authentication with the default CONNECTION), and the kernel answers the file
+    // checks below for that account.
+    if account.is_some() {
+        if let Err(e) = crate::privilege::drop_to(&run_as) {
+            found.errors.push(format!("[pepsi] RUN_AS: {}", e.message));
+        }
+    }
     if let Some(account) = &account {
         if let Err(e) = account.may(&path, Access::Read) {
             found.errors.push(format!(
