@@ -460,6 +460,13 @@ fn the_package_installs_runs_and_purges_cleanly() {
     for enabled in ["pepsi-dispatch.service", "pepsi-failure-bouncer.service"] {
         assert!(wants.join(enabled).is_symlink(), "{enabled} is enabled");
     }
+    // A unit the package does not enable, enabled by the administrator (systemctl
+    // enable works without a running systemd): purge must remove its links too.
+    for unit in units.iter().filter(|u| u.ends_with(".timer")) {
+        succeed(Command::new("systemctl").args(["enable", unit]));
+        let link = format!("/etc/systemd/system/timers.target.wants/{unit}");
+        assert!(Path::new(&link).is_symlink(), "{link}");
+    }
 
     // The installed programs against a database, started as root with the default
     // [pepsi] RUN_AS: they switch to pepsi before they connect.
