@@ -20,6 +20,8 @@
 //!   thread owning the LISTEN session; a small thread pool for statistics flushes and
 //!   the body GC. Threads talk over crossbeam channels and wake the loop with a
 //!   `mio::Waker`. Nothing here is async.
+//! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
+//!   repair commands (each one stored-function call), metrics and the overlay.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 
@@ -31,6 +33,7 @@ pub mod exit;
 pub mod logging;
 pub mod privilege;
 pub mod protocol;
+pub mod queue;
 pub mod setup;
 pub mod stages;
 pub mod worker;

@@ -8,5 +8,6 @@ mod fair_sql;
 mod foundation;
 mod guarantees;
 mod poison;
+mod queue;
 mod recovery;
 mod worker;

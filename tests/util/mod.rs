@@ -18,6 +18,7 @@ pub fn bin(name: &str) -> PathBuf {
     match name {
         "pepsi-setup" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-setup")),
         "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
+        "pepsi-queue" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-queue")),
         other => panic!("unknown program {other}"),
     }
 }
