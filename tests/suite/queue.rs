@@ -1051,13 +1051,14 @@ fn metrics_pass_promtool_and_match_the_tables() {
     for stage in ["in", "relay", "lost", "we\\\"ird\\\\"] {
         for status in &statuses {
             let key = format!("pepsi_queue_messages{{stage=\"{stage}\",status=\"{status}\"}}");
-            let want = count(
-                &mut c,
-                &format!(
-                    "SELECT count(*) FROM pepsi.workqueue WHERE stage = '{}' AND status::text = '{status}'",
-                    stage.replace("\\\"", "\"").replace("\\\\", "\\")
-                ),
-            );
+            let name = stage.replace("\\\"", "\"").replace("\\\\", "\\");
+            let want: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pepsi.workqueue WHERE stage = $1 AND status::text = $2",
+                    &[&name, status],
+                )
+                .unwrap()
+                .get(0);
             assert_eq!(m.get(&key), Some(&(want as f64)), "{key}\n{text}");
         }
     }
@@ -1315,4 +1316,53 @@ fn usage_schema_and_connection_errors_have_their_own_exits() {
     );
     let out = queue(&dir.write("broken.conf", "[pepsi\n"), &["status"]);
     expect(&out, 78);
+}
+
+#[test]
+fn started_as_root_it_works_as_run_as() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: there is no privilege to drop");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let db = TestDb::new();
+    let dir = TempDir::new("q-run-as");
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(&dir.0, 0o755);
+    let conf = config(&dir, &db);
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("RUN_AS = root", "RUN_AS = nobody");
+    std::fs::write(&conf, text).unwrap();
+    mode(&conf, 0o644);
+    expect(&queue(&conf, &["status"]), 0);
+    // A folder only root may write to is closed to the account it switched to.
+    let closed = dir.path("closed");
+    std::fs::create_dir(&closed).unwrap();
+    mode(&closed, 0o700);
+    let out = queue(
+        &conf,
+        &[
+            "metrics",
+            "--output",
+            closed.join("pepsi.prom").to_str().unwrap(),
+        ],
+    );
+    expect(&out, 73);
+    assert!(stderr(&out).contains("Permission denied"), "{}", both(&out));
+
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("RUN_AS = nobody", "RUN_AS = pepsi-no-such-account");
+    std::fs::write(&conf, text).unwrap();
+    let out = queue(&conf, &["status"]);
+    expect(&out, 78);
+    assert!(
+        stderr(&out).contains("pepsi-no-such-account"),
+        "{}",
+        both(&out)
+    );
 }
