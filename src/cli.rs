@@ -110,7 +110,7 @@ pub enum ParsedOs {
     Version(String),
 }
 
-/// Parses the command line (without argv[0]), keeping the program's own part as given.
+/// Parses the command line (without `argv[0]`), keeping the program's own part as given.
 /// The global options themselves must be UTF-8, except the `-c` path.
 pub fn parse_os<I>(program: &Program, args: I) -> Result<ParsedOs, Failure>
 where
@@ -177,7 +177,7 @@ where
     Ok(ParsedOs::Run(invocation))
 }
 
-/// Parses the command line (without argv[0]); the program's own part must be UTF-8.
+/// Parses the command line (without `argv[0]`); the program's own part must be UTF-8.
 pub fn parse<I>(program: &Program, args: I) -> Result<Parsed, Failure>
 where
     I: IntoIterator<Item = OsString>,

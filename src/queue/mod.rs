@@ -11,7 +11,7 @@
 //!   `status` prints and [`metrics`] turns into the Prometheus text format;
 //! - [`list`] is `list` and `show`; [`inject`] and [`message`] are `inject`; [`repair`]
 //!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config`;
-//!   [`format`] lays out text for people.
+//!   [`format`](mod@format) lays out text for people.
 //!
 //! Every write is one stored-function call (one round trip, one NOTIFY on `workqueue`
 //! when something changed), or for `config set|unset` one short transaction that
