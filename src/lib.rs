@@ -20,11 +20,15 @@
 //!   thread owning the LISTEN session; a small thread pool for statistics flushes and
 //!   the body GC. Threads talk over crossbeam channels and wake the loop with a
 //!   `mio::Waker`. Nothing here is async.
+//! - [`bouncer`] is `pepsi-failure-bouncer`: one thread and one connection that move
+//!   failed and timed-out rows to the bounce stage, as they fail (LISTEN) or in a
+//!   sweep.
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 
+pub mod bouncer;
 pub mod cli;
 pub mod config;
 pub mod db;

@@ -14,6 +14,9 @@
 //! ```text
 //! cargo test --test faults -- --nocapture
 //! ```
+//!
+//! Beside it, the failure bouncer's PostgreSQL restart. The tests of this binary that
+//! restart its cluster take [`CLUSTER`] first, so they run one at a time.
 
 mod util;
 
@@ -21,14 +24,25 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
 use pepsi::protocol;
+use util::bouncer::Bouncer;
 use util::dispatcher::{Dispatcher, alive, fault_worker};
-use util::{TempDir, TestDb, pg, stage, wait_until, write_config};
+use util::{TempDir, TestDb, claim, inject, pg, row_at, stage, wait_until, write_config};
+
+/// Held by a test while it runs against this binary's cluster in a way another test's
+/// restart would break (or while it restarts it).
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+/// Takes [`CLUSTER`], also after another test panicked holding it.
+fn cluster() -> MutexGuard<'static, ()> {
+    CLUSTER.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Messages per scenario (the poison scenario adds its poison).
 const MESSAGES: i64 = 2000;
@@ -302,6 +316,7 @@ struct Report {
 
 #[test]
 fn every_fault_drains_the_pipeline_with_nothing_lost_stuck_or_run_twice_unexplained() {
+    let _cluster = cluster();
     let suite_started = Instant::now();
     let own_cluster = pg::is_throwaway();
     if own_cluster {
@@ -954,4 +969,115 @@ fn table(reports: &[Report]) -> String {
          given back: returns of running rows (by the dispatcher or a restart's reset)",
     );
     out
+}
+
+/// The role the failure bouncer connects as in its restart test: its LOGIN is taken
+/// away to keep the bouncer out after the restart for as long as the test needs.
+const BOUNCER_ROLE: &str = "pepsi_fault_bouncer";
+
+/// Fails a message at stage `a` as a worker does (claimed, then failed).
+fn fail_one(c: &mut Client) -> i64 {
+    let id = inject(c, "a", "s@x.example", &["r@y.example"]);
+    claim(c, &[id]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET status = 'failed' WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap();
+    id
+}
+
+/// Waits until message `id` is pending at the bounce stage; returns how long it took.
+#[track_caller]
+fn bounced(c: &mut Client, id: i64, within: Duration, log: impl Fn() -> String) -> Duration {
+    let started = Instant::now();
+    while row_at(c, id) != Some(("bounce".into(), "pending".into())) {
+        assert!(
+            started.elapsed() < within,
+            "message {id} not at the bounce stage within {within:?}: {:?}; log:\n{}",
+            row_at(c, id),
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn the_failure_bouncer_rides_out_a_postgres_restart_and_sweeps_what_failed_meanwhile() {
+    let _cluster = cluster();
+    if !pg::is_throwaway() {
+        println!("skipped (needs the throwaway cluster, the tests use DATABASE_URL)");
+        return;
+    }
+    let db = TestDb::new();
+    let mut c = db.client();
+    // Roles are the cluster's: it may exist from an earlier run.
+    c.batch_execute(&format!(
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{BOUNCER_ROLE}') THEN
+                 CREATE ROLE {BOUNCER_ROLE} LOGIN;
+             END IF;
+         END $$;
+         ALTER ROLE {BOUNCER_ROLE} LOGIN;
+         GRANT USAGE ON SCHEMA pepsi TO {BOUNCER_ROLE};
+         GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA pepsi TO {BOUNCER_ROLE};"
+    ))
+    .unwrap();
+    let dir = TempDir::new("faults-bouncer");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {} user={BOUNCER_ROLE}\n\n\
+             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n\
+             [stage-a]\nPROGRAM = {pass}\nNEXT = bounce\n\n\
+             [stage-bounce]\nPROGRAM = {pass}\n",
+            db.conninfo,
+            pass = stage("pass").display(),
+        ),
+    );
+    let mut b = Bouncer::ready(&conf, &[]);
+    let first = fail_one(&mut c);
+    bounced(&mut c, first, Duration::from_secs(1), || b.log());
+
+    // One failing just before the restart: moved before it or swept after it.
+    let before = fail_one(&mut c);
+    // Kept out after the restart (its open session is not affected by this), so that
+    // a message fails while it is away for sure.
+    c.batch_execute(&format!("ALTER ROLE {BOUNCER_ROLE} NOLOGIN"))
+        .unwrap();
+    drop(c);
+    pg::restart(true).unwrap();
+    let mut c = db.client();
+    let during = fail_one(&mut c);
+    b.wait_log("the database connection is lost", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        row_at(&mut c, during),
+        Some(("a".into(), "failed".into())),
+        "the bouncer cannot have moved it yet; log:\n{}",
+        b.log()
+    );
+    assert!(b.try_wait().is_none(), "it exited:\n{}", b.log());
+
+    // Let in again: it reconnects (within its 5 s backoff) and sweeps, although the
+    // notifications were lost.
+    c.batch_execute(&format!("ALTER ROLE {BOUNCER_ROLE} LOGIN"))
+        .unwrap();
+    bounced(&mut c, during, Duration::from_secs(10), || b.log());
+    bounced(&mut c, before, Duration::from_secs(1), || b.log());
+    b.wait_log("database connection re-established", Duration::from_secs(5));
+
+    // And it listens again: the next failure is moved within a second.
+    let after = fail_one(&mut c);
+    let took = bounced(&mut c, after, Duration::from_secs(1), || b.log());
+    println!("failure bouncer: moved {after} {took:?} after it failed, after the restart");
+    assert_eq!(b.terminate().code(), Some(0), "{}", b.log());
+    let log = b.log();
+    assert_eq!(
+        log.matches("the database connection is lost").count()
+            + log.matches("the database is not available").count(),
+        1,
+        "one outage line a minute at most:\n{log}"
+    );
 }

@@ -80,6 +80,8 @@ pub struct DispatchOptions {
 pub struct BouncerOptions {
     /// Where failed rows are moved; required by the bouncer only.
     pub bounce_stage: Option<String>,
+    /// Where `BOUNCE_STAGE` is set (a file and line), for messages; `None` when unset.
+    pub origin: Option<Origin>,
 }
 
 /// The whole configuration file, checked.
@@ -130,6 +132,13 @@ const KNOWN: &[(&str, &[&str])] = &[
     ),
     ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
 ];
+
+/// Every fixed section with the keys it knows, in file order: what `pepsi.conf(5)` and
+/// the example configuration must document (the stage sections' keys are
+/// [`graph::STAGE_KEYS`] and each built-in's `Stage::keys`).
+pub fn known_keys() -> &'static [(&'static str, &'static [&'static str])] {
+    KNOWN
+}
 
 /// The unknown sections of a file and the unknown keys of its fixed sections, each a
 /// warning naming file, line, section and key and the nearest known name.
@@ -304,10 +313,10 @@ impl Config {
                 .unwrap_or(100),
         };
 
+        let fb = find("pepsi-failure-bouncer");
         let bouncer = BouncerOptions {
-            bounce_stage: find("pepsi-failure-bouncer")
-                .get("BOUNCE_STAGE")
-                .map(str::to_string),
+            bounce_stage: fb.get("BOUNCE_STAGE").map(str::to_string),
+            origin: fb.value("BOUNCE_STAGE").map(|v| v.origin.clone()),
         };
 
         let stage_sections = sections
@@ -398,6 +407,10 @@ mod tests {
         assert_eq!(c.dispatch.max_runtime, Duration::from_secs(120));
         assert_eq!(c.dispatch.config_file, Some(PathBuf::from("/etc/x.conf")));
         assert_eq!(c.bouncer.bounce_stage.as_deref(), Some("bounce"));
+        assert_eq!(
+            c.bouncer.origin.map(|o| o.to_string()).as_deref(),
+            Some("/t.conf:8")
+        );
     }
 
     #[test]

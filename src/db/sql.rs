@@ -131,6 +131,12 @@ pub const BOUNCE_FAILED: &str = "SELECT b.workqueue_id, b.stage, b.status::text 
 /// LISTEN for the failure bouncer: rows turning failed or timeout.
 pub const LISTEN_BOUNCER: &str = "LISTEN workqueue_failed";
 
+/// The failure bouncer session's bounds: a failed row locked elsewhere (an operator's
+/// open transaction) or a runaway call holds a move up for a few seconds at most; the
+/// call then fails and is tried again a few seconds later, and a SIGTERM is never kept
+/// waiting behind it for long. Another bouncer's lock on a row lasts one short call.
+pub const BOUNCER_TIMEOUTS_OPTION: &str = "-c lock_timeout=5s -c statement_timeout=30s";
+
 /// The startup option of sessions whose commits need not wait for the WAL flush
 /// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).
 pub const ASYNC_COMMIT_OPTION: &str = "-c synchronous_commit=off";

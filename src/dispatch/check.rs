@@ -5,8 +5,9 @@
 //! unknown keys), the overlay read from the database (with `--overlay` rows laid over
 //! it as if written), the stage graph and its cycles, every built-in stage's section
 //! (with the same `configure` its worker runs), each `PROGRAM` executable by the
-//! `[pepsi] RUN_AS` account, and the schema version. It prints every problem, one a
-//! line, and exits 0 (warnings allowed) or 78.
+//! `[pepsi] RUN_AS` account, `[pepsi-failure-bouncer] BOUNCE_STAGE` naming a stage of
+//! the graph, and the schema version. It prints every problem, one a line, and exits 0
+//! (warnings allowed) or 78.
 //!
 //! The dispatcher calls [`at_start`] once its stage graph is built (a bad built-in
 //! section is a start error, exit 1) and `reload.rs` calls [`builtin_errors`] and
@@ -19,6 +20,7 @@ use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::bouncer;
 use crate::cli::Invocation;
 use crate::config::graph::{self, OverrideRow};
 use crate::config::raw::{self, join_errors};
@@ -265,6 +267,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         .filter_map(|s| StageSection::check(s).ok())
         .collect();
     found.add_errors(stages::check_sections(&checked));
+    // The failure bouncer's target must be a stage of this graph, or the messages it
+    // moves would never be claimed.
+    let bounce_stage = sections
+        .iter()
+        .find(|s| s.name == bouncer::SECTION)
+        .and_then(|s| s.value(bouncer::KEY));
+    if let Some(value) = bounce_stage {
+        found.add_errors(bouncer::bounce_stage_error(
+            &value.text,
+            &value.origin,
+            &laid.sections,
+        ));
+    }
     for stage in &checked {
         if let Err(e) = program_runs(&stage.program, account.as_ref()) {
             found.add_errors([stage.section.error("PROGRAM", e)]);

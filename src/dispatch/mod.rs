@@ -59,7 +59,8 @@ pub const PROGRAM: Program = Program {
             lock held by another dispatcher), 70 a helper thread died (after a clean shutdown), 78 an invalid \
             stage graph at a reload or a schema mismatch.\n\
             check: checks the configuration without starting anything (the file, pepsi.config_override, the \
-            stage graph, every built-in stage's section, that each PROGRAM is executable by RUN_AS, the schema) \
+            stage graph, every built-in stage's section, that each PROGRAM is executable by RUN_AS, that \
+            [pepsi-failure-bouncer] BOUNCE_STAGE names a stage, the schema) \
             and prints every problem. --overlay SECTION KEY VALUE (repeatable) checks it as if that overlay row \
             were written (an empty VALUE unsets the key), without writing it.\nExit status: 0 no errors \
             (warnings allowed), 78 errors, 64 a usage error.",

@@ -4,12 +4,13 @@
 //! does not use).
 
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mail_parser::{MessageParser, MimeHeaders};
 use postgres::Client;
 use serde_json::{Value, json};
 
+use super::dispatch::queue_len;
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
 
@@ -135,6 +136,18 @@ fn bounce(conf: &std::path::Path, ids: &[i64]) {
     }
     let (status, stderr) = w.finish();
     assert!(status.success(), "{stderr}");
+}
+
+/// Moves every failed or timeout row to the bounce stage, as the failure bouncer does;
+/// how many moved.
+fn move_failed(c: &mut Client) -> usize {
+    let statuses = vec!["failed".to_string(), "timeout".to_string()];
+    c.query(
+        pepsi::db::sql::BOUNCE_FAILED,
+        &[&"bounce", &statuses, &100i32],
+    )
+    .unwrap()
+    .len()
 }
 
 /// A report, parsed.
@@ -490,10 +503,7 @@ fn notify_decides_who_is_told_and_never_suppresses() {
         Some("QQ314159")
     );
     assert!(!p.human().contains("bob@dest.example"));
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 1, "only dave's report is left");
 }
 
@@ -519,10 +529,7 @@ fn a_bounce_or_a_list_copy_is_never_bounced() {
         assert_eq!(row_at(&mut c, id), None);
         assert!(dsn_of(&mut c, id).is_none());
     }
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 0);
 }
 
@@ -545,17 +552,8 @@ fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
         &[&dsn.id],
     )
     .unwrap();
-    let moved = c
-        .query(
-            pepsi::db::sql::BOUNCE_FAILED,
-            &[
-                &"bounce",
-                &vec!["failed".to_string(), "timeout".to_string()],
-                &100i32,
-            ],
-        )
-        .unwrap();
-    assert_eq!(moved.len(), 1);
+    let moved = move_failed(&mut c);
+    assert_eq!(moved, 1);
     assert_eq!(
         row_at(&mut c, dsn.id),
         Some(("bounce".into(), "pending".into()))
@@ -564,10 +562,7 @@ fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
     bounce(&conf, &[dsn.id]);
     assert_eq!(row_at(&mut c, dsn.id), None, "discarded");
     assert!(dsn_of(&mut c, dsn.id).is_none(), "no report of a report");
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
-        .unwrap()
-        .get(0);
+    let rows = queue_len(&mut c);
     assert_eq!(rows, 0);
 }
 
@@ -691,17 +686,8 @@ fn rows_failed_each_way_give_the_documented_status() {
         row_at(&mut c, hung),
         Some(("hard".into(), "timeout".into()))
     );
-    let moved = c
-        .query(
-            pepsi::db::sql::BOUNCE_FAILED,
-            &[
-                &"bounce",
-                &vec!["failed".to_string(), "timeout".to_string()],
-                &100i32,
-            ],
-        )
-        .unwrap();
-    assert_eq!(moved.len(), 3);
+    let moved = move_failed(&mut c);
+    assert_eq!(moved, 3);
     let ids = [hard, soft, crashed, hung];
     claim(&mut c, &ids);
     bounce(&conf, &ids);
@@ -895,4 +881,151 @@ fn a_bounce_stage_without_next_or_with_a_bad_limit_does_not_start() {
             "{stderr}"
         );
     }
+}
+
+/// End to end: the dispatcher runs a relay (exec) that refuses one recipient domain for
+/// good; the failure bouncer moves the failed messages to the bounce stage; their
+/// reports are delivered by an exec stage into a folder. Each file is a report about
+/// exactly the refused recipients of one message; nothing else is bounced: not the
+/// delivered mail, not a failed notification (moved back and discarded), not a list
+/// copy.
+#[test]
+fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
+    use crate::util::bouncer::Bouncer;
+    use crate::util::dispatcher::Dispatcher;
+
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-e2e");
+    let mail = dir.path("mail");
+    let bounces = dir.path("bounces");
+    std::fs::create_dir_all(&mail).unwrap();
+    std::fs::create_dir_all(&bounces).unwrap();
+    let relay = dir.write(
+        "relay",
+        &format!(
+            "#!/bin/sh\ncase \",$PEPSI_RECIPIENTS,\" in\n  *@refused.example,*) echo 'refused.example refuses mail' >&2; exit 67 ;;\nesac\ncat > {}/$PEPSI_ID.eml\n",
+            mail.display()
+        ),
+    );
+    let deliver = dir.write(
+        "deliver-bounce",
+        &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", bounces.display()),
+    );
+    for script in [&relay, &deliver] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
+             [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
+             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n",
+            relay.display(),
+            deliver.display()
+        ),
+    );
+    // Reports go to the folder instead of the default discard.
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
+    std::fs::write(&conf, text).unwrap();
+
+    let mut c = db.client();
+    let inject = |c: &mut Client, from: &str, to: &[&str], state: Value| -> i64 {
+        let to: Vec<String> = to.iter().map(|s| s.to_string()).collect();
+        c.query_one(
+            "SELECT pepsi.workqueue_inject('relay', $1, $2, $3, $4, NULL, NULL, NULL, NULL, $5::text::jsonb)",
+            &[&from, &to, &HEADERS, &BODY, &state.to_string()],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let mut delivered = Vec::new();
+    for i in 0..20 {
+        delivered.push(inject(
+            &mut c,
+            &format!("s{i}@ok-sender.example"),
+            &[&format!("r{i}@ok.example")],
+            json!({}),
+        ));
+    }
+    inject(&mut c, "ann@a.example", &["x@refused.example"], json!({}));
+    inject(
+        &mut c,
+        "ben@b.example",
+        &["p@refused.example", "q@refused.example"],
+        json!({"dsn": {"envid": "BEN-1"}}),
+    );
+    let failed_dsn = inject(&mut c, "", &["z@refused.example"], json!({}));
+    inject(
+        &mut c,
+        "list-bounces@lists.example",
+        &["m@refused.example"],
+        json!({"list_copy": true}),
+    );
+
+    let mut d = Dispatcher::start(&conf, &[]);
+    let mut b = Bouncer::ready(&conf, &[]);
+    crate::util::wait_until(Duration::from_secs(60), "the queue is empty", || {
+        queue_len(&mut c) == 0
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    assert!(b.terminate().success(), "{}", b.log());
+
+    let files = |dir: &std::path::Path| -> Vec<Vec<u8>> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        names.iter().map(|p| std::fs::read(p).unwrap()).collect()
+    };
+    assert_eq!(
+        files(&mail).len(),
+        delivered.len(),
+        "the good mail was delivered"
+    );
+    let reports = files(&bounces);
+    let mut seen: Vec<(String, Vec<String>)> = reports
+        .iter()
+        .map(|raw| {
+            let p = parse(raw);
+            let finals = p
+                .per_recipient
+                .iter()
+                .map(|r| field(r, "Final-Recipient").unwrap().to_string())
+                .collect();
+            for r in &p.per_recipient {
+                assert_eq!(field(r, "Action"), Some("failed"));
+                assert_eq!(field(r, "Status"), Some("5.0.0"));
+            }
+            assert!(!p.human().contains("refuses mail"), "no last_error");
+            (p.top("To").unwrap().to_string(), finals)
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "<ann@a.example>".to_string(),
+                vec!["rfc822; x@refused.example".to_string()]
+            ),
+            (
+                "<ben@b.example>".to_string(),
+                vec![
+                    "rfc822; p@refused.example".to_string(),
+                    "rfc822; q@refused.example".to_string()
+                ]
+            ),
+        ],
+        "one report per failed message with a sender, naming exactly its refused recipients"
+    );
+    assert!(
+        b.log().contains(&format!("message {failed_dsn} ")),
+        "the failed notification went through the bouncer: {}",
+        b.log()
+    );
 }

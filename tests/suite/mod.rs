@@ -1,6 +1,7 @@
 //! The integration test modules, one per area.
 
 mod bounce;
+mod bouncer;
 mod config_check;
 mod dispatch;
 mod fair;

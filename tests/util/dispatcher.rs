@@ -1,12 +1,13 @@
 //! `pepsi-dispatch serve` as a child process, with its log captured for assertions and
 //! its worker processes visible through /proc.
 
-use std::io::{BufRead, BufReader};
+use std::ops::{Deref, DerefMut};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use super::logged::Logged;
 
 /// The fault-injecting test worker (`examples/fault_worker.rs`), built on demand when
 /// only the test target was built.
@@ -30,12 +31,8 @@ pub fn fault_worker() -> PathBuf {
     path
 }
 
-/// A running dispatcher.
-pub struct Dispatcher {
-    child: Child,
-    log: Arc<Mutex<String>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
+/// A running dispatcher: its log, signals and exit are [`Logged`]'s.
+pub struct Dispatcher(Logged);
 
 impl Dispatcher {
     /// Starts `pepsi-dispatch -c conf serve` with extra environment.
@@ -44,94 +41,10 @@ impl Dispatcher {
         cmd.arg("-c").arg(conf).arg("-L").arg("debug").arg("serve");
         // Its own process group, as under a shell's job control.
         cmd.process_group(0);
-        cmd.env_remove("PEPSI_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("start pepsi-dispatch");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        Dispatcher {
-            child,
-            log,
-            reader: Some(reader),
-        }
-    }
-
-    /// The pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Everything logged so far (the dispatcher's and its workers' stderr).
-    pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits until the log contains `text`.
-    #[track_caller]
-    pub fn wait_log(&self, text: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !self.log().contains(text) {
-            if Instant::now() > deadline {
-                panic!("the log never said {text:?}; it says:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Sends a signal.
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-    }
-
-    /// Sends a signal to its process group, as a Ctrl-C at its terminal does.
-    pub fn signal_group(&self, signal: i32) {
-        // SAFETY: signalling the process group of our own child.
-        unsafe { libc::kill(-(self.child.id() as i32), signal) };
-    }
-
-    /// Waits for the exit, up to `timeout`.
-    #[track_caller]
-    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                if let Some(r) = self.reader.take() {
-                    let _ = r.join();
-                }
-                return status;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "pepsi-dispatch did not exit within {timeout:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The exit status if it has exited, without waiting.
-    pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        let status = self.child.try_wait().unwrap()?;
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        Some(status)
+        Dispatcher(Logged::spawn("pepsi-dispatch", &mut cmd))
     }
 
     /// SIGTERM, then the exit status.
@@ -142,14 +55,21 @@ impl Dispatcher {
 
     /// The dispatcher's child processes (its workers).
     pub fn children(&self) -> Vec<u32> {
-        children_of(self.child.id())
+        children_of(self.pid())
     }
 }
 
-impl Drop for Dispatcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl Deref for Dispatcher {
+    type Target = Logged;
+
+    fn deref(&self) -> &Logged {
+        &self.0
+    }
+}
+
+impl DerefMut for Dispatcher {
+    fn deref_mut(&mut self) -> &mut Logged {
+        &mut self.0
     }
 }
 

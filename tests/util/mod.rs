@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod bouncer;
 pub mod dispatcher;
+pub mod logged;
 pub mod pg;
 pub mod worker;
 
@@ -18,6 +20,7 @@ pub fn bin(name: &str) -> PathBuf {
     match name {
         "pepsi-setup" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-setup")),
         "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
+        "pepsi-failure-bouncer" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-failure-bouncer")),
         "pepsi-queue" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-queue")),
         other => panic!("unknown program {other}"),
     }

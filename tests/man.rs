@@ -1,0 +1,434 @@
+//! The manual pages and the example configuration under `packaging/`, checked against
+//! the code: every configuration key is documented in its place in `pepsi.conf.5`,
+//! every built-in stage has its entry in `pepsi-stage.8`, every page another page refers
+//! to exists, the example `pepsi.conf` loads as shipped and with everything in it
+//! uncommented, and `mandoc -T lint -W warning` finds nothing. No database.
+//!
+//! A page is read the way a reader scans it: an item is a `.TP` entry, named by the
+//! first word of its tag line, under the `.SH` and `.SS` headings it follows.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pepsi::config::graph::{self, STAGE_KEYS};
+use pepsi::config::{Config, StageGraph, known_keys, raw};
+use pepsi::stages::{self, BUILTINS};
+
+/// A file under `packaging/`.
+fn packaging(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging")
+        .join(relative)
+}
+
+/// The pages of `packaging/man/`, sorted.
+fn pages() -> Vec<PathBuf> {
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(packaging("man"))
+        .expect("packaging/man exists")
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    pages.sort();
+    pages
+}
+
+/// Roff text as it reads: font changes dropped, `\-` a hyphen, `\&` nothing, `\e` a
+/// backslash.
+fn plain(roff: &str) -> String {
+    let mut out = String::new();
+    let mut chars = roff.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('-') => out.push('-'),
+            Some('e') => out.push('\\'),
+            Some('&') | None => {}
+            // A font change: `\fB`, `\fI`, `\fR`, `\fP`.
+            Some('f') => {
+                chars.next();
+            }
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+        }
+    }
+    out
+}
+
+/// The arguments of a macro line after its name, double quotes grouping words.
+fn arguments(rest: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.next_if(|c| *c == ' ').is_some() {}
+        let Some(&first) = chars.peek() else {
+            return args;
+        };
+        let mut arg = String::new();
+        if first == '"' {
+            chars.next();
+            for c in chars.by_ref() {
+                if c == '"' {
+                    break;
+                }
+                arg.push(c);
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| *c != ' ') {
+                arg.push(c);
+            }
+        }
+        args.push(arg);
+    }
+}
+
+/// One documented item: a `.TP` entry's name and the headings it is under.
+#[derive(Debug)]
+struct Item {
+    /// The `.SH` heading.
+    section: String,
+    /// The `.SS` heading, if any since the `.SH`.
+    subsection: Option<String>,
+    /// The first word of the tag line.
+    name: String,
+}
+
+/// A page: its text and its items.
+struct Page {
+    file: PathBuf,
+    text: String,
+    items: Vec<Item>,
+    /// Every (`.SH`, `.SS`) pair, in order.
+    subsections: Vec<(String, String)>,
+}
+
+impl Page {
+    fn read(name: &str) -> Page {
+        let file = packaging(&format!("man/{name}"));
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let mut items = Vec::new();
+        let mut subsections = Vec::new();
+        let mut section = String::new();
+        let mut subsection: Option<String> = None;
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if let Some(rest) = line.strip_prefix(".SH ") {
+                section = plain(&arguments(rest).join(" "));
+                subsection = None;
+            } else if let Some(rest) = line.strip_prefix(".SS ") {
+                let name = plain(&arguments(rest).join(" "));
+                subsections.push((section.clone(), name.clone()));
+                subsection = Some(name);
+            } else if line == ".TP" {
+                let tag = lines.next().unwrap_or_default();
+                let first = match tag.strip_prefix('.') {
+                    // A font macro: its first argument.
+                    Some(call) => call
+                        .split_once(' ')
+                        .map(|(_, rest)| arguments(rest))
+                        .and_then(|a| a.into_iter().next())
+                        .unwrap_or_default(),
+                    None => tag.to_string(),
+                };
+                let name = plain(&first)
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                items.push(Item {
+                    section: section.clone(),
+                    subsection: subsection.clone(),
+                    name,
+                });
+            }
+        }
+        Page {
+            file,
+            text,
+            items,
+            subsections,
+        }
+    }
+
+    /// The names of the items under `.SH section` / `.SS subsection`.
+    fn items_under(&self, section: &str, subsection: &str) -> BTreeSet<&str> {
+        assert!(
+            self.subsections
+                .iter()
+                .any(|(sh, ss)| sh == section && ss == subsection),
+            "{} has no subsection {subsection:?} under {section:?}",
+            self.file.display()
+        );
+        self.items
+            .iter()
+            .filter(|i| i.section == section && i.subsection.as_deref() == Some(subsection))
+            .map(|i| i.name.as_str())
+            .collect()
+    }
+
+    /// The `.SS` headings under `.SH section`.
+    fn subsections_under(&self, section: &str) -> BTreeSet<&str> {
+        self.subsections
+            .iter()
+            .filter(|(sh, _)| sh == section)
+            .map(|(_, ss)| ss.as_str())
+            .collect()
+    }
+}
+
+fn set<'a>(keys: impl IntoIterator<Item = &'a str>) -> BTreeSet<&'a str> {
+    keys.into_iter().collect()
+}
+
+#[test]
+fn every_fixed_key_is_documented_in_its_own_section_of_pepsi_conf_5() {
+    let page = Page::read("pepsi.conf.5");
+    for (section, keys) in known_keys() {
+        let heading = format!("[{section}]");
+        assert_eq!(
+            page.items_under("FIXED SECTIONS", &heading),
+            set(keys.iter().copied()),
+            "{heading} in pepsi.conf.5 documents exactly the keys the program knows"
+        );
+    }
+    let sections: Vec<String> = known_keys().iter().map(|(s, _)| format!("[{s}]")).collect();
+    assert_eq!(
+        page.subsections_under("FIXED SECTIONS"),
+        set(sections.iter().map(String::as_str)),
+        "pepsi.conf.5 documents exactly the fixed sections the program knows"
+    );
+}
+
+#[test]
+fn every_common_stage_key_is_documented_under_stage_name() {
+    let page = Page::read("pepsi.conf.5");
+    assert_eq!(
+        page.items_under("STAGE SECTIONS", "[stage-NAME]"),
+        set(STAGE_KEYS.iter().copied())
+    );
+}
+
+#[test]
+fn every_built_in_stage_key_is_documented_under_its_program() {
+    let page = Page::read("pepsi.conf.5");
+    let mut programs = BTreeSet::new();
+    for stage in BUILTINS {
+        let program = format!("pepsi-stage-{}", stage.name());
+        assert_eq!(
+            page.items_under("BUILT-IN STAGE KEYS", &program),
+            set(stage.keys().iter().copied()),
+            "the keys of {program} in pepsi.conf.5"
+        );
+        programs.insert(program);
+    }
+    assert_eq!(
+        page.subsections_under("BUILT-IN STAGE KEYS"),
+        set(programs.iter().map(String::as_str)),
+        "pepsi.conf.5 documents exactly the built-in stages"
+    );
+}
+
+#[test]
+fn every_built_in_stage_has_its_entry_in_pepsi_stage_8() {
+    let page = Page::read("pepsi-stage.8");
+    let names = set(BUILTINS.iter().map(|s| s.name()));
+    assert_eq!(page.subsections_under("STAGES"), names);
+    let name_section = page
+        .text
+        .split(".SH SYNOPSIS")
+        .next()
+        .expect("a NAME section");
+    for stage in BUILTINS {
+        let program = format!("pepsi-stage-{}", stage.name());
+        assert!(
+            name_section.contains(&format!("{program},"))
+                || name_section.contains(&format!("{program}\n")),
+            "pepsi-stage.8 names {program} in its NAME section"
+        );
+    }
+}
+
+#[test]
+fn every_page_a_page_refers_to_exists() {
+    let files: BTreeSet<String> = pages()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for path in pages() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(".BR ") else {
+                continue;
+            };
+            let args = arguments(rest);
+            let (Some(name), Some(section)) = (args.first(), args.get(1)) else {
+                continue;
+            };
+            let name = plain(name);
+            let Some(number) = section.strip_prefix('(').and_then(|s| s.split(')').next()) else {
+                continue;
+            };
+            if name.starts_with("pepsi") {
+                assert!(
+                    files.contains(&format!("{name}.{number}")),
+                    "{} refers to {name}({number}), which packaging/man lacks",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The example configuration's text.
+fn example() -> (PathBuf, String) {
+    let path = packaging("pepsi.conf");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (path, text)
+}
+
+/// The example with every commented-out setting (`#KEY = …`, `#[section]`) switched on;
+/// explanations (`# …`) stay comments.
+fn uncommented(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.strip_prefix('#') {
+            Some(rest)
+                if rest.starts_with('[') || rest.starts_with(|c: char| c.is_ascii_uppercase()) =>
+            {
+                rest
+            }
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_example_configuration_loads_as_shipped() {
+    let (path, text) = example();
+    let sections = raw::parse(&path, &text).unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+    let config = Config::from_sections(path, sections)
+        .unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+    assert!(
+        config.warnings.is_empty(),
+        "{}",
+        raw::join_errors(&config.warnings)
+    );
+    config
+        .file_graph()
+        .unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+}
+
+#[test]
+fn the_example_configuration_uncommented_is_a_valid_pipeline_without_warnings() {
+    let (path, text) = example();
+    let text = uncommented(&text);
+    let sections = raw::parse(&path, &text).unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+    let config = Config::from_sections(path, sections)
+        .unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+    assert!(
+        config.warnings.is_empty(),
+        "{}",
+        raw::join_errors(&config.warnings)
+    );
+    let graph = StageGraph::build(&config.stage_sections, &[])
+        .unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
+    assert!(graph.stages().count() > 0, "the example has a pipeline");
+    // What `pepsi-dispatch check` and the dispatcher would warn about or refuse.
+    let laid = graph::lay_over(&config.stage_sections, &[]);
+    let mut problems = graph::unknown_keys(laid.sections.values(), stages::program_keys);
+    problems.extend(graph.cycle_warnings());
+    problems.extend(stages::check_sections(graph.stages()));
+    assert!(problems.is_empty(), "{}", raw::join_errors(&problems));
+    let bounce = config
+        .bouncer
+        .bounce_stage
+        .as_deref()
+        .expect("the example sets BOUNCE_STAGE");
+    assert!(
+        graph.contains(bounce),
+        "BOUNCE_STAGE {bounce} names a stage"
+    );
+}
+
+#[test]
+fn the_example_shows_every_fixed_key_at_its_default() {
+    let (path, text) = example();
+    let on = raw::parse(&path, &uncommented(&text)).unwrap();
+    for (section, keys) in known_keys() {
+        let found = on
+            .iter()
+            .find(|s| s.name == *section)
+            .unwrap_or_else(|| panic!("the example has a [{section}] section"));
+        for key in *keys {
+            assert!(
+                found.get(key).is_some(),
+                "the example shows [{section}] {key}"
+            );
+        }
+    }
+    // The values shown are the defaults, except where there is no fixed default.
+    let shown = Config::from_sections(path.clone(), on).unwrap();
+    let default = Config::from_sections(path, Vec::new()).unwrap();
+    assert_eq!(shown.pepsi.allow_fusion, default.pepsi.allow_fusion);
+    assert_eq!(shown.pepsi.share_telemetry, default.pepsi.share_telemetry);
+    assert_eq!(shown.pepsi.run_as, default.pepsi.run_as);
+    assert_eq!(shown.postgres, default.postgres);
+    let (s, d) = (&shown.dispatch, &default.dispatch);
+    assert_eq!(s.max_runtime, d.max_runtime, "MAX_RUNTIME");
+    assert_eq!(s.worker_idle_timeout, d.worker_idle_timeout);
+    assert_eq!(s.poll_interval, d.poll_interval, "POLL_INTERVAL");
+    assert_eq!(s.stats_interval, d.stats_interval, "STATS_INTERVAL");
+    assert_eq!(s.db_pool_size, d.db_pool_size, "DB_POOL_SIZE");
+    assert_eq!(s.fair_scheduling, d.fair_scheduling, "FAIR_SCHEDULING");
+    assert_eq!(s.fair_half_life, d.fair_half_life, "FAIR_HALF_LIFE");
+    assert_eq!(
+        s.fair_fifo_percent, d.fair_fifo_percent,
+        "FAIR_FIFO_PERCENT"
+    );
+    assert_eq!(s.max_hops, d.max_hops, "MAX_HOPS");
+}
+
+/// Is this a CI run (where mandoc must be installed)?
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+#[test]
+fn mandoc_lint_finds_nothing_in_any_page() {
+    let pages = pages();
+    assert!(!pages.is_empty(), "packaging/man has pages");
+    let probe = Command::new("mandoc").arg("-V").output();
+    if probe.is_err() {
+        assert!(
+            !in_ci(),
+            "mandoc is not installed, and CI is set: the pages must be linted (apt-get install mandoc)"
+        );
+        eprintln!(
+            "note: mandoc is not installed; the pages were not linted (apt-get install mandoc)"
+        );
+        return;
+    }
+    for page in &pages {
+        let out = Command::new("mandoc")
+            .args(["-T", "lint", "-W", "warning"])
+            .arg(page)
+            .output()
+            .expect("mandoc runs");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "mandoc -T lint -W warning {} ({}):\n{said}",
+            page.display(),
+            out.status
+        );
+    }
+}
