@@ -4,15 +4,18 @@
 //! every built-in stage's section as its workers check it).
 //!
 //! One transaction: lock the overlay against other writers, read it, lay the change
-//! over it and the file's stage sections, check, then write or roll back. A refused
-//! change lists every problem and exits 78 with nothing written; the written change
-//! notifies `config_changed` (the table's trigger) and the dispatcher reloads. `unset`
-//! removes the overlay's row, so the file's value (or the default) applies again; `set`
-//! with an empty VALUE overrides the file's key with nothing, which unsets it.
+//! over it and the file's stage sections, check (also that `[pepsi-failure-bouncer]
+//! BOUNCE_STAGE` keeps its section), then write or roll back. A refused change lists
+//! every problem and exits 78 with nothing written; the written change notifies
+//! `config_changed` (the table's trigger) and the dispatcher reloads. `unset` removes
+//! the overlay's row, so the file's value (or the default) applies again; `set` with
+//! an empty VALUE overrides the file's key with nothing, which unsets it.
 //! `config check` is `dispatch::check::check` itself.
 
+use crate::bouncer;
 use crate::config::graph::{self, OverrideRow};
 use crate::config::raw::join_errors;
+use crate::config::{Config, ConfigError, Origin};
 use crate::db::{self, sql};
 use crate::dispatch::check;
 use crate::exit::{EX_DATAERR, Failure};
@@ -41,6 +44,30 @@ fn check_names(section: &str, key: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The problem when a change takes away the section `[pepsi-failure-bouncer]
+/// BOUNCE_STAGE` names (an overlay-only stage whose last key is unset): the bouncer
+/// refuses to start without it, and failed messages would stay failed. A target that
+/// was missing before the change is not this change's doing.
+fn bouncer_target_lost(
+    config: &Config,
+    before: &[OverrideRow],
+    after: &[OverrideRow],
+) -> Option<ConfigError> {
+    let stage = config.bouncer.bounce_stage.as_deref()?;
+    let origin = config.bouncer.origin.clone().unwrap_or(Origin::Default);
+    let problem = |overlay: &[OverrideRow]| {
+        bouncer::bounce_stage_error(
+            stage,
+            &origin,
+            &graph::lay_over(&config.stage_sections, overlay).sections,
+        )
+    };
+    match problem(before) {
+        Some(_) => None,
+        None => problem(after),
+    }
+}
+
 /// Sets (`Some(value)`) or unsets (`None`) an overlay key after checking the result.
 pub fn change(
     session: &mut Session,
@@ -61,6 +88,7 @@ pub fn change(
             format!("config unset: the overlay has no [{section}] {key}; nothing changed"),
         ));
     }
+    let before = overlay.clone();
     overlay.retain(|r| !(r.section == section && r.key == key));
     if let Some(v) = value {
         overlay.push(OverrideRow {
@@ -76,6 +104,11 @@ pub fn change(
             join_errors(&errors)
         ))
     })?;
+    if let Some(lost) = bouncer_target_lost(&session.config, &before, &overlay) {
+        return Err(Failure::config(format!(
+            "config: refused, the failure bouncer would lose its target; nothing changed:\n{lost}"
+        )));
+    }
     match value {
         Some(v) => tx.execute(sql::SET_CONFIG_OVERRIDE, &[&section, &key, &v]),
         None => tx.execute(sql::UNSET_CONFIG_OVERRIDE, &[&section, &key]),

@@ -1366,3 +1366,41 @@ fn started_as_root_it_works_as_run_as() {
         both(&out)
     );
 }
+
+#[test]
+fn config_unset_may_not_take_the_failure_bouncers_stage_away() {
+    let db = TestDb::new();
+    let dir = TempDir::new("q-config-bouncer");
+    let conf = write_config(
+        &dir,
+        &db,
+        &format!("[pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n{STAGES}"),
+    );
+    let mut c = db.client();
+    // The bounce stage exists only in the overlay; its last key unset, it would be gone.
+    expect(
+        &queue(
+            &conf,
+            &["config", "set", "stage-bounce", "PROGRAM", "/bin/true"],
+        ),
+        0,
+    );
+    let out = queue(&conf, &["config", "unset", "stage-bounce", "PROGRAM"]);
+    expect(&out, 78);
+    assert!(
+        stderr(&out).contains("the failure bouncer would lose its target"),
+        "{}",
+        both(&out)
+    );
+    assert!(stderr(&out).contains("BOUNCE_STAGE"), "{}", both(&out));
+    assert_eq!(
+        count(&mut c, "SELECT count(*) FROM pepsi.config_override"),
+        1,
+        "nothing changed"
+    );
+    // Other changes stay possible while the target is there.
+    expect(
+        &queue(&conf, &["config", "set", "stage-bounce", "NEXT", "relay"]),
+        0,
+    );
+}
