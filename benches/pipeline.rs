@@ -79,10 +79,15 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
     let mut handles = Vec::new();
     for t in 0..threads {
         let mine: Vec<i64> = ids[t * 16..(t + 1) * 16].to_vec();
-        let conninfo = format!("{} options='-c synchronous_commit=off'", db.conninfo);
+        // Parsed, not appended to: `DATABASE_URL` may be a URL as well as a conninfo.
+        let mut config: postgres::Config = db
+            .conninfo
+            .parse()
+            .unwrap_or_else(|e| panic!("the test database's connection {:?}: {e}", db.conninfo));
+        pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
         let barrier = barrier.clone();
         handles.push(std::thread::spawn(move || {
-            let mut c = Client::connect(&conninfo, NoTls).unwrap();
+            let mut c = config.connect(NoTls).unwrap();
             let select = c
                 .prepare(
                     "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \

@@ -88,15 +88,35 @@ fn usage_error(program: &Program, message: String) -> Failure {
     ))
 }
 
-/// Parses the command line (without argv[0]).
-pub fn parse<I>(program: &Program, args: I) -> Result<Parsed, Failure>
+/// Globals plus the program's own arguments as the system passed them, for a program
+/// whose arguments may carry data that need not be UTF-8 (`pepsi-queue inject`'s
+/// addresses): it decides itself what such an argument means.
+#[derive(Debug)]
+pub struct OsInvocation {
+    /// The global options.
+    pub globals: Globals,
+    /// Everything after the global options, as given.
+    pub rest: Vec<OsString>,
+}
+
+/// A parsed command line whose own part is kept as given.
+#[derive(Debug)]
+pub enum ParsedOs {
+    /// Run with these globals and the program's own arguments.
+    Run(OsInvocation),
+    /// `-h`: print the usage and exit 0.
+    Help(String),
+    /// `-V`: print the version and exit 0.
+    Version(String),
+}
+
+/// Parses the command line (without `argv[0]`), keeping the program's own part as given.
+/// The global options themselves must be UTF-8, except the `-c` path.
+pub fn parse_os<I>(program: &Program, args: I) -> Result<ParsedOs, Failure>
 where
     I: IntoIterator<Item = OsString>,
 {
-    let mut args = args.into_iter().map(|a| {
-        a.into_string()
-            .map_err(|a| usage_error(program, format!("argument {a:?} is not valid UTF-8")))
-    });
+    let mut args = args.into_iter();
     let mut globals = Globals {
         config: None,
         log_level: LevelFilter::Info,
@@ -104,24 +124,27 @@ where
     };
     let mut rest = Vec::new();
     while let Some(arg) = args.next() {
-        let arg = arg?;
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
+        // An argument that is not UTF-8 is no global option: the program's part starts.
+        let Some(text) = arg.to_str().map(str::to_string) else {
+            rest.push(arg);
+            rest.extend(args.by_ref());
+            break;
         };
-        let mut value = |name: &str| -> Result<String, Failure> {
-            match inline.clone() {
+        let (flag, inline) = match text.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(OsString::from(v))),
+            _ => (text.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<OsString, Failure> {
+            match inline.clone().or_else(|| args.next()) {
                 Some(v) => Ok(v),
-                None => match args.next() {
-                    Some(v) => v,
-                    None => Err(usage_error(program, format!("option {name} needs a value"))),
-                },
+                None => Err(usage_error(program, format!("option {name} needs a value"))),
             }
         };
         match flag.as_str() {
             "-c" | "--config" => globals.config = Some(PathBuf::from(value(&flag)?)),
             "-L" | "--log" => {
                 let level = value(&flag)?;
+                let level = level.to_string_lossy();
                 globals.log_level = parse_level(&level).ok_or_else(|| {
                     usage_error(
                         program,
@@ -130,32 +153,50 @@ where
                 })?;
             }
             "-v" | "--verbose" => globals.verbose = true,
-            "-h" | "--help" => return Ok(Parsed::Help(usage(program))),
+            "-h" | "--help" => return Ok(ParsedOs::Help(usage(program))),
             "-V" | "--version" => {
-                return Ok(Parsed::Version(format!(
+                return Ok(ParsedOs::Version(format!(
                     "{} {}",
                     program.name,
                     env!("CARGO_PKG_VERSION")
                 )));
             }
             "--" => {
-                for a in args.by_ref() {
-                    rest.push(a?);
-                }
+                rest.extend(args.by_ref());
                 break;
             }
             _ => {
                 rest.push(arg);
-                for a in args.by_ref() {
-                    rest.push(a?);
-                }
+                rest.extend(args.by_ref());
                 break;
             }
         }
     }
-    let invocation = Invocation { globals, rest };
+    let invocation = OsInvocation { globals, rest };
     invocation.reject_globals(program)?;
-    Ok(Parsed::Run(invocation))
+    Ok(ParsedOs::Run(invocation))
+}
+
+/// Parses the command line (without `argv[0]`); the program's own part must be UTF-8.
+pub fn parse<I>(program: &Program, args: I) -> Result<Parsed, Failure>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    match parse_os(program, args)? {
+        ParsedOs::Help(text) => Ok(Parsed::Help(text)),
+        ParsedOs::Version(text) => Ok(Parsed::Version(text)),
+        ParsedOs::Run(OsInvocation { globals, rest }) => {
+            let rest = rest
+                .into_iter()
+                .map(|a| {
+                    a.into_string().map_err(|a| {
+                        usage_error(program, format!("argument {a:?} is not valid UTF-8"))
+                    })
+                })
+                .collect::<Result<Vec<String>, Failure>>()?;
+            Ok(Parsed::Run(Invocation { globals, rest }))
+        }
+    }
 }
 
 /// Parses a log level name.
@@ -170,19 +211,34 @@ pub fn parse_level(name: &str) -> Option<LevelFilter> {
     }
 }
 
+/// Fails with exit 64 when one of `args` is a global option.
+fn reject_global_flags<'a>(
+    program: &Program,
+    args: impl IntoIterator<Item = &'a str>,
+) -> Result<(), Failure> {
+    for arg in args {
+        let flag = arg.split_once('=').map_or(arg, |(f, _)| f);
+        if GLOBAL_FLAGS.contains(&flag) {
+            return Err(usage_error(
+                program,
+                format!("global option {flag} must come before the subcommand"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl OsInvocation {
+    /// Fails with exit 64 when a global option follows the subcommand.
+    pub fn reject_globals(&self, program: &Program) -> Result<(), Failure> {
+        reject_global_flags(program, self.rest.iter().filter_map(|a| a.to_str()))
+    }
+}
+
 impl Invocation {
     /// Fails with exit 64 when a global option follows the subcommand.
     pub fn reject_globals(&self, program: &Program) -> Result<(), Failure> {
-        for arg in &self.rest {
-            let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
-            if GLOBAL_FLAGS.contains(&flag) {
-                return Err(usage_error(
-                    program,
-                    format!("global option {flag} must come before the subcommand"),
-                ));
-            }
-        }
-        Ok(())
+        reject_global_flags(program, self.rest.iter().map(String::as_str))
     }
 
     /// Fails with exit 64 unless the program's part is exactly `words`.
@@ -222,6 +278,24 @@ pub fn start(program: &Program) -> Result<Option<Invocation>, Failure> {
             Ok(None)
         }
         Parsed::Run(invocation) => {
+            crate::logging::init(&invocation.globals);
+            Ok(Some(invocation))
+        }
+    }
+}
+
+/// Like [`start`], keeping the program's own arguments as given ([`parse_os`]).
+pub fn start_os(program: &Program) -> Result<Option<OsInvocation>, Failure> {
+    match parse_os(program, std::env::args_os().skip(1))? {
+        ParsedOs::Help(text) => {
+            print!("{text}");
+            Ok(None)
+        }
+        ParsedOs::Version(text) => {
+            println!("{text}");
+            Ok(None)
+        }
+        ParsedOs::Run(invocation) => {
             crate::logging::init(&invocation.globals);
             Ok(Some(invocation))
         }
@@ -274,6 +348,23 @@ mod tests {
                 err.message
             );
         }
+    }
+
+    #[test]
+    fn a_subcommand_argument_that_is_not_utf8_is_kept_as_given_or_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw = OsString::from_vec(b"\xffx@y".to_vec());
+        let args = vec![OsString::from("-v"), OsString::from("inject"), raw.clone()];
+        let ParsedOs::Run(inv) = parse_os(&P, args.clone()).unwrap() else {
+            panic!("expected run");
+        };
+        assert!(inv.globals.verbose);
+        assert_eq!(inv.rest, vec![OsString::from("inject"), raw]);
+        let err = parse(&P, args).unwrap_err();
+        assert_eq!(err.code, crate::exit::EX_USAGE);
+        assert!(err.message.contains("not valid UTF-8"), "{}", err.message);
+        let trailing = vec![OsString::from("inject"), OsString::from("--config=/x")];
+        assert_eq!(parse_os(&P, trailing).unwrap_err().code, 64);
     }
 
     #[test]

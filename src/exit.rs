@@ -14,12 +14,21 @@ pub const FAILURE: u8 = 1;
 pub const EX_USAGE: u8 = 64;
 /// EX_DATAERR: the input data was wrong.
 pub const EX_DATAERR: u8 = 65;
+/// EX_NOINPUT: an input file did not exist or was not readable.
+pub const EX_NOINPUT: u8 = 66;
+/// EX_UNAVAILABLE: the operation is not available for what it was asked of (a message
+/// in a status the command does not touch).
+pub const EX_UNAVAILABLE: u8 = 69;
 /// EX_SOFTWARE: an internal error.
 pub const EX_SOFTWARE: u8 = 70;
+/// EX_CANTCREAT: an output file cannot be created.
+pub const EX_CANTCREAT: u8 = 73;
 /// EX_IOERR: the database connection broke (worker protocol §5).
 pub const EX_IOERR: u8 = 74;
 /// EX_TEMPFAIL: the database refused a connection for overload (worker protocol §5).
 pub const EX_TEMPFAIL: u8 = 75;
+/// EX_NOPERM: the database refused the operation for lack of privileges.
+pub const EX_NOPERM: u8 = 77;
 /// EX_CONFIG: configuration or schema mismatch.
 pub const EX_CONFIG: u8 = 78;
 

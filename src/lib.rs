@@ -23,6 +23,8 @@
 //! - [`bouncer`] is `pepsi-failure-bouncer`: one thread and one connection that move
 //!   failed and timed-out rows to the bounce stage, as they fail (LISTEN) or in a
 //!   sweep.
+//! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
+//!   repair commands (each one stored-function call), metrics and the overlay.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 
@@ -35,6 +37,7 @@ pub mod exit;
 pub mod logging;
 pub mod privilege;
 pub mod protocol;
+pub mod queue;
 pub mod setup;
 pub mod stages;
 pub mod worker;

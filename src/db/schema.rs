@@ -51,6 +51,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "005_failure_path.sql",
         sql: include_str!("../../schema/005_failure_path.sql"),
     },
+    SchemaFile {
+        number: 6,
+        name: "006_operator_api.sql",
+        sql: include_str!("../../schema/006_operator_api.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -451,3 +451,139 @@ pub const UNKNOWN_STAGES: &str = "WITH RECURSIVE s AS ( \
      SELECT s.stage, (SELECT count(*) FROM pepsi.workqueue q \
                        WHERE q.status = 'pending' AND q.stage = s.stage)::int8 \
        FROM s WHERE s.stage IS NOT NULL AND s.stage <> ALL ($1::text[])";
+
+// `pepsi-queue` (SPEC §14). The repair statements are one stored-function call each:
+// one round trip, one NOTIFY on `workqueue` when anything changed.
+
+/// The bound of `pepsi-queue`'s session: a row locked elsewhere (a claim in progress,
+/// an operator's open transaction) makes a repair command give up after ten seconds
+/// (exit 75, nothing changed) instead of hanging.
+pub const QUEUE_TIMEOUTS_OPTION: &str = "-c lock_timeout=10s";
+
+/// Every value of the status type, in order. No parameters.
+pub const QUEUE_STATUSES: &str =
+    "SELECT s::text FROM unnest(enum_range(NULL::pepsi.workqueue_status)) AS s";
+
+/// The queue's shape: rows by stage, status and age bucket. $1 the lower bounds of the
+/// age buckets in seconds (float8[], ascending). Returns (stage, status as text,
+/// bucket int4 — 0 below the first bound, i from the i-th bound on —, rows int8, the
+/// oldest row's age in seconds float8). The age counts from `arrived` as a difference
+/// of epochs, so a row stored with an infinite arrival gives an infinite age, not an
+/// error. Reads the whole table (one sequential scan); locks nothing.
+pub const QUEUE_SHAPE: &str = "SELECT q.stage, q.status::text, width_bucket(q.age, $1::float8[]), \
+            count(*)::int8, max(q.age) \
+       FROM (SELECT stage, status, \
+                    extract(epoch FROM now())::float8 - extract(epoch FROM arrived)::float8 AS age \
+               FROM pepsi.workqueue) q \
+      GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+
+/// The per-stage statistics. No parameters. Returns (stage, passes, fused passes,
+/// failures, crashes, timeouts, requeues, busy µs, deferrals, senders served (int8
+/// each), updated as epoch seconds float8, updated as ISO 8601 UTC text).
+pub const QUEUE_STAGE_STATS: &str = "SELECT stage, passes, fused_passes, failures, crashes, timeouts, \
+            requeues, busy_us, deferrals, senders_served, extract(epoch FROM updated)::float8, \
+            to_char(updated AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+       FROM pepsi.stage_stats ORDER BY stage";
+
+/// The dispatcher's statistics (one row). No parameters. Returns (stages executed,
+/// claims, rows claimed, worker starts (int8 each), updated as epoch seconds float8,
+/// updated as ISO 8601 UTC text, now as epoch seconds float8).
+pub const QUEUE_DISPATCH_STATS: &str = "SELECT stages_executed, claims, rows_claimed, worker_starts, \
+            extract(epoch FROM updated)::float8, \
+            to_char(updated AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+            extract(epoch FROM now())::float8 \
+       FROM pepsi.dispatch_stats";
+
+/// Is a dispatcher running: does a session hold the dispatcher's advisory lock (see
+/// [`DISPATCH_LOCK_HOLDER`])? $1 the key (int8). Returns a boolean.
+pub const DISPATCHER_RUNNING: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks l \
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+        AND l.classid = (($1::int8 >> 32) & 4294967295)::oid \
+        AND l.objid = ($1::int8 & 4294967295)::oid)";
+
+/// `pepsi-queue list`: rows oldest (lowest id) first, each filter NULL for any. $1
+/// stage (text), $2 status (text), $3 sender key (text), $4 the most rows (int8).
+/// Returns (id, stage, status text, age in seconds float8, mail_from, first recipient,
+/// number of recipients int4, state.last_error text, sender key). Walks the primary key
+/// and stops at the limit; locks nothing.
+pub const QUEUE_LIST: &str = "SELECT workqueue_id, stage, status::text, \
+            extract(epoch FROM now())::float8 - extract(epoch FROM arrived)::float8, \
+            mail_from, rcpt_to[array_lower(rcpt_to, 1)], cardinality(rcpt_to), \
+            state ->> 'last_error', sender_key \
+       FROM pepsi.workqueue \
+      WHERE ($1::text IS NULL OR stage = $1::text) \
+        AND ($2::text IS NULL OR status::text = $2::text) \
+        AND ($3::text IS NULL OR sender_key = $3::text) \
+      ORDER BY workqueue_id LIMIT $4";
+
+/// `pepsi-queue show`: one row with everything but its content, and the content only
+/// when asked. $1 id (int8), $2 with the header block (bool), $3 with the body (bool).
+/// Returns (0 id, 1 stage, 2 status, 3 timeout, 4 arrived (ISO 8601 UTC text), 5 age
+/// in seconds float8, 6 mail_from, 7 rcpt_to, 8 auth_user, 9 client_ip text, 10
+/// header_from, 11 subject, 12 state text, 13 sender_key, 14 claim, 15 hops int4, 16
+/// hop_stage, 17 body_id, 18 header block size int8, 19 body size int8, 20 header block
+/// bytea, 21 body bytea), or no row. Locks nothing.
+pub const QUEUE_SHOW: &str = "SELECT q.workqueue_id, q.stage, q.status::text, \
+            to_char(q.timeout AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+            to_char(q.arrived AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+            extract(epoch FROM now())::float8 - extract(epoch FROM q.arrived)::float8, \
+            q.mail_from, q.rcpt_to, q.auth_user, host(q.client_ip), q.header_from, q.subject, \
+            q.state::text, q.sender_key, q.claim, q.hops, q.hop_stage, q.body_id, \
+            octet_length(q.headers)::int8, octet_length(b.body)::int8, \
+            CASE WHEN $2::bool THEN q.headers END, CASE WHEN $3::bool THEN b.body END \
+       FROM pepsi.workqueue q LEFT JOIN pepsi.workqueue_body b ON b.body_id = q.body_id \
+      WHERE q.workqueue_id = $1";
+
+/// `pepsi-queue inject`: `pepsi.workqueue_inject`, one round trip, one NOTIFY. $1
+/// stage, $2 mail_from, $3 rcpt_to (text[]), $4 header block (bytea), $5 body (bytea),
+/// $6 auth_user, $7 client IP (text, NULL for none), $8 header_from, $9 subject, $10
+/// state (a JSON object as text). Returns the new id.
+pub const INJECT: &str = "SELECT pepsi.workqueue_inject($1::text, $2::text, $3::text[], $4::bytea, \
+            $5::bytea, $6::text, $7::text::inet, $8::text, $9::text, $10::text::jsonb)";
+
+/// `pepsi-queue resume ID…`: `pepsi.workqueue_resume_each`. $1 ids (int8[]). Returns
+/// per distinct id (id, status before as text or NULL when there is no such row,
+/// changed).
+pub const RESUME_EACH: &str = "SELECT r.workqueue_id, r.status::text, r.changed FROM pepsi.workqueue_resume_each($1::int8[]) r";
+
+/// `pepsi-queue resume --stage/--status/--all`: `pepsi.workqueue_resume` by stage and
+/// status. $1 stage (text, NULL any), $2 status (text, NULL any of paused, failed and
+/// timeout). Returns how many rows changed (int4).
+pub const RESUME_MATCHING: &str =
+    "SELECT pepsi.workqueue_resume($1::text, $2::text::pepsi.workqueue_status)";
+
+/// `pepsi-queue hold`: `pepsi.workqueue_hold`. $1 ids (int8[]). Returns as
+/// [`RESUME_EACH`].
+pub const HOLD: &str =
+    "SELECT r.workqueue_id, r.status::text, r.changed FROM pepsi.workqueue_hold($1::int8[]) r";
+
+/// `pepsi-queue release`: `pepsi.workqueue_release`. $1 ids (int8[]). Returns as
+/// [`RESUME_EACH`].
+pub const RELEASE: &str =
+    "SELECT r.workqueue_id, r.status::text, r.changed FROM pepsi.workqueue_release($1::int8[]) r";
+
+/// `pepsi-queue delete`: `pepsi.workqueue_delete`. $1 ids (int8[]). Returns as
+/// [`RESUME_EACH`].
+pub const DELETE_MESSAGES: &str =
+    "SELECT r.workqueue_id, r.status::text, r.changed FROM pepsi.workqueue_delete($1::int8[]) r";
+
+/// `pepsi-queue requeue`: `pepsi.workqueue_requeue`. $1 ids (int8[]), $2 the stage
+/// (text). Returns as [`RESUME_EACH`].
+pub const REQUEUE_TO: &str = "SELECT r.workqueue_id, r.status::text, r.changed \
+       FROM pepsi.workqueue_requeue($1::int8[], $2::text) r";
+
+/// `pepsi-queue config set|unset`, first statement of its transaction: writers of the
+/// overlay wait for each other, so each checks the graph the other's change left (two
+/// changes each valid alone cannot together break it); readers (the dispatcher's
+/// reload) are not blocked. No parameters.
+pub const LOCK_CONFIG_OVERRIDE: &str =
+    "LOCK TABLE pepsi.config_override IN SHARE ROW EXCLUSIVE MODE";
+
+/// `pepsi-queue config set`: writes one overlay row. $1 section, $2 key, $3 value.
+pub const SET_CONFIG_OVERRIDE: &str = "INSERT INTO pepsi.config_override (section, key, value) \
+     VALUES ($1, $2, $3) ON CONFLICT (section, key) DO UPDATE SET value = EXCLUDED.value";
+
+/// `pepsi-queue config unset`: removes one overlay row. $1 section, $2 key.
+pub const UNSET_CONFIG_OVERRIDE: &str =
+    "DELETE FROM pepsi.config_override WHERE section = $1 AND key = $2";

@@ -11,8 +11,10 @@
 //!
 //! The dispatcher calls [`at_start`] once its stage graph is built (a bad built-in
 //! section is a start error, exit 1) and `reload.rs` calls [`builtin_errors`] and
-//! [`graph_warnings`] for a new graph. This file decides nothing about messages and
-//! changes nothing: it reads the file and the database, and writes only to stdout.
+//! [`graph_warnings`] for a new graph. `pepsi-queue config check` runs [`check`], and
+//! `pepsi-queue config set|unset` [`dispatchable_graph`] before it writes the overlay.
+//! This file decides nothing about messages and changes nothing: it reads the file and
+//! the database, and writes only to stdout.
 
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
@@ -53,6 +55,23 @@ pub fn graph_warnings(
 /// will check it.
 pub fn builtin_errors(graph: &StageGraph) -> Vec<ConfigError> {
     stages::check_sections(graph.stages())
+}
+
+/// The stage graph the dispatcher would run with this file and overlay, checked as it
+/// checks a new graph at a reload: the graph itself (§4), then every built-in stage's
+/// section as its workers will check it. Every problem when the dispatcher would refuse
+/// it. `pepsi-queue config set|unset` runs this before it writes the overlay.
+pub fn dispatchable_graph(
+    stage_sections: &[Section],
+    overlay: &[OverrideRow],
+) -> Result<StageGraph, Vec<ConfigError>> {
+    let graph = StageGraph::build(stage_sections, overlay)?;
+    let errors = builtin_errors(&graph);
+    if errors.is_empty() {
+        Ok(graph)
+    } else {
+        Err(errors)
+    }
 }
 
 /// The dispatcher's start-up check of a built stage graph: logs the warnings, and
@@ -167,7 +186,14 @@ fn with_rows(mut overlay: Vec<OverrideRow>, extra: Vec<OverrideRow>) -> Vec<Over
 /// Runs `pepsi-dispatch check [--overlay SECTION KEY VALUE]…`.
 pub fn run(invocation: Invocation) -> Result<(), Failure> {
     let extra = parse_arguments(&invocation.rest)?;
-    let path = raw::search(invocation.globals.config.as_deref());
+    check(invocation.globals.config.as_deref(), extra)
+}
+
+/// Runs every check on the configuration found from `explicit` (the search order of
+/// §4), with `extra` overlay rows laid over the database's as if written; prints every
+/// problem. `pepsi-dispatch check` and `pepsi-queue config check`.
+pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Failure> {
+    let path = raw::search(explicit);
     let mut found = Findings::default();
     let sections = match raw::read(&path) {
         Ok(sections) => sections,

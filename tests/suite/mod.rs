@@ -9,5 +9,6 @@ mod fair_sql;
 mod foundation;
 mod guarantees;
 mod poison;
+mod queue;
 mod recovery;
 mod worker;

@@ -21,6 +21,7 @@ pub fn bin(name: &str) -> PathBuf {
         "pepsi-setup" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-setup")),
         "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
         "pepsi-failure-bouncer" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-failure-bouncer")),
+        "pepsi-queue" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-queue")),
         other => panic!("unknown program {other}"),
     }
 }

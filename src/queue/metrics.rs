@@ -1,0 +1,320 @@
+//! `pepsi-queue metrics [--output FILE]`: the status snapshot in the Prometheus text
+//! exposition format (version 0.0.4), for the node exporter's textfile collector.
+//!
+//! Counters come from `pepsi.stage_stats` and `pepsi.dispatch_stats` (`_total` names;
+//! busy time in seconds), gauges from the queue: rows and the oldest row's age by stage
+//! and status (every status of every stage, 0 when empty, so an alert sees a series
+//! fall to 0 rather than vanish), rows at stages without a section, whether a
+//! dispatcher holds its lock, and when it last flushed its statistics. `--output`
+//! writes a temporary file beside FILE, syncs it and renames it over FILE, so the
+//! collector never reads half a file.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use super::status::{DISPATCH_COUNTERS, STAGE_COUNTERS, Snapshot};
+use super::{Session, emit};
+use crate::exit::{EX_CANTCREAT, Failure};
+
+/// A label value escaped for the text format: backslash, double quote, line feed.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A sample value: integers as such, floats in Rust's shortest form, non-finite ones
+/// as the format spells them.
+fn number(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x == f64::INFINITY {
+        "+Inf".into()
+    } else if x == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format!("{x}")
+    }
+}
+
+/// One metric family being written.
+struct Family<'a> {
+    out: &'a mut String,
+    name: &'a str,
+}
+
+impl<'a> Family<'a> {
+    /// Starts a family with its HELP and TYPE lines.
+    fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Family<'a> {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    /// One sample with labels.
+    fn sample(&mut self, labels: &[(&str, &str)], value: String) {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+            .collect();
+        if labels.is_empty() {
+            let _ = writeln!(self.out, "{} {value}", self.name);
+        } else {
+            let _ = writeln!(self.out, "{}{{{}}} {value}", self.name, labels.join(","));
+        }
+    }
+}
+
+/// The help text of each stage counter, by column.
+const STAGE_HELP: [&str; 9] = [
+    "Messages run at the stage (fused or not).",
+    "Messages run at the stage fused into a predecessor's pass.",
+    "Passes whose worker failed the message.",
+    "Workers that died holding a message of the stage.",
+    "Messages of the stage whose worker was killed at MAX_RUNTIME.",
+    "Claimed messages put back to pending without a result.",
+    "Worker time spent on the stage's messages.",
+    "Messages paused because their worker lost the database.",
+    "Distinct senders served, summed over the fair claims.",
+];
+
+/// The help text of each dispatcher counter, by column.
+const DISPATCH_HELP: [&str; 4] = [
+    "Worker passes (a fused chain counts once).",
+    "Claim statements that claimed rows.",
+    "Rows claimed.",
+    "Worker processes started.",
+];
+
+/// The snapshot in the text format.
+pub fn render(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let stages = s.stages();
+
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_queue_messages",
+        "gauge",
+        "Messages in pepsi.workqueue by stage and status.",
+    );
+    for stage in &stages {
+        for status in &s.statuses {
+            f.sample(
+                &[("stage", stage), ("status", status)],
+                s.rows(stage, status).to_string(),
+            );
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_queue_oldest_age_seconds",
+        "gauge",
+        "Age since arrival of the oldest message by stage and status (0 when there is none).",
+    );
+    for stage in &stages {
+        for status in &s.statuses {
+            let age = s.cell(stage, status).map_or(0.0, |c| c.oldest.max(0.0));
+            f.sample(&[("stage", stage), ("status", status)], number(age));
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_queue_unknown_stage_messages",
+        "gauge",
+        "Messages at stages without a [stage-NAME] section (never claimed).",
+    );
+    let unknown = s.unknown_stages();
+    f.sample(&[], unknown.iter().map(|(_, n)| n).sum::<i64>().to_string());
+
+    for (i, column) in STAGE_COUNTERS.iter().enumerate() {
+        let (name, value): (String, Box<dyn Fn(i64) -> String>) = if *column == "busy_us" {
+            (
+                "pepsi_stage_busy_seconds_total".into(),
+                Box::new(|v| number(v as f64 / 1e6)),
+            )
+        } else {
+            (
+                format!("pepsi_stage_{column}_total"),
+                Box::new(|v: i64| v.to_string()),
+            )
+        };
+        let mut f = Family::new(&mut out, &name, "counter", STAGE_HELP[i]);
+        for st in &s.stage_stats {
+            f.sample(&[("stage", &st.stage)], value(st.counters[i]));
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_stage_stats_updated_timestamp_seconds",
+        "gauge",
+        "When the dispatcher last added to the stage's statistics (Unix time).",
+    );
+    for st in &s.stage_stats {
+        f.sample(&[("stage", &st.stage)], number(st.updated));
+    }
+
+    for (i, column) in DISPATCH_COUNTERS.iter().enumerate() {
+        let name = format!("pepsi_dispatch_{column}_total");
+        let mut f = Family::new(&mut out, &name, "counter", DISPATCH_HELP[i]);
+        f.sample(&[], s.dispatch.counters[i].to_string());
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_dispatch_stats_updated_timestamp_seconds",
+        "gauge",
+        "When the dispatcher last flushed its statistics (Unix time; it flushes only when they changed).",
+    );
+    f.sample(&[], number(s.dispatch.updated));
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_dispatch_stats_age_seconds",
+        "gauge",
+        "Seconds since the dispatcher last flushed its statistics.",
+    );
+    f.sample(&[], number(s.flush_age().max(0.0)));
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_dispatcher_up",
+        "gauge",
+        "1 when a session holds the dispatcher's lock (a dispatcher is running), else 0.",
+    );
+    f.sample(&[], u8::from(s.dispatcher_running).to_string());
+    out
+}
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory
+/// (`FILE.tmp.PID`), synced, renamed over `path`, and the directory synced.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), Failure> {
+    let cannot = |what: &str, e: std::io::Error| {
+        Failure::new(
+            EX_CANTCREAT,
+            format!("--output {}: cannot {what}: {e}", path.display()),
+        )
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let mut tmp_name = path
+        .file_name()
+        .ok_or_else(|| {
+            Failure::new(
+                EX_CANTCREAT,
+                format!("--output {}: not a file name", path.display()),
+            )
+        })?
+        .to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| cannot(&format!("create {}", tmp.display()), e))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| cannot(&format!("write {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| cannot("rename the temporary file over it", e))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // The rename is durable once the directory is synced; failing that is no error
+    // (some file systems refuse to sync a directory).
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Runs `pepsi-queue metrics`.
+pub fn run(session: &mut Session, output: Option<&Path>) -> Result<(), Failure> {
+    let text = render(&Snapshot::read(session)?);
+    match output {
+        Some(path) => write_atomically(path, &text),
+        None => emit(text.as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::status::{Cell, DispatchStats, StageStats};
+
+    #[test]
+    fn families_have_help_and_type_and_labels_are_escaped() {
+        let mut s = Snapshot {
+            statuses: vec!["pending".into(), "held".into()],
+            configured: ["in".to_string()].into(),
+            now: 100.0,
+            dispatch: DispatchStats {
+                counters: [1, 2, 3, 4],
+                updated: 90.0,
+                updated_text: String::new(),
+            },
+            stage_stats: vec![StageStats {
+                stage: "in".into(),
+                counters: [5, 0, 0, 0, 0, 0, 1_500_000, 0, 2],
+                updated: 95.5,
+                updated_text: String::new(),
+            }],
+            ..Snapshot::default()
+        };
+        s.cells.entry("we\"ird\\\n".into()).or_default().insert(
+            "held".into(),
+            Cell {
+                rows: 2,
+                oldest: 12.5,
+                buckets: [2, 0, 0, 0, 0, 0, 0],
+            },
+        );
+        let text = render(&s);
+        assert!(text.contains("# TYPE pepsi_queue_messages gauge\n"));
+        assert!(text.contains("pepsi_queue_messages{stage=\"in\",status=\"pending\"} 0\n"));
+        assert!(
+            text.contains("pepsi_queue_messages{stage=\"we\\\"ird\\\\\\n\",status=\"held\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("pepsi_queue_unknown_stage_messages 2\n"));
+        assert!(text.contains("pepsi_stage_passes_total{stage=\"in\"} 5\n"));
+        assert!(text.contains("pepsi_stage_busy_seconds_total{stage=\"in\"} 1.5\n"));
+        assert!(text.contains("# TYPE pepsi_dispatch_claims_total counter\n"));
+        assert!(text.contains("pepsi_dispatch_rows_claimed_total 3\n"));
+        assert!(text.contains("pepsi_dispatch_stats_age_seconds 10\n"));
+        assert!(text.contains("pepsi_dispatcher_up 0\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} has no TYPE"
+            );
+        }
+    }
+
+    #[test]
+    fn the_output_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("pepsi-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pepsi.prom");
+        std::fs::write(&file, "old").unwrap();
+        write_atomically(&file, "new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "new\n");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("pepsi.prom")],
+            "no temporary file left"
+        );
+        let err = write_atomically(&dir.join("missing/x.prom"), "x").unwrap_err();
+        assert_eq!(err.code, 73);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
