@@ -1,15 +1,19 @@
 //! The manual pages and the example configuration under `packaging/`, checked against
 //! the code: every configuration key is documented in its place in `pepsi.conf.5`,
-//! every built-in stage has its entry in `pepsi-stage.8`, every page another page refers
-//! to exists, the example `pepsi.conf` loads as shipped and with everything in it
-//! uncommented, and `mandoc -T lint -W warning` finds nothing. No database.
+//! every built-in stage has its entry in `pepsi-stage.8`, every command, option and
+//! exit status of `pepsi-queue` (as the program itself lists them) is in
+//! `pepsi-queue.8`, every page another page refers to exists, the example `pepsi.conf`
+//! loads as shipped and with everything in it uncommented, and `mandoc -T lint -W
+//! warning` finds nothing. No database: `pepsi-queue` is only asked for its help and run
+//! with a configuration file that does not exist.
 //!
-//! A page is read the way a reader scans it: an item is a `.TP` entry, named by the
-//! first word of its tag line, under the `.SH` and `.SS` headings it follows.
+//! A page is read the way a reader scans it: an item is a `.TP` entry (or a further tag
+//! of it, `.TQ`), named by the first word of its tag line, under the `.SH` and `.SS`
+//! headings it follows.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use pepsi::config::graph::{self, STAGE_KEYS};
 use pepsi::config::{Config, StageGraph, known_keys, raw};
@@ -95,6 +99,8 @@ struct Item {
     subsection: Option<String>,
     /// The first word of the tag line.
     name: String,
+    /// The whole tag line as it reads.
+    tag: String,
 }
 
 /// A page: its text and its items.
@@ -124,18 +130,20 @@ impl Page {
                 let name = plain(&arguments(rest).join(" "));
                 subsections.push((section.clone(), name.clone()));
                 subsection = Some(name);
-            } else if line == ".TP" {
+            } else if line == ".TP" || line == ".TQ" {
                 let tag = lines.next().unwrap_or_default();
-                let first = match tag.strip_prefix('.') {
-                    // A font macro: its first argument.
-                    Some(call) => call
-                        .split_once(' ')
-                        .map(|(_, rest)| arguments(rest))
-                        .and_then(|a| a.into_iter().next())
-                        .unwrap_or_default(),
-                    None => tag.to_string(),
+                let (args, separator) = match tag.strip_prefix('.') {
+                    // A font macro: its arguments, which `.B` and `.I` set apart with
+                    // spaces and the alternating macros (`.BR`, `.IR`, …) run together.
+                    Some(call) => {
+                        let (name, rest) = call.split_once(' ').unwrap_or((call, ""));
+                        let separator = if matches!(name, "B" | "I") { " " } else { "" };
+                        (arguments(rest), separator)
+                    }
+                    None => (vec![tag.to_string()], ""),
                 };
-                let name = plain(&first)
+                let tag = plain(&args.join(separator));
+                let name = plain(args.first().map_or("", String::as_str))
                     .split_whitespace()
                     .next()
                     .unwrap_or_default()
@@ -144,6 +152,7 @@ impl Page {
                     section: section.clone(),
                     subsection: subsection.clone(),
                     name,
+                    tag,
                 });
             }
         }
@@ -249,6 +258,224 @@ fn every_built_in_stage_has_its_entry_in_pepsi_stage_8() {
             name_section.contains(&format!("{program},"))
                 || name_section.contains(&format!("{program}\n")),
             "pepsi-stage.8 names {program} in its NAME section"
+        );
+    }
+}
+
+/// Runs `pepsi-queue` with `args` and no standard input; returns (exit status,
+/// stdout, stderr).
+fn pepsi_queue(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pepsi-queue"))
+        .args(args)
+        .env_remove("PEPSI_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("pepsi-queue runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A configuration file that does not exist: a command the program accepts fails on it
+/// (78) without reaching a database, after its arguments were checked.
+const NO_CONFIG: &str = "/nonexistent/pepsi-man-test/pepsi.conf";
+
+/// The list in parentheses that `pepsi-queue` gives for an unknown command (`words`
+/// followed by an unknown word), or `None` when it has no such list: the commands its
+/// parser takes at that point.
+fn accepted_after(words: &[&str]) -> Option<Vec<String>> {
+    let mut args = vec!["-c", NO_CONFIG];
+    args.extend_from_slice(words);
+    args.push("pepsi-man-test-unknown");
+    let (code, _, stderr) = pepsi_queue(&args);
+    let (_, after) = stderr.split_once("unknown command \"pepsi-man-test-unknown\" (")?;
+    assert_eq!(
+        code,
+        Some(64),
+        "an unknown command is a usage error: {stderr}"
+    );
+    let list = after.split_once(')').expect("the list ends").0;
+    Some(list.split(", ").map(str::to_string).collect())
+}
+
+/// Every command `pepsi-queue` takes, as the program lists them when it refuses an
+/// unknown one, a command with commands of its own (`config`) as one entry for each
+/// (`config check`, …).
+fn queue_commands() -> BTreeSet<String> {
+    let top = accepted_after(&[]).expect("pepsi-queue lists its commands for an unknown one");
+    let mut commands = BTreeSet::new();
+    for command in top {
+        match accepted_after(&[&command]) {
+            Some(subs) => commands.extend(subs.iter().map(|s| format!("{command} {s}"))),
+            None => {
+                commands.insert(command);
+            }
+        }
+    }
+    commands
+}
+
+/// `pepsi-queue --help` up to its global options: the program's own part.
+fn queue_help() -> String {
+    let (code, stdout, stderr) = pepsi_queue(&["--help"]);
+    assert_eq!(code, Some(0), "pepsi-queue --help: {stderr}");
+    stdout
+        .split("global options")
+        .next()
+        .expect("the help text")
+        .to_string()
+}
+
+/// The commands `--help` shows: each line that starts with two spaces and a word names
+/// one by its synopsis (up to two spaces, where its description starts); a second word
+/// in lower case names a command of a command (`config check`).
+fn help_commands(help: &str) -> BTreeSet<String> {
+    let mut commands = BTreeSet::new();
+    for line in help.lines() {
+        let Some(rest) = line.strip_prefix("  ") else {
+            continue;
+        };
+        if !rest.starts_with(|c: char| c.is_ascii_lowercase()) {
+            continue;
+        }
+        let synopsis = rest.split("  ").next().unwrap_or_default();
+        let mut words = synopsis.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        match words.next() {
+            Some(second) if second.chars().all(|c| c.is_ascii_lowercase()) => {
+                commands.insert(format!("{first} {second}"));
+            }
+            _ => {
+                commands.insert(first.to_string());
+            }
+        }
+    }
+    commands
+}
+
+#[test]
+fn every_pepsi_queue_command_is_its_own_item_in_pepsi_queue_8() {
+    let commands = queue_commands();
+    assert!(
+        commands.len() >= 10,
+        "pepsi-queue lists its commands: {commands:?}"
+    );
+    // The list the parser gives is the list --help gives.
+    assert_eq!(
+        help_commands(&queue_help()),
+        commands,
+        "pepsi-queue --help shows the commands its parser takes"
+    );
+    for command in &commands {
+        let mut args = vec!["-c", NO_CONFIG];
+        args.extend(command.split(' '));
+        let (_, _, stderr) = pepsi_queue(&args);
+        assert!(
+            !stderr.contains("unknown command"),
+            "pepsi-queue takes {command:?}: {stderr}"
+        );
+    }
+    let page = Page::read("pepsi-queue.8");
+    // The entries of COMMANDS that are not options of a command (those of inject).
+    let entries: Vec<&Item> = page
+        .items
+        .iter()
+        .filter(|i| i.section == "COMMANDS" && !i.name.starts_with('-'))
+        .collect();
+    let documented: BTreeSet<String> = entries
+        .iter()
+        .map(|i| {
+            if commands.contains(&i.name) {
+                return i.name.clone();
+            }
+            // A command of a command: its first two words.
+            let two: Vec<&str> = i.tag.split_whitespace().take(2).collect();
+            two.join(" ")
+        })
+        .collect();
+    assert_eq!(
+        documented, commands,
+        "pepsi-queue.8 has an entry under COMMANDS for exactly the commands pepsi-queue takes"
+    );
+}
+
+#[test]
+fn every_option_in_pepsi_queue_help_is_in_pepsi_queue_8() {
+    let help = queue_help();
+    let options: BTreeSet<&str> = help
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| matches!(c, '[' | ']' | '(' | ')' | ',' | '.')))
+        .flat_map(|w| w.split('|'))
+        .filter(|w| w.len() > 1 && w.starts_with('-'))
+        .collect();
+    assert!(options.contains("--json"), "options found: {options:?}");
+    let page = Page::read("pepsi-queue.8");
+    let text = plain(&page.text);
+    let words: BTreeSet<&str> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .collect();
+    for option in options {
+        assert!(
+            words.contains(option),
+            "pepsi-queue.8 documents the option {option}"
+        );
+    }
+}
+
+#[test]
+fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
+    let help = queue_help();
+    let statuses = help
+        .split_once("Exit status:")
+        .expect("pepsi-queue --help lists its exit statuses")
+        .1;
+    let codes: BTreeSet<String> = statuses
+        .split(';')
+        .filter_map(|clause| clause.split_whitespace().next())
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_ascii_digit())
+                .to_string()
+        })
+        .filter(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    for code in ["0", "64", "65", "75", "78"] {
+        assert!(codes.contains(code), "--help lists {code}: {codes:?}");
+    }
+    let page = Page::read("pepsi-queue.8");
+    let documented: BTreeSet<&str> = page
+        .items
+        .iter()
+        .filter(|i| i.section == "EXIT STATUS")
+        .map(|i| i.name.as_str())
+        .collect();
+    for code in &codes {
+        assert!(
+            documented.contains(code.as_str()),
+            "pepsi-queue.8 has an entry under EXIT STATUS for {code}, which --help lists"
+        );
+    }
+    // And it documents no status the program does not have.
+    let known = [
+        pepsi::exit::OK,
+        pepsi::exit::FAILURE,
+        pepsi::exit::EX_USAGE,
+        pepsi::exit::EX_DATAERR,
+        pepsi::exit::EX_NOINPUT,
+        pepsi::exit::EX_UNAVAILABLE,
+        pepsi::exit::EX_SOFTWARE,
+        pepsi::exit::EX_CANTCREAT,
+        pepsi::exit::EX_IOERR,
+        pepsi::exit::EX_TEMPFAIL,
+        pepsi::exit::EX_NOPERM,
+        pepsi::exit::EX_CONFIG,
+    ]
+    .map(|c| c.to_string());
+    for code in documented {
+        assert!(
+            known.iter().any(|k| k == code),
+            "pepsi-queue.8 documents exit status {code}, which src/exit.rs does not define"
         );
     }
 }
