@@ -11,7 +11,7 @@ use super::args::{Inject, Input};
 use super::message::{self, Message};
 use super::{Session, db_failure, emit};
 use crate::db::sql;
-use crate::exit::{EX_DATAERR, EX_NOINPUT, Failure};
+use crate::exit::{EX_DATAERR, EX_NOINPUT, EX_TEMPFAIL, Failure};
 
 /// A message ready to be queued.
 #[derive(Debug)]
@@ -113,5 +113,30 @@ pub fn run(session: &mut Session, p: Prepared) -> Result<(), Failure> {
         p.stage,
         p.rcpt_to.len()
     );
-    emit(format!("{id}\n").as_bytes())
+    // The message is queued: from here on a failure must not make the handing-over
+    // MTA retry (a duplicate) or bounce it.
+    if let Err(e) = emit(format!("{id}\n").as_bytes()) {
+        log::warn!("message {id} was queued, but its id could not be printed: {e}");
+    }
+    Ok(())
+}
+
+/// A failure of `inject` after the message itself was read and accepted: the
+/// database, the configuration, the schema, the stage or a privilege. None of it is
+/// the message's fault, so it exits 75 (`EX_TEMPFAIL`): an MTA handing the message
+/// over (Postfix `pipe(8)` defers only on 75 and 71, and bounces every other code)
+/// keeps it and tries again, instead of bouncing it while an operator fixes the
+/// cause. The reason is kept as it was, with the code it would otherwise have had.
+pub fn for_the_sender(failure: Failure) -> Failure {
+    if failure.code == EX_TEMPFAIL {
+        return failure;
+    }
+    let code = failure.code;
+    Failure::new(
+        EX_TEMPFAIL,
+        format!(
+            "{} (exit {code} otherwise; 75 so that the message is handed over again later)",
+            failure.message
+        ),
+    )
 }

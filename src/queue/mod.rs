@@ -203,8 +203,9 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
             // The message is read and checked before anything is connected: a message
             // refused leaves no trace.
             let prepared = inject::prepare(&what)?;
-            let mut session = Session::open(&globals)?;
-            inject::run(&mut session, prepared)
+            Session::open(&globals)
+                .and_then(|mut session| inject::run(&mut session, prepared))
+                .map_err(inject::for_the_sender)
         }
         command => {
             let mut session = Session::open(&globals)?;

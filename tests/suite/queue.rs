@@ -424,7 +424,7 @@ fn inject_refuses_bad_input_and_writes_nothing() {
                 "r@y.example",
             ]),
             good,
-            65,
+            75,
             "no [stage-nowhere] section",
         ),
         (
@@ -520,6 +520,28 @@ fn varied_queue(c: &mut Client) -> Vec<i64> {
     )
     .unwrap();
     ids
+}
+
+/// A failure that is not the message's own (here a database that does not exist, a
+/// schema that is not installed) exits 75, so that a handing-over MTA keeps the
+/// message and tries again instead of bouncing it.
+#[test]
+fn inject_defers_what_is_not_the_messages_fault() {
+    let db = TestDb::empty();
+    let dir = TempDir::new("q-inject-defer");
+    let args = os(&["inject", "--stage", "in", "-f", "a@x.example", "r@y.example"]);
+    let message = b"Subject: x\n\nbody\n".as_slice();
+    let no_schema = config(&dir, &db);
+    let out = queue_in(&no_schema, &args, message);
+    assert_eq!(out.status.code(), Some(75), "{}", both(&out));
+    assert!(stderr(&out).contains("pepsi-setup schema"), "{}", both(&out));
+    let text = std::fs::read_to_string(&no_schema)
+        .unwrap()
+        .replace(&db.name, "pepsi_no_such_database");
+    let no_database = dir.write("missing.conf", &text);
+    let out = queue_in(&no_database, &args, message);
+    assert_eq!(out.status.code(), Some(75), "{}", both(&out));
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
