@@ -106,6 +106,25 @@ fn group(name: &str) -> Option<u32> {
     })
 }
 
+/// Held while the test installs and purges the system package: a second run of it on
+/// this machine (another checkout's `cargo test`) waits instead of finding the package
+/// installed, or purging it from under the first.
+struct MachineLock(#[allow(dead_code)] std::fs::File);
+
+fn machine_lock() -> MachineLock {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/lock/pepsi-package-test.lock")
+        .expect("open /run/lock/pepsi-package-test.lock");
+    // SAFETY: flock on a descriptor we own; the lock goes with the file.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    MachineLock(file)
+}
+
 /// dpkg with a few tries: another package manager may hold its lock for a moment.
 fn dpkg(args: &[&str]) -> Output {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -262,6 +281,7 @@ fn the_package_installs_runs_and_purges_cleanly() {
     if !is_root() {
         missing.insert(0, "root");
     }
+    let _machine = missing.is_empty().then(machine_lock);
     if !missing.is_empty() || pepsi_installed() {
         let why = if missing.is_empty() {
             "the package pepsi is installed on this machine already (dpkg --purge pepsi first)"

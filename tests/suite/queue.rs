@@ -529,12 +529,23 @@ fn varied_queue(c: &mut Client) -> Vec<i64> {
 fn inject_defers_what_is_not_the_messages_fault() {
     let db = TestDb::empty();
     let dir = TempDir::new("q-inject-defer");
-    let args = os(&["inject", "--stage", "in", "-f", "a@x.example", "r@y.example"]);
+    let args = os(&[
+        "inject",
+        "--stage",
+        "in",
+        "-f",
+        "a@x.example",
+        "r@y.example",
+    ]);
     let message = b"Subject: x\n\nbody\n".as_slice();
     let no_schema = config(&dir, &db);
     let out = queue_in(&no_schema, &args, message);
     assert_eq!(out.status.code(), Some(75), "{}", both(&out));
-    assert!(stderr(&out).contains("pepsi-setup schema"), "{}", both(&out));
+    assert!(
+        stderr(&out).contains("pepsi-setup schema"),
+        "{}",
+        both(&out)
+    );
     let text = std::fs::read_to_string(&no_schema)
         .unwrap()
         .replace(&db.name, "pepsi_no_such_database");
