@@ -28,7 +28,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::Type;
 
 use crate::cli::{Invocation, Program};
-use crate::config::graph::{self, STAGE_PREFIX};
+use crate::config::graph::{self, ProgramPath, STAGE_PREFIX};
 use crate::config::{Config, ConfigError, Origin, Section};
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::Failure;
@@ -346,6 +346,8 @@ struct Target {
     origin: Origin,
     /// The file's `[stage-*]` sections, for the check against the graph.
     stage_sections: Vec<Section>,
+    /// The file's `[pepsi] PROGRAM_PATH`, under which the overlay is laid over them.
+    programs: ProgramPath,
 }
 
 impl Target {
@@ -377,7 +379,7 @@ impl Target {
     fn check_stage(&self, client: &mut Client) -> Result<(), Trouble> {
         let overlay = db::read_overlay(client)
             .map_err(|e| Trouble::from_db("cannot read pepsi.config_override", &e))?;
-        let laid = graph::lay_over(&self.stage_sections, &overlay);
+        let laid = graph::lay_over(&self.stage_sections, &overlay, &self.programs);
         match bounce_stage_error(&self.stage, &self.origin, &laid.sections) {
             None => Ok(()),
             Some(e) => Err(Trouble::Fatal(Failure::config(format!(
@@ -400,6 +402,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         stage,
         origin,
         stage_sections: config.stage_sections.clone(),
+        programs: config.pepsi.program_path.clone(),
     };
     match args.command {
         Command::Sweep => sweep_once(&target, args.scope),

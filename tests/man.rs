@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use pepsi::config::graph::{self, STAGE_KEYS};
-use pepsi::config::{Config, StageGraph, known_keys, raw};
+use pepsi::config::{Config, known_keys, raw};
 use pepsi::stages::{self, BUILTINS};
+use pepsi::worker::settings;
 
 /// A file under `packaging/`.
 fn packaging(relative: &str) -> PathBuf {
@@ -101,6 +102,9 @@ struct Item {
     name: String,
     /// The whole tag line as it reads.
     tag: String,
+    /// The text of its paragraph as it reads (up to the next item, paragraph or
+    /// heading), lines joined by spaces.
+    body: String,
 }
 
 /// A page: its text and its items.
@@ -121,7 +125,7 @@ impl Page {
         let mut subsections = Vec::new();
         let mut section = String::new();
         let mut subsection: Option<String> = None;
-        let mut lines = text.lines();
+        let mut lines = text.lines().peekable();
         while let Some(line) = lines.next() {
             if let Some(rest) = line.strip_prefix(".SH ") {
                 section = plain(&arguments(rest).join(" "));
@@ -148,11 +152,25 @@ impl Page {
                     .next()
                     .unwrap_or_default()
                     .to_string();
+                let mut body = Vec::new();
+                while let Some(next) = lines.next_if(|l| {
+                    ![".TP", ".TQ", ".PP", ".IP", ".SS", ".SH"]
+                        .iter()
+                        .any(|m| l.split(' ').next() == Some(*m))
+                }) {
+                    body.push(match next.strip_prefix('.') {
+                        Some(call) => plain(
+                            &arguments(call.split_once(' ').map_or("", |(_, rest)| rest)).join(""),
+                        ),
+                        None => plain(next),
+                    });
+                }
                 items.push(Item {
                     section: section.clone(),
                     subsection: subsection.clone(),
                     name,
                     tag,
+                    body: body.join(" "),
                 });
             }
         }
@@ -240,6 +258,58 @@ fn every_built_in_stage_key_is_documented_under_its_program() {
         set(programs.iter().map(String::as_str)),
         "pepsi.conf.5 documents exactly the built-in stages"
     );
+}
+
+#[test]
+fn every_built_in_stages_overridable_keys_are_documented_under_per_address_settings() {
+    let page = Page::read("pepsi.conf.5");
+    let heading = ("PER-ADDRESS SETTINGS", "Overridable keys");
+    let mut programs = BTreeSet::new();
+    for stage in BUILTINS {
+        let program = format!("pepsi-stage-{}", stage.name());
+        let item = page
+            .items
+            .iter()
+            .find(|i| {
+                (i.section.as_str(), i.subsection.as_deref()) == (heading.0, Some(heading.1))
+                    && i.name == program
+            })
+            .unwrap_or_else(|| panic!("pepsi.conf.5 has no {program} under {heading:?}"));
+        // The upper-case words of its paragraph are the keys.
+        let documented: BTreeSet<&str> = item
+            .body
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.len() > 1 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+            .collect();
+        assert_eq!(
+            documented,
+            set(settings::overridable_keys(&program)),
+            "the overridable keys of {program} in pepsi.conf.5 ({:?})",
+            item.body
+        );
+        programs.insert(program);
+    }
+    assert_eq!(
+        page.items_under(heading.0, heading.1),
+        set(programs.iter().map(String::as_str)),
+        "pepsi.conf.5 lists exactly the built-in stages' overridable keys"
+    );
+    let section = page
+        .text
+        .split(".SH PER-ADDRESS SETTINGS")
+        .nth(1)
+        .and_then(|rest| rest.split("\n.SH ").next())
+        .map(plain)
+        .expect("pepsi.conf.5 has a PER-ADDRESS SETTINGS section");
+    let words: BTreeSet<&str> = section
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    for key in settings::NEVER_OVERRIDABLE.iter().chain(["_STAGE"].iter()) {
+        assert!(
+            words.contains(key),
+            "PER-ADDRESS SETTINGS in pepsi.conf.5 names {key} as never overridable"
+        );
+    }
 }
 
 #[test]
@@ -562,11 +632,12 @@ fn the_example_configuration_uncommented_is_a_valid_pipeline_without_warnings() 
         "{}",
         raw::join_errors(&config.warnings)
     );
-    let graph = StageGraph::build(&config.stage_sections, &[])
+    let graph = config
+        .file_graph()
         .unwrap_or_else(|e| panic!("{}", raw::join_errors(&e)));
     assert!(graph.stages().count() > 0, "the example has a pipeline");
     // What `pepsi-dispatch check` and the dispatcher would warn about or refuse.
-    let laid = graph::lay_over(&config.stage_sections, &[]);
+    let laid = config.lay_over(&[]);
     let mut problems = graph::unknown_keys(laid.sections.values(), stages::program_keys);
     problems.extend(graph.cycle_warnings());
     problems.extend(stages::check_sections(graph.stages()));
@@ -604,6 +675,7 @@ fn the_example_shows_every_fixed_key_at_its_default() {
     assert_eq!(shown.pepsi.allow_fusion, default.pepsi.allow_fusion);
     assert_eq!(shown.pepsi.share_telemetry, default.pepsi.share_telemetry);
     assert_eq!(shown.pepsi.run_as, default.pepsi.run_as);
+    assert_eq!(shown.pepsi.program_path, default.pepsi.program_path);
     assert_eq!(shown.postgres, default.postgres);
     let (s, d) = (&shown.dispatch, &default.dispatch);
     assert_eq!(s.max_runtime, d.max_runtime, "MAX_RUNTIME");

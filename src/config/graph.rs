@@ -3,12 +3,20 @@
 //! duration and boolean parses, and every stage reference (`NEXT` and any key ending in
 //! `_STAGE`) names an existing section.
 //!
+//! The overlay is laid over the file in one place, [`lay_over`], which also applies the
+//! one rule about what an overlay may run (SPEC §4 "Least privilege"): an overlay
+//! `PROGRAM` must be an absolute path under `[pepsi] PROGRAM_PATH` ([`ProgramPath`]),
+//! unless a stage section of the file names that very program; any other overlay
+//! `PROGRAM` row is left out (and reported), the rest of the overlay still applies.
+//!
 //! Also here, pure: the unknown keys of stage sections ([`unknown_keys`]) and the cycles
 //! of the graph ([`StageGraph::cycles`]), both warnings, never errors.
 //!
 //! Used by the dispatcher (routing, pool sizes) and by workers (their own options).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use super::keys;
@@ -35,6 +43,148 @@ pub const STAGE_KEYS: &[&str] = &[
     "MAX_LIFETIME",
     "BOUNCE_STAGE",
 ];
+
+/// `[pepsi] PROGRAM_PATH`'s default: where the package installs its programs and the
+/// `pepsi-stage-NAME` links (`/usr/bin`), and the place for a site's own stage programs
+/// (`/usr/lib/pepsi`).
+pub const DEFAULT_PROGRAM_PATH: &str = "/usr/bin:/usr/lib/pepsi";
+
+/// `[pepsi] PROGRAM_PATH`: the directories an overlay `PROGRAM` may name a program
+/// under (at any depth), or none at all (`none`). Set in the file only: the overlay
+/// overrides `[stage-*]` sections alone, so it cannot widen this.
+///
+/// The check is by text, never by the file system: an absolute path without `..`
+/// components, `.` components and repeated slashes normalised away, whose directory
+/// components begin with those of one of the directories (`/usr/binx/foo` is not under
+/// `/usr/bin`). A link under a listed directory is followed when the program runs, so
+/// only directories that only root can write belong in the list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramPath {
+    /// The directories, normalised; empty for `none`.
+    dirs: Vec<PathBuf>,
+}
+
+/// An absolute path with `.` components and repeated or trailing slashes normalised
+/// away; `..` components are refused (the check is by text, and `..` after a link
+/// means something else to the kernel than to the text).
+fn normalised(path: &str) -> Result<PathBuf, &'static str> {
+    if !path.starts_with('/') {
+        return Err("it is not an absolute path");
+    }
+    let mut out = PathBuf::from("/");
+    for component in Path::new(path).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => return Err("it has a \"..\" component"),
+            Component::Prefix(_) => return Err("it is not an absolute path"),
+        }
+    }
+    Ok(out)
+}
+
+impl ProgramPath {
+    /// Reads a `PROGRAM_PATH` value: `none`, or absolute directories joined by `:`.
+    pub fn parse(text: &str) -> Result<ProgramPath, String> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("none") {
+            return Ok(ProgramPath { dirs: Vec::new() });
+        }
+        let mut dirs = Vec::new();
+        for entry in text.split(':') {
+            if entry.is_empty() {
+                return Err(format!(
+                    "{text:?} has an empty entry (directories are joined by ':'; none for no directory)"
+                ));
+            }
+            let dir = normalised(entry)
+                .map_err(|why| format!("{entry:?} is not a directory for it: {why}"))?;
+            if dir == Path::new("/") {
+                return Err(format!(
+                    "{entry:?} would allow every program; name the directories"
+                ));
+            }
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        Ok(ProgramPath { dirs })
+    }
+
+    /// No directory: the overlay may name only programs the file names.
+    pub fn none() -> ProgramPath {
+        ProgramPath { dirs: Vec::new() }
+    }
+
+    /// The directories, normalised, in order; empty for `none`.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Is `program` an absolute path under one of the directories? `Err` says why not.
+    pub fn check(&self, program: &str) -> Result<(), String> {
+        if self.dirs.is_empty() {
+            return Err("[pepsi] PROGRAM_PATH is none".into());
+        }
+        let path = normalised(program)?;
+        if program.ends_with('/') {
+            return Err("it ends in '/', which names a directory".into());
+        }
+        if self
+            .dirs
+            .iter()
+            .any(|dir| path.starts_with(dir) && path != *dir)
+        {
+            Ok(())
+        } else {
+            Err(format!("it is not under [pepsi] PROGRAM_PATH ({self})"))
+        }
+    }
+}
+
+impl Default for ProgramPath {
+    fn default() -> ProgramPath {
+        ProgramPath::parse(DEFAULT_PROGRAM_PATH).expect("the default PROGRAM_PATH parses")
+    }
+}
+
+impl fmt::Display for ProgramPath {
+    /// As it would be written in the file.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.dirs.is_empty() {
+            return f.write_str("none");
+        }
+        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        f.write_str(&dirs.join(":"))
+    }
+}
+
+/// Why the overlay may not set `PROGRAM` to `value`, or `None` when it may: an empty
+/// value (which unsets the key; the graph check decides about the section), a program
+/// a stage section of the file names exactly as written, or an absolute path under
+/// `programs` (SPEC §4 "Least privilege").
+pub fn overlay_program_refusal(
+    file: &[Section],
+    programs: &ProgramPath,
+    value: &str,
+) -> Option<String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    let named_by_file = file
+        .iter()
+        .filter(|s| s.name.starts_with(STAGE_PREFIX))
+        .any(|s| s.get("PROGRAM") == Some(value));
+    if named_by_file {
+        return None;
+    }
+    let why = programs.check(value).err()?;
+    Some(format!(
+        "{value:?} is refused: {why}; an overlay PROGRAM must be an absolute path under \
+         [pepsi] PROGRAM_PATH ({programs}) or a program a [stage-*] section of the file names"
+    ))
+}
 
 /// One row of `pepsi.config_override`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,11 +287,17 @@ pub struct LaidOver {
     pub errors: Vec<ConfigError>,
     /// Overlay rows that are ignored (a section other than `[stage-*]`).
     pub warnings: Vec<ConfigError>,
+    /// Overlay rows that are refused and left out, the rest of the overlay applying:
+    /// a `PROGRAM` that [`overlay_program_refusal`] refuses. The dispatcher logs them
+    /// as errors, `pepsi-dispatch check` reports them as errors, `pepsi-queue config
+    /// set` refuses to write one.
+    pub refused: Vec<ConfigError>,
 }
 
 /// Lays `overlay` over the file's stage sections (the first phase of
-/// [`StageGraph::build`]): a row sets its key, an empty value unsets it.
-pub fn lay_over(file: &[Section], overlay: &[OverrideRow]) -> LaidOver {
+/// [`StageGraph::build`]): a row sets its key, an empty value unsets it, and a
+/// `PROGRAM` row the overlay may not set (see [`overlay_program_refusal`]) is left out.
+pub fn lay_over(file: &[Section], overlay: &[OverrideRow], programs: &ProgramPath) -> LaidOver {
     let mut sections: BTreeMap<String, Section> = file
         .iter()
         .filter(|s| s.name.starts_with(STAGE_PREFIX))
@@ -149,6 +305,7 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow]) -> LaidOver {
         .collect();
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
+    let mut refused = Vec::new();
     for row in overlay {
         if !row.section.starts_with(STAGE_PREFIX) || row.section.len() == STAGE_PREFIX.len() {
             warnings.push(ConfigError {
@@ -180,6 +337,16 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow]) -> LaidOver {
             });
             continue;
         }
+        if row.key == "PROGRAM" {
+            if let Some(why) = overlay_program_refusal(file, programs, &row.value) {
+                refused.push(ConfigError {
+                    section: Some(row.section.clone()),
+                    key: Some(row.key.clone()),
+                    ..ConfigError::at(Origin::Override, why)
+                });
+                continue;
+            }
+        }
         sections
             .entry(row.section.clone())
             .or_insert_with(|| Section::new(row.section.clone(), Origin::Override))
@@ -189,6 +356,7 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow]) -> LaidOver {
         sections,
         errors,
         warnings,
+        refused,
     }
 }
 
@@ -226,17 +394,19 @@ pub struct StageGraph {
 }
 
 impl StageGraph {
-    /// Lays `overlay` over the file's stage sections and checks the result. Every
-    /// problem is returned, one message each.
+    /// Lays `overlay` over the file's stage sections (leaving out the rows
+    /// [`LaidOver::refused`] lists, which the caller reports) and checks the result.
+    /// Every problem is returned, one message each.
     pub fn build(
         file: &[Section],
         overlay: &[OverrideRow],
+        programs: &ProgramPath,
     ) -> Result<StageGraph, Vec<ConfigError>> {
         let LaidOver {
             sections,
             mut errors,
             ..
-        } = lay_over(file, overlay);
+        } = lay_over(file, overlay, programs);
         let mut stages = BTreeMap::new();
         for section in sections.values() {
             if section.name.len() == STAGE_PREFIX.len() {
@@ -398,6 +568,10 @@ mod tests {
         raw::parse(Path::new("/g.conf"), text).unwrap()
     }
 
+    fn build(file: &[Section], overlay: &[OverrideRow]) -> Result<StageGraph, Vec<ConfigError>> {
+        StageGraph::build(file, overlay, &ProgramPath::default())
+    }
+
     fn row(section: &str, key: &str, value: &str) -> OverrideRow {
         OverrideRow {
             section: section.into(),
@@ -412,7 +586,7 @@ mod tests {
 
     #[test]
     fn a_valid_graph_with_defaults() {
-        let g = StageGraph::build(&sections(PIPE), &[]).unwrap();
+        let g = build(&sections(PIPE), &[]).unwrap();
         assert_eq!(g.stages().count(), 3);
         let pass = g.get("pass").unwrap();
         assert_eq!(pass.parallelism, 2);
@@ -428,8 +602,7 @@ mod tests {
 
     #[test]
     fn a_dangling_next_is_rejected_with_file_and_line() {
-        let errs = StageGraph::build(&sections("[stage-a]\nPROGRAM = p\nNEXT = nowhere\n"), &[])
-            .unwrap_err();
+        let errs = build(&sections("[stage-a]\nPROGRAM = p\nNEXT = nowhere\n"), &[]).unwrap_err();
         assert_eq!(errs.len(), 1);
         assert_eq!(
             errs[0].to_string(),
@@ -439,7 +612,7 @@ mod tests {
 
     #[test]
     fn any_stage_reference_key_is_checked() {
-        let errs = StageGraph::build(
+        let errs = build(
             &sections("[stage-a]\nPROGRAM = p\nBOUNCE_STAGE = gone\nELSE_STAGE = a\n"),
             &[],
         )
@@ -454,7 +627,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_rejected() {
-        let errs = StageGraph::build(&sections("[stage-a]\nNEXT = a\n"), &[]).unwrap_err();
+        let errs = build(&sections("[stage-a]\nNEXT = a\n"), &[]).unwrap_err();
         assert_eq!(
             errs[0].to_string(),
             "/g.conf:1: [stage-a] PROGRAM: is required but not set"
@@ -463,7 +636,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_each_reported() {
-        let errs = StageGraph::build(
+        let errs = build(
             &sections("[stage-a]\nPROGRAM = p\nMAX_LIFETIME = forever\nPARALLELISM = 0\nFUSION = sometimes\n"),
             &[],
         )
@@ -484,7 +657,7 @@ mod tests {
             row("stage-extra", "NEXT", "discard"),
             row("pepsi", "ALLOW_FUSION", "yes"),
         ];
-        let g = StageGraph::build(&sections(PIPE), &overlay).unwrap();
+        let g = build(&sections(PIPE), &overlay).unwrap();
         assert_eq!(g.get("pass").unwrap().parallelism, 7);
         assert_eq!(g.get("pass").unwrap().next.as_deref(), Some("extra"));
         assert_eq!(
@@ -501,14 +674,12 @@ mod tests {
 
     #[test]
     fn an_overlay_error_names_the_overlay() {
-        let errs = StageGraph::build(&sections(PIPE), &[row("stage-pass", "QUEUE_LIMIT", "lots")])
-            .unwrap_err();
+        let errs = build(&sections(PIPE), &[row("stage-pass", "QUEUE_LIMIT", "lots")]).unwrap_err();
         assert_eq!(
             errs[0].to_string(),
             "pepsi.config_override: [stage-pass] QUEUE_LIMIT: \"lots\" is not a whole number"
         );
-        let errs =
-            StageGraph::build(&sections(PIPE), &[row("stage-pass", "next", "x")]).unwrap_err();
+        let errs = build(&sections(PIPE), &[row("stage-pass", "next", "x")]).unwrap_err();
         assert!(
             errs[0]
                 .to_string()
@@ -518,9 +689,9 @@ mod tests {
 
     #[test]
     fn cycles_are_found_once_each_as_a_path_back_to_their_first_stage() {
-        let g = StageGraph::build(&sections(PIPE), &[]).unwrap();
+        let g = build(&sections(PIPE), &[]).unwrap();
         assert!(g.cycles().is_empty(), "a pipeline without a loop");
-        let g = StageGraph::build(
+        let g = build(
             &sections(
                 "[stage-loop1]\nPROGRAM = p\nNEXT = loop2\n\
                  [stage-loop2]\nPROGRAM = p\nNEXT = out\nELSE_STAGE = loop1\n\
@@ -554,7 +725,11 @@ mod tests {
 
     #[test]
     fn overlay_rows_outside_stage_sections_are_warnings() {
-        let laid = lay_over(&sections(PIPE), &[row("pepsi", "ALLOW_FUSION", "yes")]);
+        let laid = lay_over(
+            &sections(PIPE),
+            &[row("pepsi", "ALLOW_FUSION", "yes")],
+            &ProgramPath::default(),
+        );
         assert!(laid.errors.is_empty());
         assert_eq!(
             laid.warnings[0].to_string(),
@@ -577,6 +752,7 @@ mod tests {
                  [stage-ext]\nPROGRAM = /usr/lib/relay\nSMARTHOST = mx\nPARALLELSIM = 2\n",
             ),
             &[row("stage-a", "QUEUE_LIMT", "2")],
+            &ProgramPath::default(),
         );
         let text: Vec<String> = unknown_keys(laid.sections.values(), keys)
             .iter()
@@ -594,9 +770,157 @@ mod tests {
     }
 
     #[test]
+    fn program_path_takes_absolute_directories_or_none() {
+        let p = ProgramPath::parse("/usr/bin:/usr/lib/pepsi/:/opt//pepsi/./bin").unwrap();
+        assert_eq!(
+            p.dirs(),
+            [
+                PathBuf::from("/usr/bin"),
+                PathBuf::from("/usr/lib/pepsi"),
+                PathBuf::from("/opt/pepsi/bin")
+            ],
+            "trailing and repeated slashes and . components are normalised"
+        );
+        assert_eq!(p.to_string(), "/usr/bin:/usr/lib/pepsi:/opt/pepsi/bin");
+        assert_eq!(ProgramPath::default().to_string(), DEFAULT_PROGRAM_PATH);
+        assert!(ProgramPath::parse("none").unwrap().dirs().is_empty());
+        assert_eq!(ProgramPath::parse("NONE").unwrap(), ProgramPath::none());
+        for (bad, says) in [
+            ("usr/bin", "not an absolute path"),
+            ("/usr/bin:bin", "not an absolute path"),
+            ("/usr/lib/pepsi/../../tmp", "\"..\" component"),
+            ("/usr/bin::/usr/lib/pepsi", "empty entry"),
+            ("/usr/bin:", "empty entry"),
+            ("/", "every program"),
+            ("//.", "every program"),
+        ] {
+            let e = ProgramPath::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_program_must_be_an_absolute_path_under_a_program_path_directory() {
+        let p = ProgramPath::parse("/usr/bin:/usr/lib/pepsi/").unwrap();
+        for good in [
+            "/usr/bin/pepsi-stage-pass",
+            "/usr/lib/pepsi/relay",
+            "/usr/lib/pepsi/stages/relay",
+            "/usr/bin//pepsi-stage-if",
+            "/usr/bin/./pepsi-stage-if",
+        ] {
+            assert_eq!(p.check(good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("pepsi-stage-pass", "not an absolute path"),
+            ("usr/bin/pepsi-stage-pass", "not an absolute path"),
+            ("./pepsi-stage-pass", "not an absolute path"),
+            ("/usr/bin/../../tmp/x", "\"..\" component"),
+            ("/usr/lib/pepsi/../x", "\"..\" component"),
+            ("/usr/bin/x/", "names a directory"),
+            ("/usr/bin", "not under"),
+            ("/usr/bin/", "names a directory"),
+            ("/usr/binx/foo", "not under"),
+            ("/usr/lib/pepsix", "not under"),
+            ("/usr/lib/pepsi-evil/x", "not under"),
+            (
+                "/tmp/x",
+                "not under [pepsi] PROGRAM_PATH (/usr/bin:/usr/lib/pepsi)",
+            ),
+        ] {
+            let e = p.check(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let none = ProgramPath::none();
+        assert!(
+            none.check("/usr/bin/pepsi-stage-pass")
+                .unwrap_err()
+                .contains("is none")
+        );
+    }
+
+    #[test]
+    fn an_overlay_program_outside_program_path_is_left_out_unless_the_file_names_it() {
+        let file = sections(
+            "[stage-a]\nPROGRAM = /opt/site/relay\nNEXT = b\n[stage-b]\nPROGRAM = pepsi-stage-discard\n",
+        );
+        let default = ProgramPath::default();
+        // Refused: outside, relative, with "..", a prefix that is no directory.
+        for value in [
+            "/tmp/x",
+            "pepsi-stage-pass",
+            "/usr/bin/../../tmp/x",
+            "/usr/binx/foo",
+            "/opt/site/relay2",
+        ] {
+            let laid = lay_over(&file, &[row("stage-a", "PROGRAM", value)], &default);
+            assert_eq!(laid.refused.len(), 1, "{value}");
+            let text = laid.refused[0].to_string();
+            assert!(
+                text.starts_with(&format!(
+                    "pepsi.config_override: [stage-a] PROGRAM: {value:?} is refused: "
+                )),
+                "{text}"
+            );
+            assert_eq!(
+                laid.sections["stage-a"].get("PROGRAM"),
+                Some("/opt/site/relay"),
+                "the file's PROGRAM stays: {value}"
+            );
+        }
+        // Accepted: under PROGRAM_PATH, or exactly as the file names it (any stage).
+        for value in [
+            "/usr/bin/pepsi-stage-pass",
+            "/usr/lib/pepsi/relay",
+            "/opt/site/relay",
+            "pepsi-stage-discard",
+            "",
+        ] {
+            let laid = lay_over(&file, &[row("stage-a", "PROGRAM", value)], &default);
+            assert!(laid.refused.is_empty(), "{value}: {:?}", laid.refused);
+        }
+        // none: only what the file names.
+        let none = ProgramPath::none();
+        let laid = lay_over(
+            &file,
+            &[
+                row("stage-a", "PROGRAM", "/usr/bin/pepsi-stage-pass"),
+                row("stage-c", "PROGRAM", "pepsi-stage-discard"),
+                row("stage-c", "NEXT", "a"),
+            ],
+            &none,
+        );
+        assert_eq!(laid.refused.len(), 1);
+        assert!(laid.refused[0].to_string().contains("PROGRAM_PATH is none"));
+        assert_eq!(
+            laid.sections["stage-c"].get("PROGRAM"),
+            Some("pepsi-stage-discard"),
+            "the rest of the overlay applies"
+        );
+        // The graph is built without the refused row.
+        let g = StageGraph::build(&file, &[row("stage-a", "PROGRAM", "/tmp/x")], &default).unwrap();
+        assert_eq!(g.get("a").unwrap().program, "/opt/site/relay");
+        // An overlay-only stage whose PROGRAM is refused has none: an invalid graph.
+        let errs = StageGraph::build(
+            &file,
+            &[
+                row("stage-n", "PROGRAM", "/tmp/x"),
+                row("stage-n", "NEXT", "b"),
+            ],
+            &default,
+        )
+        .unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("[stage-n] PROGRAM: is required but not set"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn an_empty_overlay_value_unsets_a_key() {
-        let g =
-            StageGraph::build(&sections(PIPE), &[row("stage-pass", "PARALLELISM", "")]).unwrap();
+        let g = build(&sections(PIPE), &[row("stage-pass", "PARALLELISM", "")]).unwrap();
         assert_eq!(g.get("pass").unwrap().parallelism, 4);
     }
 }

@@ -15,7 +15,7 @@ pub mod raw;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use graph::{StageGraph, StageSection};
+pub use graph::{ProgramPath, StageGraph, StageSection};
 pub use raw::{ConfigError, Origin, Problems, Section};
 
 use crate::exit::Failure;
@@ -38,6 +38,9 @@ pub struct PepsiOptions {
     /// The system's mail host name (`MAILER-DAEMON@` it, the Reporting-MTA of a
     /// delivery status notification); default: the host's name.
     pub hostname: String,
+    /// The directories an overlay `PROGRAM` may name a program under (SPEC §4 "Least
+    /// privilege"); the file's own only, never the overlay's.
+    pub program_path: ProgramPath,
 }
 
 /// `[pepsi-postgres]`.
@@ -109,7 +112,13 @@ pub struct Config {
 const KNOWN: &[(&str, &[&str])] = &[
     (
         "pepsi",
-        &["ALLOW_FUSION", "SHARE_TELEMETRY", "RUN_AS", "HOSTNAME"],
+        &[
+            "ALLOW_FUSION",
+            "SHARE_TELEMETRY",
+            "RUN_AS",
+            "HOSTNAME",
+            "PROGRAM_PATH",
+        ],
     ),
     (
         "pepsi-postgres",
@@ -260,6 +269,12 @@ impl Config {
                     .unwrap_or_default(),
                 None => host_name(),
             },
+            program_path: match pe.get("PROGRAM_PATH") {
+                Some(text) => p
+                    .ok(ProgramPath::parse(text).map_err(|why| pe.error("PROGRAM_PATH", why)))
+                    .unwrap_or_default(),
+                None => ProgramPath::default(),
+            },
         };
 
         let pg = find("pepsi-postgres");
@@ -341,7 +356,20 @@ impl Config {
 
     /// The stage graph from the file alone.
     pub fn file_graph(&self) -> Result<StageGraph, Vec<ConfigError>> {
-        StageGraph::build(&self.stage_sections, &[])
+        self.graph(&[])
+    }
+
+    /// The stage graph of the file with `overlay` laid over it, under this file's
+    /// `[pepsi] PROGRAM_PATH` (the refused overlay rows left out; see
+    /// [`graph::lay_over`]).
+    pub fn graph(&self, overlay: &[graph::OverrideRow]) -> Result<StageGraph, Vec<ConfigError>> {
+        StageGraph::build(&self.stage_sections, overlay, &self.pepsi.program_path)
+    }
+
+    /// The file's stage sections with `overlay` laid over them, under this file's
+    /// `[pepsi] PROGRAM_PATH`, before their values are checked.
+    pub fn lay_over(&self, overlay: &[graph::OverrideRow]) -> graph::LaidOver {
+        graph::lay_over(&self.stage_sections, overlay, &self.pepsi.program_path)
     }
 }
 
@@ -375,6 +403,23 @@ mod tests {
         assert_eq!(c.bouncer.bounce_stage, None);
         assert_eq!(c.pepsi.hostname, host_name());
         assert!(!c.pepsi.hostname.is_empty());
+        assert_eq!(c.pepsi.program_path.to_string(), "/usr/bin:/usr/lib/pepsi");
+    }
+
+    #[test]
+    fn program_path_is_read_and_checked_with_file_and_line() {
+        let c = cfg("[pepsi]\nPROGRAM_PATH = /usr/bin:/srv/pepsi/bin/\n").unwrap();
+        assert_eq!(c.pepsi.program_path.to_string(), "/usr/bin:/srv/pepsi/bin");
+        let c = cfg("[pepsi]\nPROGRAM_PATH = none\n").unwrap();
+        assert_eq!(c.pepsi.program_path, ProgramPath::none());
+        let errs = cfg("[pepsi]\nRUN_AS = root\nPROGRAM_PATH = /usr/bin:bin\n").unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("/t.conf:3: [pepsi] PROGRAM_PATH: \"bin\" is not a directory for it"),
+            "{}",
+            errs[0]
+        );
     }
 
     #[test]

@@ -193,6 +193,24 @@ pub fn read_overlay(
         .collect())
 }
 
+/// Hands `each` the (address, stage, key) of every `pepsi.settings` row outside the
+/// pairs `stages[i]`, `keys[i]` ([`sql::READ_UNLISTED_SETTINGS`]), one row at a time,
+/// so a large table is never held whole.
+pub fn read_unlisted_settings(
+    client: &mut Client,
+    stages: &[String],
+    keys: &[String],
+    mut each: impl FnMut(String, String, String),
+) -> Result<(), postgres::Error> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let params: [&(dyn postgres::types::ToSql + Sync); 2] = [&stages, &keys];
+    let mut rows = client.query_raw(sql::READ_UNLISTED_SETTINGS, params)?;
+    while let Some(row) = rows.next()? {
+        each(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    }
+    Ok(())
+}
+
 /// A one-line description of a database error: the server's message with its
 /// SQLSTATE, or the client's error with its causes ("error connecting to server: No
 /// such file or directory (os error 2)").

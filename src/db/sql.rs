@@ -29,6 +29,15 @@ pub const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 pub const READ_CONFIG_OVERRIDE: &str =
     "SELECT section, key, value FROM pepsi.config_override ORDER BY section, key";
 
+/// The per-address settings outside the allowed (stage, key) pairs, for
+/// `pepsi-dispatch check`: $1 stages (text[]) and $2 keys (text[]), pairwise the keys
+/// each stage section lets a per-address setting override. Rows of stages without a
+/// section come back whole; the caller judges every row returned. Reads only.
+pub const READ_UNLISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key FROM pepsi.settings s \
+     WHERE NOT EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS a(stage, key) \
+                        WHERE a.stage = s.stage AND a.key = s.key) \
+     ORDER BY s.stage, s.key, s.address";
+
 /// The columns a worker loads for every row (see [`LOAD_METADATA`]). `$1` is the id
 /// array. The last column is the claim token every write of the row is guarded with.
 /// The settings subquery fetches the per-address overrides of the correspondents (the

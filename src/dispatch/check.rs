@@ -9,37 +9,76 @@
 //! the graph, and the schema version. It prints every problem, one a line, and exits 0
 //! (warnings allowed) or 78.
 //!
+//! It also lists the overlay rows the dispatcher leaves out ([`refused_rows`]: a
+//! `PROGRAM` outside `[pepsi] PROGRAM_PATH` that the file does not name), as errors,
+//! and the `pepsi.settings` rows the workers ignore (a key the stage does not let a
+//! correspondent override), as warnings: the workers run without them, so they stop
+//! nothing.
+//!
 //! The dispatcher calls [`at_start`] once its stage graph is built (a bad built-in
-//! section is a start error, exit 1) and `reload.rs` calls [`builtin_errors`] and
-//! [`graph_warnings`] for a new graph. `pepsi-queue config check` runs [`check`], and
-//! `pepsi-queue config set|unset` [`dispatchable_graph`] before it writes the overlay.
+//! section is a start error, exit 1) and `reload.rs` calls [`log_refused_rows`],
+//! [`builtin_errors`] and [`graph_warnings`] for a new graph. `pepsi-queue config
+//! check` runs [`check`], and `pepsi-queue config set|unset` [`dispatchable_graph`]
+//! before it writes the overlay.
 //! This file decides nothing about messages and changes nothing: it reads the file and
 //! the database, and writes only to stdout.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use postgres::Client;
+use postgres::error::SqlState;
+
 use crate::bouncer;
 use crate::cli::Invocation;
-use crate::config::graph::{self, OverrideRow};
+use crate::config::graph::{self, OverrideRow, ProgramPath};
 use crate::config::raw::{self, join_errors};
 use crate::config::{self, Config, ConfigError, Section, StageGraph, StageSection};
 use crate::db::{self, schema};
 use crate::exit::Failure;
 use crate::stages;
+use crate::worker::settings::{self, SettingRow};
 
 use super::PROGRAM;
+
+/// How many ignored `pepsi.settings` rows `check` lists one by one; the rest are
+/// counted in one more warning.
+const SETTINGS_LISTED: usize = 100;
+
+/// The overlay rows laid over the file's stage sections would leave out (see
+/// [`graph::LaidOver::refused`]): each an error naming the row, its value and why.
+pub fn refused_rows(
+    stage_sections: &[Section],
+    programs: &ProgramPath,
+    overlay: &[OverrideRow],
+) -> Vec<ConfigError> {
+    graph::lay_over(stage_sections, overlay, programs).refused
+}
+
+/// Logs the overlay rows the dispatcher leaves out, as errors: the stage graph is
+/// built without them, so a stage may run a program other than the overlay says.
+pub fn log_refused_rows(
+    stage_sections: &[Section],
+    programs: &ProgramPath,
+    overlay: &[OverrideRow],
+) {
+    for e in refused_rows(stage_sections, programs, overlay) {
+        log::error!("{e}; this overlay row is ignored");
+    }
+}
 
 /// Warnings about the stage graph with its overlay: overlay rows that are ignored,
 /// unknown keys of built-in stages' sections, and the cycles of `graph` when it is
 /// valid.
 pub fn graph_warnings(
     stage_sections: &[Section],
+    programs: &ProgramPath,
     overlay: &[OverrideRow],
     graph: Option<&StageGraph>,
 ) -> Vec<ConfigError> {
-    let laid = graph::lay_over(stage_sections, overlay);
+    let laid = graph::lay_over(stage_sections, overlay, programs);
     let mut warnings = laid.warnings;
     warnings.extend(graph::unknown_keys(
         laid.sections.values(),
@@ -60,12 +99,14 @@ pub fn builtin_errors(graph: &StageGraph) -> Vec<ConfigError> {
 /// The stage graph the dispatcher would run with this file and overlay, checked as it
 /// checks a new graph at a reload: the graph itself (§4), then every built-in stage's
 /// section as its workers will check it. Every problem when the dispatcher would refuse
-/// it. `pepsi-queue config set|unset` runs this before it writes the overlay.
+/// it (the rows it leaves out are not among them: see [`refused_rows`]).
+/// `pepsi-queue config set|unset` runs this before it writes the overlay.
 pub fn dispatchable_graph(
     stage_sections: &[Section],
+    programs: &ProgramPath,
     overlay: &[OverrideRow],
 ) -> Result<StageGraph, Vec<ConfigError>> {
-    let graph = StageGraph::build(stage_sections, overlay)?;
+    let graph = StageGraph::build(stage_sections, overlay, programs)?;
     let errors = builtin_errors(&graph);
     if errors.is_empty() {
         Ok(graph)
@@ -74,15 +115,18 @@ pub fn dispatchable_graph(
     }
 }
 
-/// The dispatcher's start-up check of a built stage graph: logs the warnings, and
-/// refuses to start (exit 1, like every start error) when a built-in stage's section
-/// is invalid — its workers would refuse to run and its mail would stall.
+/// The dispatcher's start-up check of a built stage graph: logs the warnings (and the
+/// overlay rows left out, as errors), and refuses to start (exit 1, like every start
+/// error) when a built-in stage's section is invalid — its workers would refuse to run
+/// and its mail would stall.
 pub fn at_start(
     config: &Config,
     overlay: &[OverrideRow],
     graph: &StageGraph,
 ) -> Result<(), Failure> {
-    for w in graph_warnings(&config.stage_sections, overlay, Some(graph)) {
+    let programs = &config.pepsi.program_path;
+    log_refused_rows(&config.stage_sections, programs, overlay);
+    for w in graph_warnings(&config.stage_sections, programs, overlay, Some(graph)) {
         log::warn!("{w}");
     }
     let errors = builtin_errors(graph);
@@ -222,6 +266,13 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             .to_string()
     };
     let run_as = fixed("pepsi", "RUN_AS", "pepsi");
+    // A PROGRAM_PATH in error (reported above) allows nothing, so that no overlay row
+    // passes here that the dispatcher might refuse.
+    let programs = match &config {
+        Ok(c) => c.pepsi.program_path.clone(),
+        Err(_) => ProgramPath::parse(&fixed("pepsi", "PROGRAM_PATH", graph::DEFAULT_PROGRAM_PATH))
+            .unwrap_or_else(|_| ProgramPath::none()),
+    };
     let connection = fixed("pepsi-postgres", "CONNECTION", config::DEFAULT_CONNECTION);
     let stage_sections: Vec<Section> = sections
         .iter()
@@ -255,20 +306,31 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         }
     }
 
-    let overlay = read_database(&connection, &mut found);
+    let (overlay, client) = read_database(&connection, &mut found);
     let overlay = with_rows(overlay, extra);
 
-    let graph = match StageGraph::build(&stage_sections, &overlay) {
+    let graph = match StageGraph::build(&stage_sections, &overlay, &programs) {
         Ok(g) => Some(g),
         Err(errors) => {
             found.add_errors(errors);
             None
         }
     };
-    found.add_warnings(graph_warnings(&stage_sections, &overlay, graph.as_ref()));
+    found.add_warnings(graph_warnings(
+        &stage_sections,
+        &programs,
+        &overlay,
+        graph.as_ref(),
+    ));
     // Every section that checks on its own is checked further, so a bad MATCH is
     // reported beside a dangling NEXT elsewhere.
-    let laid = graph::lay_over(&stage_sections, &overlay);
+    let laid = graph::lay_over(&stage_sections, &overlay, &programs);
+    // A row the dispatcher leaves out is an error: the overlay says one thing and the
+    // dispatcher runs another.
+    found.add_errors(laid.refused.iter().cloned().map(|mut e| {
+        e.message.push_str("; the dispatcher ignores this row");
+        e
+    }));
     let checked: Vec<StageSection> = laid
         .sections
         .values()
@@ -294,36 +356,111 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
     }
+    if let Some(mut client) = client {
+        check_settings(&mut client, &laid.sections, &mut found);
+    }
     found.finish(&path)
 }
 
+/// Lists the `pepsi.settings` rows the workers ignore (SPEC §4 "Least privilege"), as
+/// warnings naming each row, at most [`SETTINGS_LISTED`] of them and a count of the
+/// rest: the rows whose key their stage's program does not let a correspondent
+/// override, and for a stage without a section, those of a key no stage may let.
+/// Warnings, not errors: the workers run without them. The database answers only the
+/// rows outside the (stage, key) pairs the stage sections allow; [`settings::refusal`]
+/// judges those, as the workers do.
+fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, found: &mut Findings) {
+    let mut programs: BTreeMap<String, String> = BTreeMap::new();
+    let (mut stages, mut keys) = (Vec::new(), Vec::new());
+    for section in sections.values() {
+        let Some(stage) = section.name.strip_prefix(graph::STAGE_PREFIX) else {
+            continue;
+        };
+        let Some(program) = section.get("PROGRAM") else {
+            continue;
+        };
+        for key in settings::overridable_keys(program) {
+            stages.push(stage.to_string());
+            keys.push(key.to_string());
+        }
+        programs.insert(stage.to_string(), program.to_string());
+    }
+    let mut refused = Vec::new();
+    let mut more = 0usize;
+    let read = db::read_unlisted_settings(client, &stages, &keys, |address, stage, key| {
+        let row = SettingRow {
+            address,
+            stage,
+            key,
+            value: String::new(),
+        };
+        if let Some(e) = settings::refusal(&row, programs.get(&row.stage).map(String::as_str)) {
+            if refused.len() < SETTINGS_LISTED {
+                refused.push(e);
+            } else {
+                more += 1;
+            }
+        }
+    });
+    match read {
+        Ok(()) => {}
+        // A role that may not read the table (a split of the roles that keeps the
+        // settings from the dispatcher) leaves them unchecked, which is no error of
+        // the configuration.
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            found.warnings.push(format!(
+                "database: pepsi.settings is not checked: {}",
+                db::describe(&e)
+            ));
+        }
+        Err(e) => found.errors.push(format!(
+            "database: cannot read pepsi.settings: {}",
+            db::describe(&e)
+        )),
+    }
+    found.add_warnings(refused);
+    if more > 0 {
+        found.warnings.push(format!(
+            "pepsi.settings: {more} more rows are ignored likewise (not listed)"
+        ));
+    }
+}
+
 /// Connects, checks the schema and reads the overlay; a problem is an error and leaves
-/// the overlay empty (the file alone is checked).
-fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
+/// the overlay empty (the file alone is checked). The connection, when there is one,
+/// for the checks that need the stage graph first.
+fn read_database(connection: &str, found: &mut Findings) -> (Vec<OverrideRow>, Option<Client>) {
     if connection.parse::<postgres::Config>().is_err() {
         found
             .errors
             .push("database: not checked, [pepsi-postgres] CONNECTION is invalid".into());
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let mut client = match db::connect(connection, "pepsi-dispatch check") {
         Ok(c) => c,
         Err(e) => {
             found.errors.push(format!(
-                "database: {e}; the schema and pepsi.config_override are not checked"
+                "database: {e}; the schema, pepsi.config_override and pepsi.settings are not checked"
             ));
-            return Vec::new();
+            return (Vec::new(), None);
         }
     };
-    match schema::check(&mut client) {
-        Ok(()) => {}
-        Err(schema::SchemaError::Mismatch(m)) => found.errors.push(format!("database: {m}")),
-        Err(schema::SchemaError::Db(e)) => found.errors.push(format!(
-            "database: cannot check the schema: {}",
-            db::describe(&e)
-        )),
-    }
-    match db::read_overlay(&mut client) {
+    // Only a schema of this release has the tables as this program reads them.
+    let schema_ok = match schema::check(&mut client) {
+        Ok(()) => true,
+        Err(schema::SchemaError::Mismatch(m)) => {
+            found.errors.push(format!("database: {m}"));
+            false
+        }
+        Err(schema::SchemaError::Db(e)) => {
+            found.errors.push(format!(
+                "database: cannot check the schema: {}",
+                db::describe(&e)
+            ));
+            false
+        }
+    };
+    let overlay = match db::read_overlay(&mut client) {
         Ok(rows) => rows,
         Err(e) => {
             found.errors.push(format!(
@@ -332,7 +469,8 @@ fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
             ));
             Vec::new()
         }
-    }
+    };
+    (overlay, schema_ok.then_some(client))
 }
 
 /// What an account wants to do with a file.

@@ -44,8 +44,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::{Invocation, Program};
+use crate::config::Config;
 use crate::config::raw::join_errors;
-use crate::config::{Config, StageGraph};
 use crate::db::{self, pool::Pool};
 use crate::exit::Failure;
 
@@ -60,7 +60,8 @@ pub const PROGRAM: Program = Program {
             stage graph at a reload or a schema mismatch.\n\
             check: checks the configuration without starting anything (the file, pepsi.config_override, the \
             stage graph, every built-in stage's section, that each PROGRAM is executable by RUN_AS, that \
-            [pepsi-failure-bouncer] BOUNCE_STAGE names a stage, the schema) \
+            [pepsi-failure-bouncer] BOUNCE_STAGE names a stage, overlay PROGRAM rows outside [pepsi] PROGRAM_PATH, \
+            pepsi.settings rows the workers ignore, the schema) \
             and prints every problem. --overlay SECTION KEY VALUE (repeatable) checks it as if that overlay row \
             were written (an empty VALUE unsets the key), without writing it.\nExit status: 0 no errors \
             (warnings allowed), 78 errors, 64 a usage error.",
@@ -95,7 +96,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         log::info!("shutdown requested by signal while waiting for the database");
         return Ok(());
     };
-    let graph = StageGraph::build(&config.stage_sections, &overlay).map_err(|errors| {
+    let graph = config.graph(&overlay).map_err(|errors| {
         Failure::general(format!(
             "the stage graph is invalid:\n{}",
             join_errors(&errors)

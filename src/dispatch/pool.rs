@@ -272,7 +272,6 @@ pub fn biggest(stages: &BTreeMap<String, StagePool>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::graph::StageGraph;
 
     fn pool(parallelism: u32, queue_limit: u32) -> StagePool {
         let text = format!(
@@ -281,7 +280,7 @@ mod tests {
         let path = std::path::Path::new("/t.conf");
         let sections = crate::config::raw::parse(path, &text).expect("parses");
         let config = crate::config::Config::from_sections(path.into(), sections).expect("config");
-        let graph = StageGraph::build(&config.stage_sections, &[]).expect("graph");
+        let graph = config.file_graph().expect("graph");
         StagePool::new(graph.get("s").expect("s").clone())
     }
 

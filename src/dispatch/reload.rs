@@ -5,7 +5,9 @@
 //! is, as its workers would find: routing by one pipeline while new workers run another,
 //! or refuse to run, is worse than stopping), nothing to do (nothing workers read
 //! changed), or apply (logging the new configuration's warnings): rebuild the stage
-//! table and retire every worker.
+//! table and retire every worker. Overlay rows the graph leaves out (a `PROGRAM` the
+//! overlay may not set) are logged as errors at every reload, and the rest of the
+//! overlay applies.
 //! `[pepsi-dispatch]` itself is never reloaded.
 
 use std::time::{Duration, Instant};
@@ -51,7 +53,9 @@ pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Pl
             )));
         }
     };
-    let new_graph = match StageGraph::build(&file.stage_sections, overlay) {
+    let programs = &file.pepsi.program_path;
+    check::log_refused_rows(&file.stage_sections, programs, overlay);
+    let new_graph = match file.graph(overlay) {
         Ok(g) => g,
         Err(errors) => {
             return Plan::Fatal(Failure::config(format!(
@@ -76,6 +80,7 @@ pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Pl
     }
     for w in file.warnings.iter().chain(&check::graph_warnings(
         &file.stage_sections,
+        programs,
         overlay,
         Some(&new_graph),
     )) {
@@ -197,7 +202,7 @@ mod tests {
             OverrideRow {
                 section: "stage-a".into(),
                 key: "PROGRAM".into(),
-                value: "pepsi-stage-if".into(),
+                value: "/usr/bin/pepsi-stage-if".into(),
             },
             OverrideRow {
                 section: "stage-a".into(),
@@ -216,6 +221,29 @@ mod tests {
                     f.message
                 );
             }
+            other => panic!("{other:?}"),
+        }
+        // An overlay PROGRAM outside [pepsi] PROGRAM_PATH is left out, and the rest of
+        // the overlay applies.
+        let outside = [
+            OverrideRow {
+                section: "stage-a".into(),
+                key: "PROGRAM".into(),
+                value: "/tmp/x".into(),
+            },
+            row.clone(),
+        ];
+        match plan(&current, &graph, &outside) {
+            Plan::Apply(_, new) => {
+                assert_eq!(new.get("a").unwrap().program, "/bin/true");
+                assert_eq!(new.get("a").unwrap().parallelism, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A PROGRAM_PATH the file widens is the file's to widen.
+        config_at(&dir, &format!("[pepsi]\nPROGRAM_PATH = /tmp\n{base}"));
+        match plan(&current, &graph, &outside) {
+            Plan::Apply(_, new) => assert_eq!(new.get("a").unwrap().program, "/tmp/x"),
             other => panic!("{other:?}"),
         }
         std::fs::remove_file(dir.join("pepsi.conf")).unwrap();

@@ -120,7 +120,8 @@ impl Session {
 
 /// The stage names with a section, file and overlay together.
 pub fn configured_stages(config: &Config, overlay: &[OverrideRow]) -> BTreeSet<String> {
-    graph::lay_over(&config.stage_sections, overlay)
+    config
+        .lay_over(overlay)
         .sections
         .keys()
         .filter_map(|name| name.strip_prefix(graph::STAGE_PREFIX))

@@ -10,6 +10,9 @@
 //! `config_changed` (the table's trigger) and the dispatcher reloads. `unset` removes
 //! the overlay's row, so the file's value (or the default) applies again; `set` with
 //! an empty VALUE overrides the file's key with nothing, which unsets it.
+//! A `PROGRAM` the overlay may not set (not an absolute path under `[pepsi]
+//! PROGRAM_PATH`, and not a program the file names; see `config::graph::lay_over`,
+//! which the dispatcher applies too) is refused the same way.
 //! `config check` is `dispatch::check::check` itself.
 
 use crate::bouncer;
@@ -56,11 +59,7 @@ fn bouncer_target_lost(
     let stage = config.bouncer.bounce_stage.as_deref()?;
     let origin = config.bouncer.origin.clone().unwrap_or(Origin::Default);
     let problem = |overlay: &[OverrideRow]| {
-        bouncer::bounce_stage_error(
-            stage,
-            &origin,
-            &graph::lay_over(&config.stage_sections, overlay).sections,
-        )
+        bouncer::bounce_stage_error(stage, &origin, &config.lay_over(overlay).sections)
     };
     match problem(before) {
         Some(_) => None,
@@ -97,8 +96,22 @@ pub fn change(
             value: v.to_string(),
         });
     }
+    // The dispatcher would leave this row out (and say so at every reload): refused
+    // here, before anything else, with why.
+    if let Some(refused) = session
+        .config
+        .lay_over(&overlay)
+        .refused
+        .into_iter()
+        .find(|e| e.section.as_deref() == Some(section) && e.key.as_deref() == Some(key))
+    {
+        return Err(Failure::config(format!(
+            "config: refused, the dispatcher would ignore this row; nothing changed:\n{refused}"
+        )));
+    }
     let stage_sections = &session.config.stage_sections;
-    let graph = check::dispatchable_graph(stage_sections, &overlay).map_err(|errors| {
+    let programs = &session.config.pepsi.program_path;
+    let graph = check::dispatchable_graph(stage_sections, programs, &overlay).map_err(|errors| {
         Failure::config(format!(
             "config: refused, the dispatcher would not run this stage configuration; nothing changed:\n{}",
             join_errors(&errors)
@@ -115,7 +128,7 @@ pub fn change(
     }
     .map_err(failed)?;
     tx.commit().map_err(failed)?;
-    for w in check::graph_warnings(stage_sections, &overlay, Some(&graph)) {
+    for w in check::graph_warnings(stage_sections, programs, &overlay, Some(&graph)) {
         log::warn!("{w}");
     }
     let what = match value {

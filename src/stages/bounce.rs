@@ -54,6 +54,10 @@ impl Stage for Bounce {
         &["BOUNCE_SIZE_LIMIT"]
     }
 
+    fn overridable(&self) -> &'static [&'static str] {
+        &["BOUNCE_SIZE_LIMIT"]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         let size_limit =
             section

@@ -26,6 +26,10 @@ impl Stage for Discard {
         &[]
     }
 
+    fn overridable(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn configure(&self, _section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         Ok(Box::new(ConfiguredDiscard))
     }

@@ -49,6 +49,10 @@ impl Stage for Exec {
         &["COMMAND", "TIMEOUT"]
     }
 
+    fn overridable(&self) -> &'static [&'static str] {
+        &["TIMEOUT"]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         let s = &section.section;
         let argv: Vec<String> = s

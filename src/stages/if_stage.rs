@@ -363,6 +363,10 @@ impl Stage for If {
         &["MATCH", "ELSE_STAGE"]
     }
 
+    fn overridable(&self) -> &'static [&'static str] {
+        &["MATCH"]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         let s = &section.section;
         let condition = parse_match(s.required("MATCH")?).map_err(|e| s.error("MATCH", e))?;

@@ -30,6 +30,10 @@ impl Stage for Pass {
         &[]
     }
 
+    fn overridable(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         Ok(Box::new(ConfiguredPass {
             next: required_next(section)?,

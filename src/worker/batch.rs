@@ -197,7 +197,10 @@ impl Worker {
             return Plan::answer_only(id, protocol::STATUS_OK);
         }
         match message_from_row(row, loaded) {
-            Ok(message) => self.run_chain(conn, message, loaded),
+            Ok(mut message) => {
+                self.drop_refused_settings(&mut message);
+                self.run_chain(conn, message, loaded)
+            }
             Err(why) => self.unreadable(id, row, why),
         }
     }

@@ -1,7 +1,9 @@
 //! One message's pass (SPEC §12.5, §12.6): the claimed stage, then every successor that
 //! may be fused into the same pass, each configured with the message's per-address
-//! overrides; the lazy per-address split before a stage whose recipients diverge; the
-//! cache of configured stages; and which programs are this very binary.
+//! overrides; the per-address rows no stage lets a correspondent set, dropped with a
+//! warning before anything else reads them; the lazy per-address split before a stage
+//! whose recipients diverge; the cache of configured stages; and which programs are
+//! this very binary.
 //!
 //! Called by `batch.rs` for every loaded, running row ([`Worker::run_chain`]) and by
 //! `startup.rs` (which sections this binary implements). The pass decides the outcome
@@ -26,6 +28,9 @@ use crate::db::pool::PgConn;
 
 /// Configured stages cached per (stage, per-address overrides), cleared beyond this.
 const CONFIGURED_CACHE: usize = 1024;
+/// Ignored per-address rows remembered as warned about, forgotten beyond this (a row
+/// then warns once more).
+const IGNORED_REMEMBERED: usize = 10_000;
 
 /// A stage configured for one effective section.
 #[derive(Clone)]
@@ -56,6 +61,28 @@ impl Worker {
             .entry(program.to_string())
             .or_insert_with(|| resolve(program).as_deref() == Some(Path::new(&exe)));
         same.then_some(builtin)
+    }
+
+    /// Drops the message's per-address rows that their stage does not let a
+    /// correspondent override (SPEC §4 "Least privilege"), before they can apply or
+    /// split the message. Each dropped row is a warning naming it, once per worker
+    /// process (rows are judged by the stage graph this worker read at start).
+    pub(super) fn drop_refused_settings(&mut self, message: &mut Message) {
+        let graph = &self.graph;
+        let warned = &mut self.ignored_settings;
+        message.settings.retain(|row| {
+            let program = graph.get(&row.stage).map(|s| s.program.as_str());
+            let Some(refused) = settings::refusal(row, program) else {
+                return true;
+            };
+            if warned.len() >= IGNORED_REMEMBERED {
+                warned.clear();
+            }
+            if warned.insert((row.address.clone(), row.stage.clone(), row.key.clone())) {
+                log::warn!("{refused} (message {}; warned once per worker)", message.id);
+            }
+            false
+        });
     }
 
     /// The stage configured for `stage` with a group's overrides (cached).

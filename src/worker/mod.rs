@@ -159,6 +159,13 @@ pub trait Stage: Sync {
     /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
     /// "unknown key" warning.
     fn keys(&self) -> &'static [&'static str];
+    /// The keys of its section a per-address setting (`pepsi.settings`, SPEC §12.5) may
+    /// override for a correspondent, besides `MAX_LIFETIME`, which every stage allows.
+    /// Whatever a stage declares, the keys of [`settings::NEVER_OVERRIDABLE`] and every
+    /// `*_STAGE` key stay the section's: a correspondent never chooses what runs or
+    /// where mail goes (SPEC §4 "Least privilege"). A row naming any other key is
+    /// ignored.
+    fn overridable(&self) -> &'static [&'static str];
     /// Checks a section of this program and returns the body configured by it: the one
     /// check of a section of this kind, used by the dispatcher (at start, at a reload,
     /// by `pepsi-dispatch check`) and by the worker (its own section at start, a

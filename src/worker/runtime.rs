@@ -22,7 +22,7 @@
 //!
 //! This file holds state and wiring only: no SQL, no protocol lines, no decisions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::Stage;
@@ -54,6 +54,9 @@ pub(super) struct Worker {
     pub(super) same_binary: HashMap<String, bool>,
     /// Stages configured per (stage, per-address overrides).
     pub(super) configured: HashMap<(String, String), Result<Ready, String>>,
+    /// The `pepsi.settings` rows (address, stage, key) already warned about as
+    /// ignored, so a busy address warns once per worker process.
+    pub(super) ignored_settings: HashSet<(String, String, String)>,
     /// The largest batch a metadata-only stage takes (its greatest `QUEUE_LIMIT`).
     pub(super) batch_max: usize,
 }
@@ -88,6 +91,7 @@ impl Worker {
                 .and_then(|p| std::fs::canonicalize(p).ok()),
             same_binary: HashMap::new(),
             configured: HashMap::new(),
+            ignored_settings: HashSet::new(),
             batch_max,
         }
     }

@@ -4,13 +4,102 @@
 //!
 //! The correspondent is the envelope sender for a `state.local_origin` message, else
 //! each recipient. Pure: no database access here.
+//!
+//! Also here, the one rule of what a per-address setting may override (SPEC §4 "Least
+//! privilege"): [`refusal`]. A stage kind declares its overridable keys
+//! ([`crate::worker::Stage::overridable`]), every stage allows
+//! [`ALWAYS_OVERRIDABLE`], a program that is not a built-in allows nothing else, and
+//! [`NEVER_OVERRIDABLE`] and every `*_STAGE` key are refused whatever a stage
+//! declares. The worker drops the refused rows of a message before it groups its
+//! recipients (so they neither apply nor split a message) and warns once per row;
+//! `pepsi-dispatch check` lists them.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
 use super::Message;
+use crate::config::graph::STAGE_PREFIX;
 use crate::config::{ConfigError, Origin, StageGraph, StageSection};
+use crate::stages;
+
+/// Keys no per-address setting overrides, whatever its stage declares: what runs
+/// (`PROGRAM`, an exec stage's `COMMAND`), where mail goes (`NEXT`; every key ending in
+/// `_STAGE` is refused too), and how the dispatcher runs and fuses the stage.
+pub const NEVER_OVERRIDABLE: &[&str] = &[
+    "PROGRAM",
+    "NEXT",
+    "COMMAND",
+    "PARALLELISM",
+    "QUEUE_LIMIT",
+    "MAX_MESSAGES",
+    "FUSION",
+];
+
+/// Keys a per-address setting may override at every stage, whatever its program.
+pub const ALWAYS_OVERRIDABLE: &[&str] = &["MAX_LIFETIME"];
+
+/// Is `key` refused to every per-address setting (SPEC §4 "Least privilege")?
+pub fn never_overridable(key: &str) -> bool {
+    NEVER_OVERRIDABLE.contains(&key) || key.ends_with("_STAGE")
+}
+
+/// The keys a per-address setting may override at a stage whose `PROGRAM` is
+/// `program`: [`ALWAYS_OVERRIDABLE`] and what its built-in declares, or
+/// [`ALWAYS_OVERRIDABLE`] alone for a program that is not a built-in (Pepsi cannot know
+/// which of its options are safe in a correspondent's hands); never a key of
+/// [`never_overridable`].
+pub fn overridable_keys(program: &str) -> Vec<&'static str> {
+    let declared = stages::for_program(program).map_or(&[][..], |b| b.overridable());
+    permitted(declared)
+}
+
+/// [`ALWAYS_OVERRIDABLE`] and `declared`, less every key [`never_overridable`] refuses.
+fn permitted(declared: &[&'static str]) -> Vec<&'static str> {
+    let mut keys: Vec<&'static str> = Vec::new();
+    for key in ALWAYS_OVERRIDABLE.iter().chain(declared) {
+        if !never_overridable(key) && !keys.contains(key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
+/// Why a `pepsi.settings` row is ignored, as a problem naming the row (address, stage
+/// and key), or `None` when it applies. `program` is the `PROGRAM` of the row's stage,
+/// `None` when the stage has no section: such a row is refused only for a key no stage
+/// may have overridden (it has no effect anyway until the stage exists, and then it is
+/// judged by that stage's program).
+pub fn refusal(row: &SettingRow, program: Option<&str>) -> Option<ConfigError> {
+    let why = if never_overridable(&row.key) {
+        format!("{} is never overridable per address; ignored", row.key)
+    } else {
+        let program = program?;
+        let allowed = overridable_keys(program);
+        if allowed.contains(&row.key.as_str()) {
+            return None;
+        }
+        let name = program.rsplit('/').next().unwrap_or(program);
+        let kind = if stages::for_program(program).is_some() {
+            format!("{name} allows only {}", allowed.join(", "))
+        } else {
+            format!(
+                "{name} is not a built-in stage, which allows only {}",
+                allowed.join(", ")
+            )
+        };
+        format!(
+            "{} is not overridable per address at stage {} ({kind}); ignored",
+            row.key, row.stage
+        )
+    };
+    Some(ConfigError {
+        origin: Origin::Address(row.address.clone()),
+        section: Some(format!("{STAGE_PREFIX}{}", row.stage)),
+        key: Some(row.key.clone()),
+        message: why,
+    })
+}
 
 /// One row of `pepsi.settings`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,6 +296,127 @@ mod tests {
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].recipients.len(), 2);
         assert_eq!(g[0].overrides.get("K").map(String::as_str), Some("1"));
+    }
+
+    fn row(address: &str, stage: &str, key: &str) -> SettingRow {
+        SettingRow {
+            address: address.into(),
+            stage: stage.into(),
+            key: key.into(),
+            value: "v".into(),
+        }
+    }
+
+    #[test]
+    fn each_built_in_declares_its_overridable_keys_and_max_lifetime_is_everyones() {
+        let keys = |program: &str| overridable_keys(program);
+        assert_eq!(keys("pepsi-stage-if"), ["MAX_LIFETIME", "MATCH"]);
+        assert_eq!(
+            keys("/usr/bin/pepsi-stage-exec"),
+            ["MAX_LIFETIME", "TIMEOUT"]
+        );
+        assert_eq!(
+            keys("pepsi-stage-bounce"),
+            ["MAX_LIFETIME", "BOUNCE_SIZE_LIMIT"]
+        );
+        assert_eq!(keys("pepsi-stage-pass"), ["MAX_LIFETIME"]);
+        assert_eq!(keys("pepsi-stage-discard"), ["MAX_LIFETIME"]);
+        assert_eq!(
+            keys("/usr/lib/pepsi/relay"),
+            ["MAX_LIFETIME"],
+            "not a built-in"
+        );
+    }
+
+    #[test]
+    fn the_common_deny_rule_wins_over_what_a_stage_declares() {
+        // A future stage declaring keys it must not hand to a correspondent.
+        let declared: &[&'static str] = &[
+            "PROGRAM",
+            "NEXT",
+            "COMMAND",
+            "PARALLELISM",
+            "QUEUE_LIMIT",
+            "MAX_MESSAGES",
+            "FUSION",
+            "BOUNCE_STAGE",
+            "ELSE_STAGE",
+            "SPAM_STAGE",
+            "THRESHOLD",
+        ];
+        assert_eq!(permitted(declared), ["MAX_LIFETIME", "THRESHOLD"]);
+        for stage in stages::BUILTINS {
+            for key in stage.overridable() {
+                assert!(
+                    !never_overridable(key),
+                    "pepsi-stage-{} declares {key}",
+                    stage.name()
+                );
+                assert!(
+                    stage.keys().contains(key),
+                    "pepsi-stage-{} declares {key} overridable but not as its key",
+                    stage.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_row_is_named_by_address_stage_and_key() {
+        let if_stage = Some("pepsi-stage-if");
+        for key in ["PROGRAM", "NEXT", "COMMAND", "PARALLELISM", "ELSE_STAGE"] {
+            let e = refusal(&row("r@y", "route", key), if_stage).unwrap();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "pepsi.settings for r@y: [stage-route] {key}: {key} is never overridable per address; ignored"
+                )
+            );
+            assert!(
+                refusal(&row("r@y", "gone", key), None).is_some(),
+                "refused for a stage without a section too"
+            );
+        }
+        assert_eq!(
+            refusal(&row("r@y", "route", "TIMEOUT"), if_stage)
+                .unwrap()
+                .to_string(),
+            "pepsi.settings for r@y: [stage-route] TIMEOUT: TIMEOUT is not overridable per address at stage route (pepsi-stage-if allows only MAX_LIFETIME, MATCH); ignored"
+        );
+        let e = refusal(
+            &row("r@y", "relay", "SMARTHOST"),
+            Some("/usr/lib/pepsi/relay"),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("relay is not a built-in stage, which allows only MAX_LIFETIME"),
+            "{e}"
+        );
+        assert_eq!(refusal(&row("r@y", "route", "MATCH"), if_stage), None);
+        assert_eq!(
+            refusal(&row("r@y", "route", "MAX_LIFETIME"), if_stage),
+            None
+        );
+        assert_eq!(
+            refusal(
+                &row("r@y", "relay", "TIMEOUT"),
+                Some("/usr/bin/pepsi-stage-exec")
+            ),
+            None
+        );
+        assert_eq!(
+            refusal(
+                &row("r@y", "relay", "MAX_LIFETIME"),
+                Some("/usr/lib/pepsi/relay")
+            ),
+            None
+        );
+        assert_eq!(
+            refusal(&row("r@y", "gone", "TIMEOUT"), None),
+            None,
+            "a stage without a section: only the common rule"
+        );
     }
 
     #[test]

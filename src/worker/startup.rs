@@ -17,7 +17,7 @@ use super::input::IdReader;
 use super::runtime::{Worker, builtin_by_name};
 use crate::cli::Globals;
 use crate::config::raw::join_errors;
-use crate::config::{Config, StageGraph, StageSection};
+use crate::config::{Config, StageSection};
 use crate::db::pool::{CheckoutError, Pool};
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::{self, Failure};
@@ -87,7 +87,9 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
     }
     let overlay = db::read_overlay(&mut *conn).map_err(|e| db_startup_failure(&e))?;
     drop(conn);
-    let graph = StageGraph::build(&config.stage_sections, &overlay).map_err(|errors| {
+    // Refused overlay rows are left out as the dispatcher leaves them out; it logs them
+    // (at start and at every reload), so every worker start need not.
+    let graph = config.graph(&overlay).map_err(|errors| {
         Failure::config(format!(
             "the stage graph is invalid, refusing to run:\n{}",
             join_errors(&errors)

@@ -412,6 +412,156 @@ fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
 }
 
 #[test]
+fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-settings");
+    let conf = config(&dir, &db, GOOD);
+    db.client()
+        .execute(
+            "INSERT INTO pepsi.settings VALUES \
+             ('r@y.example', 'filter', 'NEXT', 'out'), \
+             ('r@y.example', 'filter', 'ELSE_STAGE', 'in'), \
+             ('r@y.example', 'filter', 'MATCH', 'sender is x@y.example'), \
+             ('r@y.example', 'filter', 'MAX_LIFETIME', '1h'), \
+             ('s@y.example', 'in', 'PROGRAM', '/tmp/x'), \
+             ('s@y.example', 'in', 'MATCH', 'sender is x@y.example'), \
+             ('s@y.example', 'out', 'PARALLELISM', '1'), \
+             ('t@y.example', 'gone', 'COMMAND', '/bin/sh'), \
+             ('t@y.example', 'gone', 'TIMEOUT', '1s')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&conf, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "ignored rows are warnings: {}",
+        both(&out)
+    );
+    let text = stdout(&out);
+    for line in [
+        "warning: pepsi.settings for r@y.example: [stage-filter] ELSE_STAGE: ELSE_STAGE is never overridable per address; ignored",
+        "warning: pepsi.settings for r@y.example: [stage-filter] NEXT: NEXT is never overridable per address; ignored",
+        "warning: pepsi.settings for s@y.example: [stage-in] PROGRAM: PROGRAM is never overridable per address; ignored",
+        "warning: pepsi.settings for s@y.example: [stage-in] MATCH: MATCH is not overridable per address at stage in (pepsi-stage-pass allows only MAX_LIFETIME); ignored",
+        "warning: pepsi.settings for s@y.example: [stage-out] PARALLELISM: PARALLELISM is never overridable per address; ignored",
+        "warning: pepsi.settings for t@y.example: [stage-gone] COMMAND: COMMAND is never overridable per address; ignored",
+    ] {
+        assert!(text.contains(line), "{line}\n{}", both(&out));
+    }
+    assert!(
+        text.contains("configuration OK (6 warnings)"),
+        "the allowed rows, and a stage without a section's TIMEOUT, are not reported: {}",
+        both(&out)
+    );
+}
+
+#[test]
+fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-program");
+    let conf = config(&dir, &db, GOOD);
+    let refused = "error: pepsi.config_override: [stage-out] PROGRAM: \"/tmp/x\" is refused: it is not under [pepsi] PROGRAM_PATH (/usr/bin:/usr/lib/pepsi)";
+    let out = check(&conf, &["--overlay", "stage-out", "PROGRAM", "/tmp/x"]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    assert!(stdout(&out).contains(refused), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("; the dispatcher ignores this row"),
+        "{}",
+        both(&out)
+    );
+    // A program the file names (at any stage) is no such problem.
+    let discard = stage("discard").display().to_string();
+    let out = check(&conf, &["--overlay", "stage-in", "PROGRAM", &discard]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    // A stored row is reported the same way.
+    db.client()
+        .execute(
+            "INSERT INTO pepsi.config_override VALUES ('stage-out', 'PROGRAM', '/tmp/x')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    assert!(stdout(&out).contains(refused), "{}", both(&out));
+}
+
+#[test]
+fn a_reload_ignores_an_overlay_program_outside_program_path_and_applies_the_rest() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-program-reload");
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "{GOOD}\n[pepsi]\nPROGRAM_PATH = {}\n",
+            crate::util::stage_dir().display()
+        ),
+    );
+    let mut c = db.client();
+    let mut d = Dispatcher::start(&conf, &[]);
+    d.wait_log("serving 3 stages", Duration::from_secs(20));
+    // One statement: a PROGRAM outside PROGRAM_PATH, an attempt to widen PROGRAM_PATH
+    // through the overlay, and a change that applies.
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-out', 'PROGRAM', '/tmp/x'), \
+         ('pepsi', 'PROGRAM_PATH', '/tmp'), ('stage-in', 'PARALLELISM', '2')",
+        &[],
+    )
+    .unwrap();
+    d.wait_log(
+        "pepsi.config_override: [stage-out] PROGRAM: \"/tmp/x\" is refused: it is not under [pepsi] PROGRAM_PATH",
+        Duration::from_secs(20),
+    );
+    d.wait_log("this overlay row is ignored", Duration::from_secs(5));
+    d.wait_log(
+        "stage configuration reloaded: 3 stages",
+        Duration::from_secs(20),
+    );
+    assert!(
+        d.log().contains(
+            "pepsi.config_override: [pepsi] PROGRAM_PATH: only [stage-*] sections can be overridden; ignored"
+        ),
+        "{}",
+        d.log()
+    );
+    // A program under PROGRAM_PATH that the file does not name: a new stage that runs.
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-extra', 'PROGRAM', $1), \
+         ('stage-extra', 'COMMAND', '/bin/true'), ('stage-filter', 'NEXT', 'extra')",
+        &[&stage("exec").to_str().unwrap()],
+    )
+    .unwrap();
+    d.wait_log(
+        "stage configuration reloaded: 4 stages",
+        Duration::from_secs(20),
+    );
+    // bounce.example matches the filter: to extra; the other goes to out, still the
+    // file's discard.
+    let matched = crate::util::inject(&mut c, "in", "a@bounce.example", &["r@y.example"]);
+    let other = crate::util::inject(&mut c, "in", "a@x.example", &["r@y.example"]);
+    crate::util::wait_until(Duration::from_secs(30), "both messages are done", || {
+        row_at(&mut c, matched).is_none() && row_at(&mut c, other).is_none()
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    assert!(
+        !d.log().contains("cannot start PROGRAM /tmp/x"),
+        "{}",
+        d.log()
+    );
+    let passes = |c: &mut postgres::Client, stage: &str| -> i64 {
+        c.query_opt(
+            "SELECT passes FROM pepsi.stage_stats WHERE stage = $1",
+            &[&stage],
+        )
+        .unwrap()
+        .map_or(0, |r| r.get(0))
+    };
+    assert_eq!(passes(&mut c, "extra"), 1, "{}", d.log());
+    assert_eq!(passes(&mut c, "out"), 1, "{}", d.log());
+}
+
+#[test]
 fn a_cycle_is_a_warning_of_check_and_at_start() {
     let db = TestDb::new();
     let dir = TempDir::new("c-cycle");

@@ -8,7 +8,7 @@ use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
 
 use crate::util::dispatcher::{Dispatcher, alive, fault_worker};
-use crate::util::{TempDir, TestDb, row_at, stage, state_of, wait_until, write_config};
+use crate::util::{TempDir, TestDb, row_at, stage, stage_dir, state_of, wait_until, write_config};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -489,11 +489,16 @@ fn death_before_ready_blames_nothing_and_the_stage_recovers() {
 fn a_missing_program_blames_nothing_and_the_stage_recovers_when_fixed() {
     let db = TestDb::new();
     let dir = TempDir::new("d-missing");
+    // The fix comes through the overlay: its PROGRAM must be under PROGRAM_PATH.
     let conf = conf(
         &dir,
         &db,
         "",
-        "[stage-s]\nPROGRAM = /nonexistent/pepsi-stage-nothing\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n",
+        &format!(
+            "[stage-s]\nPROGRAM = /nonexistent/pepsi-stage-nothing\nNEXT = end\n\n[stage-end]\nPROGRAM = {{discard}}\n\n\
+             [pepsi]\nPROGRAM_PATH = {}\n",
+            stage_dir().display()
+        ),
     );
     let mut c = db.client();
     let id = inject_many(&mut c, "s", "a@x.example", 1)[0];

@@ -646,7 +646,7 @@ fn the_overlay_from_the_database_beats_the_file() {
     )
     .unwrap();
     let overlay = pepsi::db::read_overlay(&mut c).unwrap();
-    let graph = pepsi::config::StageGraph::build(&config.stage_sections, &overlay).unwrap();
+    let graph = config.graph(&overlay).unwrap();
     assert_eq!(graph.get("a").unwrap().parallelism, 9);
     assert_eq!(graph.get("a").unwrap().next.as_deref(), Some("c"));
     assert!(graph.contains("c"));
@@ -654,7 +654,7 @@ fn the_overlay_from_the_database_beats_the_file() {
     c.execute("UPDATE pepsi.config_override SET value = 'nowhere' WHERE section = 'stage-c' AND key = 'NEXT'", &[])
         .unwrap();
     let overlay = pepsi::db::read_overlay(&mut c).unwrap();
-    let errs = pepsi::config::StageGraph::build(&config.stage_sections, &overlay).unwrap_err();
+    let errs = config.graph(&overlay).unwrap_err();
     assert_eq!(
         errs[0].to_string(),
         "pepsi.config_override: [stage-c] NEXT: names stage \"nowhere\", which has no [stage-nowhere] section"

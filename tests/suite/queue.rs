@@ -16,7 +16,8 @@ use serde_json::Value;
 use super::dispatch::conf;
 use crate::util::dispatcher::Dispatcher;
 use crate::util::{
-    TempDir, TestDb, bin, claim, inject, row_at, run, state_of, stderr, wait_until, write_config,
+    TempDir, TestDb, bin, claim, inject, row_at, run, stage, stage_dir, state_of, stderr,
+    wait_until, write_config,
 };
 
 const STAGES: &str = "[stage-in]\nPROGRAM = /bin/true\nNEXT = relay\n\n\
@@ -1262,11 +1263,11 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
     assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
 
     // A new stage in two steps is refused at the first (no PROGRAM); a PROGRAM first
-    // works, then its NEXT.
+    // works (one under [pepsi] PROGRAM_PATH), then its NEXT.
     expect(
         &queue(
             &conf,
-            &["config", "set", "stage-new", "PROGRAM", "/bin/true"],
+            &["config", "set", "stage-new", "PROGRAM", "/usr/bin/true"],
         ),
         0,
     );
@@ -1283,7 +1284,7 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
         overlay(&mut c),
         [
             ("stage-new".into(), "NEXT".into(), "out".into()),
-            ("stage-new".into(), "PROGRAM".into(), "/bin/true".into()),
+            ("stage-new".into(), "PROGRAM".into(), "/usr/bin/true".into()),
         ]
     );
     // Unsetting the new stage's PROGRAM would leave a section without one.
@@ -1300,6 +1301,92 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
     ] {
         expect(&queue(&conf, args), 64);
     }
+}
+
+#[test]
+fn config_set_refuses_a_program_outside_program_path_unless_the_file_names_it() {
+    let db = TestDb::new();
+    let dir = TempDir::new("q-config-program");
+    let bin_dir = stage_dir().display().to_string();
+    let with_path = |path: &str| {
+        write_config(
+            &dir,
+            &db,
+            &format!("[pepsi]\nPROGRAM_PATH = {path}\n\n{STAGES}"),
+        )
+    };
+    let conf = with_path(&bin_dir);
+    let mut c = db.client();
+    let mut l = listener(&db);
+    let overlay = |c: &mut Client| count(c, "SELECT count(*) FROM pepsi.config_override");
+    let discard = stage("discard").display().to_string();
+    let outside = [
+        ("/tmp/x".to_string(), "it is not under [pepsi] PROGRAM_PATH"),
+        (
+            "pepsi-stage-discard".to_string(),
+            "it is not an absolute path",
+        ),
+        (format!("{bin_dir}/../x"), "it has a \"..\" component"),
+        (format!("{bin_dir}x/pepsi-stage-discard"), "it is not under"),
+        (
+            format!("{bin_dir}/"),
+            "it ends in '/', which names a directory",
+        ),
+    ];
+    for (value, says) in &outside {
+        let out = queue(&conf, &["config", "set", "stage-relay", "PROGRAM", value]);
+        expect(&out, 78);
+        let text = stderr(&out);
+        assert!(
+            text.contains(&format!(
+                "pepsi.config_override: [stage-relay] PROGRAM: {value:?} is refused: {says}"
+            )),
+            "{value}: {}",
+            both(&out)
+        );
+        assert!(text.contains("nothing changed"), "{}", both(&out));
+    }
+    assert_eq!(overlay(&mut c), 0, "nothing written");
+    assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
+    // The overlay cannot widen PROGRAM_PATH: [pepsi] is not a section it overrides.
+    expect(
+        &queue(&conf, &["config", "set", "pepsi", "PROGRAM_PATH", "/tmp"]),
+        64,
+    );
+    // Under PROGRAM_PATH, or exactly a program the file names: written.
+    expect(
+        &queue(
+            &conf,
+            &["config", "set", "stage-relay", "PROGRAM", &discard],
+        ),
+        0,
+    );
+    expect(
+        &queue(
+            &conf,
+            &["config", "set", "stage-in", "PROGRAM", "/bin/true"],
+        ),
+        0,
+    );
+    assert_eq!(overlay(&mut c), 2);
+    assert_eq!(notified(&mut l, &mut c), ["config_changed"; 2]);
+    // With PROGRAM_PATH = none, only what the file names.
+    let conf = with_path("none");
+    let out = queue(&conf, &["config", "set", "stage-new", "PROGRAM", &discard]);
+    expect(&out, 78);
+    assert!(
+        stderr(&out).contains("[pepsi] PROGRAM_PATH is none"),
+        "{}",
+        both(&out)
+    );
+    expect(
+        &queue(
+            &conf,
+            &["config", "set", "stage-new", "PROGRAM", "/bin/true"],
+        ),
+        0,
+    );
+    assert_eq!(overlay(&mut c), 3);
 }
 
 #[test]

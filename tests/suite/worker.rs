@@ -748,6 +748,182 @@ fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently
     );
 }
 
+/// How many lines of `text` contain `needle`.
+fn lines_with(text: &str, needle: &str) -> usize {
+    text.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn per_address_command_next_program_or_parallelism_rows_change_nothing_and_warn_once() {
+    let db = TestDb::new();
+    let s = exec_setup(&db, "");
+    let mut c = db.client();
+    // Each of these, were it applied, would show: /bin/false pauses the message, the
+    // bounce stage or the discard program would never run the delivery script.
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES \
+         ('r@y.example', 'deliver', 'COMMAND', '/bin/false'), \
+         ('r@y.example', 'deliver', 'NEXT', 'bounce'), \
+         ('r@y.example', 'deliver', 'PROGRAM', $1), \
+         ('r@y.example', 'deliver', 'PARALLELISM', '1'), \
+         ('r@y.example', 'deliver', 'BOUNCE_STAGE', 'bounce'), \
+         ('r@y.example', 'done', 'FUSION', 'no')",
+        &[&stage("discard").to_str().unwrap()],
+    )
+    .unwrap();
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            inject_claimed(
+                &mut c,
+                "deliver",
+                "a@x.example",
+                &["R@y.example", "q@y.example"],
+            )
+        })
+        .collect();
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    for id in &ids {
+        let line = &w.run(&[*id])[0];
+        assert_eq!(code(line), 0, "{line}");
+        assert_eq!(
+            report_stages(line),
+            vec!["deliver", "done"],
+            "delivered by the file's command and fused into done: {line}"
+        );
+        assert_eq!(row_at(&mut c, *id), None);
+        assert!(
+            s.out.join(id.to_string()).exists(),
+            "the file's COMMAND ran for {id}"
+        );
+    }
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "ignored rows do not split a message either");
+    let (status, err) = w.finish();
+    assert!(status.success(), "{status:?} {err}");
+    for (stage, key) in [
+        ("deliver", "COMMAND"),
+        ("deliver", "NEXT"),
+        ("deliver", "PROGRAM"),
+        ("deliver", "PARALLELISM"),
+        ("deliver", "BOUNCE_STAGE"),
+        ("done", "FUSION"),
+    ] {
+        let warning = format!(
+            "pepsi.settings for r@y.example: [stage-{stage}] {key}: {key} is never overridable per address; ignored"
+        );
+        assert_eq!(
+            lines_with(&err, &warning),
+            1,
+            "one warning per row and worker, whatever the number of messages: {warning}\n{err}"
+        );
+    }
+}
+
+#[test]
+fn an_allowed_per_address_key_applies_and_one_not_declared_by_the_stage_is_ignored() {
+    let db = TestDb::new();
+    // The command takes 2 s, within the file's TIMEOUT of 5 s.
+    let s = exec_setup(&db, "");
+    s.slow_down();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES \
+         ('slow@y.example', 'deliver', 'TIMEOUT', '1s'), \
+         ('slow@y.example', 'deliver', 'MATCH', 'sender is nobody'), \
+         ('other@y.example', 'deliver', 'BOUNCE_SIZE_LIMIT', '1')",
+        &[],
+    )
+    .unwrap();
+    let slow = inject_claimed(&mut c, "deliver", "a@x.example", &["slow@y.example"]);
+    let other = inject_claimed(&mut c, "deliver", "a@x.example", &["other@y.example"]);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
+    assert_eq!(code(&w.run(&[slow])[0]), 0);
+    assert_eq!(
+        row_at(&mut c, slow),
+        Some(("deliver".into(), "paused".into())),
+        "the per-address TIMEOUT of 1s applies"
+    );
+    assert!(
+        state_of(&mut c, slow)["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("timed out after 1s"),
+        "{}",
+        state_of(&mut c, slow)
+    );
+    assert_eq!(code(&w.run(&[other])[0]), 0);
+    assert_eq!(row_at(&mut c, other), None, "delivered");
+    let (_, err) = w.finish();
+    assert_eq!(
+        lines_with(
+            &err,
+            "pepsi.settings for slow@y.example: [stage-deliver] MATCH: MATCH is not overridable per address at stage deliver (pepsi-stage-exec allows only MAX_LIFETIME, TIMEOUT); ignored"
+        ),
+        1,
+        "{err}"
+    );
+    assert_eq!(
+        lines_with(
+            &err,
+            "pepsi.settings for other@y.example: [stage-deliver] BOUNCE_SIZE_LIMIT: BOUNCE_SIZE_LIMIT is not overridable"
+        ),
+        1,
+        "{err}"
+    );
+    assert!(!err.contains("[stage-deliver] TIMEOUT"), "{err}");
+}
+
+#[test]
+fn per_address_routing_rows_neither_route_nor_split_a_message_at_an_if_stage() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-noroute");
+    let conf = config(&dir, &db, true, ROUTE);
+    let mut c = db.client();
+    // r2 tries to route its mail to a (the NEXT of a match) around the condition.
+    c.execute(
+        "INSERT INTO pepsi.settings VALUES \
+         ('r2@y.example', 'route', 'ELSE_STAGE', 'a'), \
+         ('r2@y.example', 'route', 'NEXT', 'b'), \
+         ('r2@y.example', 'route', 'PROGRAM', $1)",
+        &[&stage("pass").to_str().unwrap()],
+    )
+    .unwrap();
+    let id = inject_claimed(
+        &mut c,
+        "route",
+        "s@x.example",
+        &["r1@y.example", "r2@y.example"],
+    );
+    let mut w = Worker::ready(&stage("if"), &conf);
+    assert_eq!(code(&w.run(&[id])[0]), 0);
+    assert_eq!(
+        row_at(&mut c, id),
+        Some(("b".into(), "pending".into())),
+        "the file's ELSE_STAGE, for both recipients"
+    );
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "not split");
+    let (_, err) = w.finish();
+    for key in ["ELSE_STAGE", "NEXT", "PROGRAM"] {
+        assert_eq!(
+            lines_with(
+                &err,
+                &format!(
+                    "pepsi.settings for r2@y.example: [stage-route] {key}: {key} is never overridable per address; ignored"
+                )
+            ),
+            1,
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_row_taken_away_while_the_worker_held_it_is_not_overwritten() {
     let db = TestDb::new();
