@@ -6,8 +6,10 @@
 //! it as if written), the stage graph and its cycles, every built-in stage's section
 //! (with the same `configure` its worker runs), each `PROGRAM` executable by the
 //! `[pepsi] RUN_AS` account, `[pepsi-failure-bouncer] BOUNCE_STAGE` naming a stage of
-//! the graph, and the schema version. It prints every problem, one a line, and exits 0
-//! (warnings allowed) or 78.
+//! the graph, and the schema version — through the dispatcher's connection
+//! (`DISPATCH_CONNECTION`, else `CONNECTION`), and through the workers' too when that
+//! is another. It prints every problem, one a line, and exits 0 (warnings allowed) or
+//! 78.
 //!
 //! The dispatcher calls [`at_start`] once its stage graph is built (a bad built-in
 //! section is a start error, exit 1) and `reload.rs` calls [`builtin_errors`] and
@@ -24,7 +26,7 @@ use crate::bouncer;
 use crate::cli::Invocation;
 use crate::config::graph::{self, OverrideRow};
 use crate::config::raw::{self, join_errors};
-use crate::config::{self, Config, ConfigError, Section, StageGraph, StageSection};
+use crate::config::{self, Config, ConfigError, DbRole, Section, StageGraph, StageSection};
 use crate::db::{self, schema};
 use crate::exit::Failure;
 use crate::stages;
@@ -222,7 +224,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             .to_string()
     };
     let run_as = fixed("pepsi", "RUN_AS", "pepsi");
+    // The dispatcher's connection and the workers' (each its own key, else
+    // CONNECTION), as serve and the workers will connect.
     let connection = fixed("pepsi-postgres", "CONNECTION", config::DEFAULT_CONNECTION);
+    let own = |role: DbRole| {
+        let key = fixed("pepsi-postgres", role.key(), "");
+        if key.is_empty() {
+            ("CONNECTION", connection.clone())
+        } else {
+            (role.key(), key)
+        }
+    };
+    let dispatch = own(DbRole::Dispatch);
+    let worker = own(DbRole::Worker);
     let stage_sections: Vec<Section> = sections
         .iter()
         .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
@@ -255,7 +269,12 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         }
     }
 
-    let overlay = read_database(&connection, &mut found);
+    let overlay = read_database(&dispatch, &mut found);
+    if worker.1 != dispatch.1 {
+        // The workers connect as another role: they must reach the database, see the
+        // schema and read the overlay too, or every stage would refuse to start.
+        read_database(&worker, &mut found);
+    }
     let overlay = with_rows(overlay, extra);
 
     let graph = match StageGraph::build(&stage_sections, &overlay) {
@@ -297,29 +316,35 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     found.finish(&path)
 }
 
-/// Connects, checks the schema and reads the overlay; a problem is an error and leaves
-/// the overlay empty (the file alone is checked).
-fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
+/// Connects with `(key, conninfo)`, checks the schema and reads the overlay; a problem
+/// is an error and leaves the overlay empty (the file alone is checked). Errors say
+/// `database:`, or `database (KEY):` for a program's own connection key.
+fn read_database((key, connection): &(&str, String), found: &mut Findings) -> Vec<OverrideRow> {
+    let label = if *key == "CONNECTION" {
+        "database".to_string()
+    } else {
+        format!("database ({key})")
+    };
     if connection.parse::<postgres::Config>().is_err() {
-        found
-            .errors
-            .push("database: not checked, [pepsi-postgres] CONNECTION is invalid".into());
+        found.errors.push(format!(
+            "{label}: not checked, [pepsi-postgres] {key} is invalid"
+        ));
         return Vec::new();
     }
     let mut client = match db::connect(connection, "pepsi-dispatch check") {
         Ok(c) => c,
         Err(e) => {
             found.errors.push(format!(
-                "database: {e}; the schema and pepsi.config_override are not checked"
+                "{label}: {e}; the schema and pepsi.config_override are not checked"
             ));
             return Vec::new();
         }
     };
     match schema::check(&mut client) {
         Ok(()) => {}
-        Err(schema::SchemaError::Mismatch(m)) => found.errors.push(format!("database: {m}")),
+        Err(schema::SchemaError::Mismatch(m)) => found.errors.push(format!("{label}: {m}")),
         Err(schema::SchemaError::Db(e)) => found.errors.push(format!(
-            "database: cannot check the schema: {}",
+            "{label}: cannot check the schema: {}",
             db::describe(&e)
         )),
     }
@@ -327,7 +352,7 @@ fn read_database(connection: &str, found: &mut Findings) -> Vec<OverrideRow> {
         Ok(rows) => rows,
         Err(e) => {
             found.errors.push(format!(
-                "database: cannot read pepsi.config_override: {}",
+                "{label}: cannot read pepsi.config_override: {}",
                 db::describe(&e)
             ));
             Vec::new()
