@@ -839,3 +839,40 @@ fn check_reports_a_worker_connection_that_cannot_connect() {
         "the dispatcher's own is fine: {text}"
     );
 }
+
+/// With a schema owner that is no superuser (as on a real server), the owner can
+/// signal a worker's session only once it is a member of the worker's login role
+/// (README, "Database roles", step 3); until then the session is counted as refused
+/// and left alone.
+#[test]
+fn a_worker_session_the_owner_may_not_signal_is_refused_until_the_owner_is_a_member() {
+    let owner = login_role("pepsi_t_owner_signal", &[]);
+    let db = TestDb::empty_owned_by(&owner);
+    let dir = TempDir::new("roles-signal");
+    let out = setup(&owner_config(&dir, &db.conninfo_as(&owner), ""));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let worker = login_role("pepsi_t_worker_signal", &["pepsi_worker"]);
+    let mut d = db.client_as(&dispatch_login());
+    let conninfo = format!(
+        "{} application_name=pepsi-worker:77:s",
+        db.conninfo_as(&worker)
+    );
+    let mut session = Client::connect(&conninfo, NoTls).unwrap();
+    let patterns = vec!["pepsi-worker:77:%".to_string()];
+    let terminate = |d: &mut Client| -> (i64, i64) {
+        let row = d
+            .query_typed_one(
+                sql::TERMINATE_WORKER_SESSIONS,
+                &[(&patterns, Type::TEXT_ARRAY)],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(terminate(&mut d), (0, 1));
+    session.simple_query("SELECT 1").unwrap();
+    crate::util::pg::admin()
+        .batch_execute(&format!("GRANT {worker} TO {owner}"))
+        .unwrap();
+    assert_eq!(terminate(&mut d), (1, 0));
+    assert!(session.simple_query("SELECT 1").is_err());
+}
