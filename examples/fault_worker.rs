@@ -58,7 +58,11 @@ fn main() {
     }
     let config = Config::load(config_path.as_deref()).expect("configuration");
     let graph = config.file_graph().expect("stage graph");
-    let mut db = connect(&config.postgres.connection);
+    let mut db = connect(
+        config
+            .postgres
+            .connection_for(pepsi::config::DbRole::Worker),
+    );
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if mode == "garbage" {

@@ -29,7 +29,7 @@ use postgres::types::Type;
 
 use crate::cli::{Invocation, Program};
 use crate::config::graph::{self, ProgramPath, STAGE_PREFIX};
-use crate::config::{Config, ConfigError, Origin, Section};
+use crate::config::{Config, ConfigError, DbRole, Origin, Section};
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::Failure;
 use crate::logging::Every;
@@ -338,8 +338,10 @@ fn required_stage(config: &Config) -> Result<(String, Origin), Failure> {
 
 /// What a run needs to know, read once at start.
 struct Target {
-    /// `[pepsi-postgres] CONNECTION`.
+    /// `[pepsi-postgres] ADMIN_CONNECTION`, else `CONNECTION`.
     conninfo: String,
+    /// The key it comes from, for messages.
+    conninfo_key: String,
     /// `BOUNCE_STAGE`.
     stage: String,
     /// Where `BOUNCE_STAGE` is set.
@@ -356,7 +358,8 @@ impl Target {
     fn open(&self) -> Result<Client, Trouble> {
         let mut pg = db::connection_config(&self.conninfo, PROGRAM.name).map_err(|e| {
             Trouble::Fatal(Failure::general(format!(
-                "[pepsi-postgres] CONNECTION: {}",
+                "{}: {}",
+                self.conninfo_key,
                 db::describe(&e)
             )))
         })?;
@@ -398,7 +401,8 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     // service account, not as root.
     crate::privilege::drop_to(&config.pepsi.run_as)?;
     let target = Target {
-        conninfo: config.postgres.connection.clone(),
+        conninfo: config.postgres.connection_for(DbRole::Admin).to_string(),
+        conninfo_key: config.postgres.key_for(DbRole::Admin),
         stage,
         origin,
         stage_sections: config.stage_sections.clone(),

@@ -2,8 +2,9 @@
 //!
 //! Started as root it switches to the `[pepsi] RUN_AS` account first, like every Pepsi
 //! program (so a `CONNECTION` using peer authentication connects as that account, the
-//! one that owns the schema), then connects with `[pepsi-postgres] CONNECTION` and
-//! applies the missing files.
+//! one that owns the schema), then connects with `[pepsi-postgres] CONNECTION` (never
+//! a program's own key: the schema belongs to the owner), applies the missing files
+//! and sets up the database roles (SPEC §4 "Least privilege"), every run.
 
 use crate::cli::{Invocation, Program};
 use crate::config::Config;
@@ -25,14 +26,64 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     crate::privilege::drop_to(&config.pepsi.run_as)?;
     let mut client = db::connect(&config.postgres.connection, "pepsi-setup")
         .map_err(|e| Failure::general(e.message))?;
-    match schema::install(&mut client) {
-        Ok(schema::Installed::Fresh(v)) => log::info!("schema installed at version {v}"),
-        Ok(schema::Installed::Upgraded(a, b)) => {
-            log::info!("schema upgraded from version {a} to {b}")
-        }
-        Ok(schema::Installed::UpToDate(v)) => log::info!("schema is up to date (version {v})"),
+    let setup = match schema::install(&mut client) {
+        Ok(setup) => setup,
         Err(schema::SchemaError::Mismatch(m)) => return Err(Failure::config(m.to_string())),
         Err(e) => return Err(Failure::general(e.to_string())),
+    };
+    match setup.installed {
+        schema::Installed::Fresh(v) => log::info!("schema installed at version {v}"),
+        schema::Installed::Upgraded(a, b) => {
+            log::info!("schema upgraded from version {a} to {b}")
+        }
+        schema::Installed::UpToDate(v) => log::info!("schema is up to date (version {v})"),
     }
+    report_roles(&setup.roles);
     Ok(())
+}
+
+/// Says what became of the group roles: which were created, which hold their
+/// privileges, and which are missing because this session may not create roles. All
+/// missing is the one-role setup (the Debian package's default), so it is said calmly;
+/// some missing is a split half done, a warning.
+fn report_roles(roles: &[schema::RoleStatus]) {
+    let names = |f: &dyn Fn(&schema::RoleStatus) -> bool| {
+        roles
+            .iter()
+            .filter(|r| f(r))
+            .map(|r| r.role.as_str())
+            .collect::<Vec<_>>()
+    };
+    let created = names(&|r| r.status == "created");
+    let granted = names(&|r| r.exists());
+    let missing = names(&|r| !r.exists());
+    if !created.is_empty() {
+        log::info!("database roles created: {}", created.join(", "));
+    }
+    if !granted.is_empty() {
+        log::info!(
+            "database roles granted their privileges: {}",
+            granted.join(", ")
+        );
+    }
+    if missing.is_empty() {
+        return;
+    }
+    let how = missing
+        .iter()
+        .map(|r| format!("CREATE ROLE {r} NOLOGIN;"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let text = format!(
+        "database roles {} do not exist, and the role running pepsi-setup may not create \
+         roles (it needs CREATEROLE), so their privileges are not granted; for separate \
+         roles per program, have a superuser run {how} and run pepsi-setup schema again \
+         (README, \"Database roles\")",
+        missing.join(", ")
+    );
+    if granted.is_empty() {
+        log::info!("{text}; until then every program connects as one role");
+    } else {
+        log::warn!("{text}");
+    }
 }

@@ -971,8 +971,9 @@ fn table(reports: &[Report]) -> String {
     out
 }
 
-/// The role the failure bouncer connects as in its restart test: its LOGIN is taken
-/// away to keep the bouncer out after the restart for as long as the test needs.
+/// The role the failure bouncer connects as in its restart test, a member of
+/// `pepsi_admin` as the bouncer's login role is: its LOGIN is taken away to keep the
+/// bouncer out after the restart for as long as the test needs.
 const BOUNCER_ROLE: &str = "pepsi_fault_bouncer";
 
 /// Fails a message at stage `a` as a worker does (claimed, then failed).
@@ -1020,8 +1021,7 @@ fn the_failure_bouncer_rides_out_a_postgres_restart_and_sweeps_what_failed_meanw
              END IF;
          END $$;
          ALTER ROLE {BOUNCER_ROLE} LOGIN;
-         GRANT USAGE ON SCHEMA pepsi TO {BOUNCER_ROLE};
-         GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA pepsi TO {BOUNCER_ROLE};"
+         GRANT pepsi_admin TO {BOUNCER_ROLE};"
     ))
     .unwrap();
     let dir = TempDir::new("faults-bouncer");

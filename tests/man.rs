@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use pepsi::config::graph::{self, STAGE_KEYS};
-use pepsi::config::{Config, known_keys, raw};
+use pepsi::config::{Config, DbRole, known_keys, raw};
 use pepsi::stages::{self, BUILTINS};
 use pepsi::worker::settings;
 
@@ -676,7 +676,20 @@ fn the_example_shows_every_fixed_key_at_its_default() {
     assert_eq!(shown.pepsi.share_telemetry, default.pepsi.share_telemetry);
     assert_eq!(shown.pepsi.run_as, default.pepsi.run_as);
     assert_eq!(shown.pepsi.program_path, default.pepsi.program_path);
-    assert_eq!(shown.postgres, default.postgres);
+    // Each program's connection shown is the one it has by default: CONNECTION's.
+    assert_eq!(shown.postgres.connection, default.postgres.connection);
+    for role in DbRole::ALL {
+        assert_eq!(
+            shown.postgres.connection_for(role),
+            default.postgres.connection_for(role),
+            "{}",
+            role.key()
+        );
+    }
+    assert_eq!(
+        shown.postgres.worker_synchronous_commit,
+        default.postgres.worker_synchronous_commit
+    );
     let (s, d) = (&shown.dispatch, &default.dispatch);
     assert_eq!(s.max_runtime, d.max_runtime, "MAX_RUNTIME");
     assert_eq!(s.worker_idle_timeout, d.worker_idle_timeout);

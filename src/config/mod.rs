@@ -43,13 +43,88 @@ pub struct PepsiOptions {
     pub program_path: ProgramPath,
 }
 
+/// The kinds of program that connect with a database role of their own (SPEC §4
+/// "Least privilege"), each through its own `[pepsi-postgres]` key, which falls back to
+/// `CONNECTION`. `pepsi-setup` always uses `CONNECTION`: the schema's owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DbRole {
+    /// `pepsi-dispatch` (`serve` and `check`): `DISPATCH_CONNECTION`.
+    Dispatch,
+    /// Stage workers: `WORKER_CONNECTION`.
+    Worker,
+    /// `pepsi-queue` and `pepsi-failure-bouncer`: `ADMIN_CONNECTION`.
+    Admin,
+    /// `pepsi-queue inject`: `INJECT_CONNECTION`.
+    Inject,
+}
+
+impl DbRole {
+    /// Every kind, in the order of the keys in the file.
+    pub const ALL: [DbRole; 4] = [
+        DbRole::Dispatch,
+        DbRole::Worker,
+        DbRole::Admin,
+        DbRole::Inject,
+    ];
+
+    /// Its `[pepsi-postgres]` key.
+    pub fn key(self) -> &'static str {
+        match self {
+            DbRole::Dispatch => "DISPATCH_CONNECTION",
+            DbRole::Worker => "WORKER_CONNECTION",
+            DbRole::Admin => "ADMIN_CONNECTION",
+            DbRole::Inject => "INJECT_CONNECTION",
+        }
+    }
+
+    /// The group role `pepsi-setup` grants its privileges to.
+    pub fn group_role(self) -> &'static str {
+        match self {
+            DbRole::Dispatch => "pepsi_dispatch",
+            DbRole::Worker => "pepsi_worker",
+            DbRole::Admin => "pepsi_admin",
+            DbRole::Inject => "pepsi_inject",
+        }
+    }
+}
+
 /// `[pepsi-postgres]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostgresOptions {
-    /// libpq conninfo or URL.
+    /// libpq conninfo or URL: the schema owner's (`pepsi-setup`), and every program's
+    /// whose own key is unset.
     pub connection: String,
+    /// `DISPATCH_CONNECTION`, `WORKER_CONNECTION`, `ADMIN_CONNECTION` and
+    /// `INJECT_CONNECTION` where set, in [`DbRole::ALL`] order.
+    pub role_connections: [Option<String>; 4],
     /// `synchronous_commit` of worker connections.
     pub worker_synchronous_commit: bool,
+}
+
+impl PostgresOptions {
+    fn index(role: DbRole) -> usize {
+        DbRole::ALL
+            .iter()
+            .position(|r| *r == role)
+            .expect("every role is in ALL")
+    }
+
+    /// The connection of `role`'s programs: its own key when set, else `CONNECTION`.
+    pub fn connection_for(&self, role: DbRole) -> &str {
+        self.role_connections[Self::index(role)]
+            .as_deref()
+            .unwrap_or(&self.connection)
+    }
+
+    /// The key [`PostgresOptions::connection_for`] takes the connection from, for
+    /// messages: `[pepsi-postgres] DISPATCH_CONNECTION` or `[pepsi-postgres] CONNECTION`.
+    pub fn key_for(&self, role: DbRole) -> String {
+        let key = match self.role_connections[Self::index(role)] {
+            Some(_) => role.key(),
+            None => "CONNECTION",
+        };
+        format!("[pepsi-postgres] {key}")
+    }
 }
 
 /// `[pepsi-dispatch]`.
@@ -122,7 +197,14 @@ const KNOWN: &[(&str, &[&str])] = &[
     ),
     (
         "pepsi-postgres",
-        &["CONNECTION", "WORKER_SYNCHRONOUS_COMMIT"],
+        &[
+            "CONNECTION",
+            "DISPATCH_CONNECTION",
+            "WORKER_CONNECTION",
+            "ADMIN_CONNECTION",
+            "INJECT_CONNECTION",
+            "WORKER_SYNCHRONOUS_COMMIT",
+        ],
     ),
     (
         "pepsi-dispatch",
@@ -283,16 +365,21 @@ impl Config {
                 .get("CONNECTION")
                 .unwrap_or(DEFAULT_CONNECTION)
                 .to_string(),
+            role_connections: DbRole::ALL.map(|r| pg.get(r.key()).map(str::to_string)),
             worker_synchronous_commit: p
                 .ok(pg.boolean("WORKER_SYNCHRONOUS_COMMIT", false))
                 .unwrap_or(false),
         };
-        if let Err(e) = pg
-            .get("CONNECTION")
-            .unwrap_or(DEFAULT_CONNECTION)
-            .parse::<postgres::Config>()
-        {
-            p.push(pg.error("CONNECTION", format!("is not a valid conninfo or URL: {e}")));
+        let connections = std::iter::once("CONNECTION").chain(DbRole::ALL.map(DbRole::key));
+        for key in connections {
+            let value = match (pg.get(key), key) {
+                (Some(v), _) => v,
+                (None, "CONNECTION") => DEFAULT_CONNECTION,
+                (None, _) => continue,
+            };
+            if let Err(e) = value.parse::<postgres::Config>() {
+                p.push(pg.error(key, format!("is not a valid conninfo or URL: {e}")));
+            }
         }
 
         let d = find("pepsi-dispatch");
@@ -492,6 +579,33 @@ mod tests {
             "stage sections are the stage graph's to check"
         );
         assert!(c.pepsi.allow_fusion, "the misspelt key is not read");
+    }
+
+    #[test]
+    fn each_program_connection_falls_back_to_connection() {
+        let c = cfg("[pepsi-postgres]\nCONNECTION = dbname=q user=owner\nWORKER_CONNECTION = dbname=q user=w\nINJECT_CONNECTION = dbname=q user=i\n").unwrap();
+        let pg = &c.postgres;
+        assert_eq!(pg.connection_for(DbRole::Worker), "dbname=q user=w");
+        assert_eq!(pg.connection_for(DbRole::Inject), "dbname=q user=i");
+        assert_eq!(pg.connection_for(DbRole::Dispatch), "dbname=q user=owner");
+        assert_eq!(pg.connection_for(DbRole::Admin), "dbname=q user=owner");
+        assert_eq!(
+            pg.key_for(DbRole::Worker),
+            "[pepsi-postgres] WORKER_CONNECTION"
+        );
+        assert_eq!(pg.key_for(DbRole::Admin), "[pepsi-postgres] CONNECTION");
+        let d = cfg("").unwrap();
+        for role in DbRole::ALL {
+            assert_eq!(d.postgres.connection_for(role), DEFAULT_CONNECTION);
+        }
+        let errs = cfg("[pepsi-postgres]\nADMIN_CONNECTION = host='open\n").unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("/t.conf:2: [pepsi-postgres] ADMIN_CONNECTION: is not a valid"),
+            "{}",
+            errs[0]
+        );
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! The version is the number of the last file; the digest of version `n` is a SHA-256
 //! over the names and bytes of files `1..=n`, so an older database can be checked
 //! against the prefix of this release's files before it is upgraded.
+//!
+//! The installer also sets up the database roles (SPEC §4 "Least privilege") on every
+//! run, after the files: roles are cluster-wide and may be created by an administrator
+//! after the schema, so that step is not a file applied once but `pepsi.setup_roles()`
+//! (schema 7), called each time in the same transaction.
 
 use std::fmt;
 
@@ -55,6 +60,11 @@ pub const FILES: &[SchemaFile] = &[
         number: 6,
         name: "006_operator_api.sql",
         sql: include_str!("../../schema/006_operator_api.sql"),
+    },
+    SchemaFile {
+        number: 7,
+        name: "007_roles.sql",
+        sql: include_str!("../../schema/007_roles.sql"),
     },
 ];
 
@@ -208,14 +218,42 @@ pub enum Installed {
     UpToDate(i32),
 }
 
-/// Installs or upgrades the schema in one transaction under an advisory lock.
-pub fn install(client: &mut Client) -> Result<Installed, SchemaError> {
+/// What `pepsi.setup_roles()` found or did for one group role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoleStatus {
+    /// The group role (`pepsi_dispatch`, `pepsi_worker`, `pepsi_admin`, `pepsi_inject`).
+    pub role: String,
+    /// `created`, `present` (both: granted its privileges) or `missing` (it does not
+    /// exist and the session may not create roles: nothing granted).
+    pub status: String,
+}
+
+impl RoleStatus {
+    /// Does the role exist now (so it holds its privileges)?
+    pub fn exists(&self) -> bool {
+        self.status != "missing"
+    }
+}
+
+/// What `pepsi-setup schema` did: the schema, then the roles.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Setup {
+    /// The schema files.
+    pub installed: Installed,
+    /// Each group role, in the order `pepsi.setup_roles()` reports them.
+    pub roles: Vec<RoleStatus>,
+}
+
+/// Installs or upgrades the schema in one transaction under an advisory lock, then
+/// sets up the database roles in the same transaction (every run, also when the
+/// schema is up to date).
+pub fn install(client: &mut Client) -> Result<Setup, SchemaError> {
     let mut tx = client.transaction()?;
     tx.execute(sql::SETUP_LOCK, &[&SETUP_LOCK_KEY])?;
     let exists: bool = tx.query_one(sql::SCHEMA_VERSION_EXISTS, &[])?.get(0);
     let current = if exists { installed(&mut tx)? } else { None };
     let from = match compare(current) {
-        Ok(()) => return Ok(Installed::UpToDate(version())),
+        Ok(()) => version(),
         Err(Mismatch::NotInstalled) => 0,
         Err(Mismatch::Older { database }) => database,
         Err(m) => return Err(SchemaError::Mismatch(m)),
@@ -225,13 +263,32 @@ pub fn install(client: &mut Client) -> Result<Installed, SchemaError> {
             log::error!("schema file {} failed: {}", file.name, super::describe(e));
         })?;
     }
-    tx.execute(sql::WRITE_SCHEMA_VERSION, &[&version(), &digest(version())])?;
+    if from < version() {
+        tx.execute(sql::WRITE_SCHEMA_VERSION, &[&version(), &digest(version())])?;
+    }
+    let roles = tx
+        .query(sql::SETUP_ROLES, &[])
+        .inspect_err(|e| {
+            log::error!(
+                "setting up the database roles failed: {}",
+                super::describe(e)
+            )
+        })?
+        .iter()
+        .map(|r| RoleStatus {
+            role: r.get(0),
+            status: r.get(1),
+        })
+        .collect();
     tx.commit()?;
-    Ok(if from == 0 {
+    let installed = if from == version() {
+        Installed::UpToDate(version())
+    } else if from == 0 {
         Installed::Fresh(version())
     } else {
         Installed::Upgraded(from, version())
-    })
+    };
+    Ok(Setup { installed, roles })
 }
 
 #[cfg(test)]

@@ -22,12 +22,18 @@ pub const WRITE_SCHEMA_VERSION: &str = "INSERT INTO pepsi.schema_version (one_ro
      VALUES (true, $1, $2) \
      ON CONFLICT (one_row) DO UPDATE SET version = EXCLUDED.version, digest = EXCLUDED.digest";
 
+/// `pepsi-setup`'s last step, every run: the group roles and their privileges (schema
+/// 7). No parameters. Returns (role, status: created, present or missing) per group
+/// role.
+pub const SETUP_ROLES: &str = "SELECT r.role, r.status FROM pepsi.setup_roles() r";
+
 /// Serialises concurrent `pepsi-setup` runs until commit. $1 the key (int8).
 pub const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
-/// The configuration overlay. No parameters.
+/// The configuration overlay, through `pepsi.config_override_rows()` (schema 7): roles
+/// without access to the table (workers, injectors) read it too. No parameters.
 pub const READ_CONFIG_OVERRIDE: &str =
-    "SELECT section, key, value FROM pepsi.config_override ORDER BY section, key";
+    "SELECT o.section, o.key, o.value FROM pepsi.config_override_rows() o ORDER BY 1, 2";
 
 /// The per-address settings outside the allowed (stage, key) pairs, for
 /// `pepsi-dispatch check`: $1 stages (text[]) and $2 keys (text[]), pairwise the keys
@@ -215,14 +221,15 @@ pub const PAUSE_OR_FAIL_UNWRITTEN: &str = "WITH cur AS ( \
 pub const COORDINATOR_TIMEOUTS_OPTION: &str = "-c lock_timeout=2s -c statement_timeout=10s";
 
 /// Terminates the database sessions of workers the dispatcher killed, or of every
-/// worker at start (orphans of a previous dispatcher): sessions of this database whose
-/// `application_name` matches one of $1 (text[], `LIKE` patterns built by
-/// `protocol::worker_session_pattern`), waiting up to a second for each to end.
-/// Returns how many were terminated.
-pub const TERMINATE_WORKER_SESSIONS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid, 1000))::int8 \
-       FROM pg_stat_activity a \
-      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
-        AND a.application_name LIKE ANY ($1::text[])";
+/// worker at start (orphans of a previous dispatcher), through
+/// `pepsi.terminate_worker_sessions` (schema 7, SECURITY DEFINER: the dispatcher's role
+/// need not be allowed to signal the workers' backends itself): sessions of this
+/// database named `pepsi-worker:…` whose `application_name` matches one of $1 (text[],
+/// `LIKE` patterns built by `protocol::worker_session_pattern`), waiting up to a second
+/// for each to end. Returns (terminated, refused: sessions the function's owner may not
+/// signal), int8 each.
+pub const TERMINATE_WORKER_SESSIONS: &str =
+    "SELECT t.terminated, t.refused FROM pepsi.terminate_worker_sessions($1::text[]) t";
 
 /// The dispatcher's LISTEN session: new work, configuration and telemetry changes.
 pub const LISTEN_DISPATCHER: &str =
@@ -234,12 +241,17 @@ pub const DISPATCH_LOCK_KEY: i64 = 0x7065_7073_6944_7370; // "pepsiDsp"
 /// Tries the dispatcher's session-level advisory lock. $1 the key (int8).
 pub const TRY_DISPATCH_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 
-/// Who holds the dispatcher lock: (pid int4, where from text, application_name text,
-/// connected since text), or no row. $1 the key (int8), split as PostgreSQL stores
-/// an int8 advisory lock key (high and low 32 bits, `objsubid` 1).
-pub const DISPATCH_LOCK_HOLDER: &str = "SELECT a.pid, \
-            coalesce('host ' || coalesce(a.client_hostname, host(a.client_addr)), 'a local socket'), \
-            a.application_name, a.backend_start::text \
+/// Who holds the dispatcher lock: (0 pid int4, 1 its role text, 2 application_name
+/// text, 3 where from text, 4 connected since text), or no row. $1 the key (int8),
+/// split as PostgreSQL stores an int8 advisory lock key (high and low 32 bits,
+/// `objsubid` 1). The pid, the role and the application name are visible to every
+/// role; where from and since when only to the holder's own role, its members and
+/// `pg_read_all_stats` (NULL otherwise: the holder may be another dispatcher role).
+pub const DISPATCH_LOCK_HOLDER: &str = "SELECT a.pid, a.usename::text, a.application_name, \
+            CASE WHEN a.backend_start IS NOT NULL \
+                 THEN coalesce('host ' || coalesce(a.client_hostname, host(a.client_addr)), \
+                               'a local socket') END, \
+            a.backend_start::text \
        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
       WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \

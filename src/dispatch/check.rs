@@ -6,8 +6,10 @@
 //! it as if written), the stage graph and its cycles, every built-in stage's section
 //! (with the same `configure` its worker runs), each `PROGRAM` executable by the
 //! `[pepsi] RUN_AS` account, `[pepsi-failure-bouncer] BOUNCE_STAGE` naming a stage of
-//! the graph, and the schema version. It prints every problem, one a line, and exits 0
-//! (warnings allowed) or 78.
+//! the graph, and the schema version — through the dispatcher's connection
+//! (`DISPATCH_CONNECTION`, else `CONNECTION`), and through the workers' too when that
+//! is another. It prints every problem, one a line, and exits 0 (warnings allowed) or
+//! 78.
 //!
 //! It also lists the overlay rows the dispatcher leaves out ([`refused_rows`]: a
 //! `PROGRAM` outside `[pepsi] PROGRAM_PATH` that the file does not name), as errors,
@@ -35,7 +37,7 @@ use crate::bouncer;
 use crate::cli::Invocation;
 use crate::config::graph::{self, OverrideRow, ProgramPath};
 use crate::config::raw::{self, join_errors};
-use crate::config::{self, Config, ConfigError, Section, StageGraph, StageSection};
+use crate::config::{self, Config, ConfigError, DbRole, Section, StageGraph, StageSection};
 use crate::db::{self, schema};
 use crate::exit::Failure;
 use crate::stages;
@@ -273,7 +275,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         Err(_) => ProgramPath::parse(&fixed("pepsi", "PROGRAM_PATH", graph::DEFAULT_PROGRAM_PATH))
             .unwrap_or_else(|_| ProgramPath::none()),
     };
+    // The dispatcher's connection and the workers' (each its own key, else
+    // CONNECTION), as serve and the workers will connect.
     let connection = fixed("pepsi-postgres", "CONNECTION", config::DEFAULT_CONNECTION);
+    let own = |role: DbRole| {
+        let key = fixed("pepsi-postgres", role.key(), "");
+        if key.is_empty() {
+            ("CONNECTION", connection.clone())
+        } else {
+            (role.key(), key)
+        }
+    };
+    let dispatch = own(DbRole::Dispatch);
+    let worker = own(DbRole::Worker);
     let stage_sections: Vec<Section> = sections
         .iter()
         .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
@@ -306,7 +320,14 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         }
     }
 
-    let (overlay, client) = read_database(&connection, &mut found);
+    let (overlay, mut client) = read_database(&dispatch, &mut found);
+    if worker.1 != dispatch.1 {
+        // The workers connect as another role: they must reach the database, see the
+        // schema and read the overlay too, or every stage would refuse to start. The
+        // settings are the workers' to read: checked on their connection.
+        let (_, workers) = read_database(&worker, &mut found);
+        client = workers;
+    }
     let overlay = with_rows(overlay, extra);
 
     let graph = match StageGraph::build(&stage_sections, &overlay, &programs) {
@@ -426,21 +447,31 @@ fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, fou
     }
 }
 
-/// Connects, checks the schema and reads the overlay; a problem is an error and leaves
-/// the overlay empty (the file alone is checked). The connection, when there is one,
-/// for the checks that need the stage graph first.
-fn read_database(connection: &str, found: &mut Findings) -> (Vec<OverrideRow>, Option<Client>) {
+/// Connects with `(key, conninfo)`, checks the schema and reads the overlay; a problem
+/// is an error and leaves the overlay empty (the file alone is checked). Errors say
+/// `database:`, or `database (KEY):` for a program's own connection key. The
+/// connection, when the schema is this release's, for the checks that need the stage
+/// graph first.
+fn read_database(
+    (key, connection): &(&str, String),
+    found: &mut Findings,
+) -> (Vec<OverrideRow>, Option<Client>) {
+    let label = if *key == "CONNECTION" {
+        "database".to_string()
+    } else {
+        format!("database ({key})")
+    };
     if connection.parse::<postgres::Config>().is_err() {
-        found
-            .errors
-            .push("database: not checked, [pepsi-postgres] CONNECTION is invalid".into());
+        found.errors.push(format!(
+            "{label}: not checked, [pepsi-postgres] {key} is invalid"
+        ));
         return (Vec::new(), None);
     }
     let mut client = match db::connect(connection, "pepsi-dispatch check") {
         Ok(c) => c,
         Err(e) => {
             found.errors.push(format!(
-                "database: {e}; the schema, pepsi.config_override and pepsi.settings are not checked"
+                "{label}: {e}; the schema, pepsi.config_override and pepsi.settings are not checked"
             ));
             return (Vec::new(), None);
         }
@@ -449,12 +480,12 @@ fn read_database(connection: &str, found: &mut Findings) -> (Vec<OverrideRow>, O
     let schema_ok = match schema::check(&mut client) {
         Ok(()) => true,
         Err(schema::SchemaError::Mismatch(m)) => {
-            found.errors.push(format!("database: {m}"));
+            found.errors.push(format!("{label}: {m}"));
             false
         }
         Err(schema::SchemaError::Db(e)) => {
             found.errors.push(format!(
-                "database: cannot check the schema: {}",
+                "{label}: cannot check the schema: {}",
                 db::describe(&e)
             ));
             false
@@ -464,7 +495,7 @@ fn read_database(connection: &str, found: &mut Findings) -> (Vec<OverrideRow>, O
         Ok(rows) => rows,
         Err(e) => {
             found.errors.push(format!(
-                "database: cannot read pepsi.config_override: {}",
+                "{label}: cannot read pepsi.config_override: {}",
                 db::describe(&e)
             ));
             Vec::new()

@@ -560,10 +560,14 @@ impl Coordinator {
                     .iter()
                     .map(|&pid| protocol::worker_session_pattern(pid))
                     .collect();
-                let n = session::terminate(client, &patterns)?;
-                if n > 0 {
-                    log::info!("terminated {n} database sessions of killed workers {pids:?}");
+                let t = session::terminate(client, &patterns)?;
+                if t.terminated > 0 {
+                    log::info!(
+                        "terminated {} database sessions of killed workers {pids:?}",
+                        t.terminated
+                    );
                 }
+                t.warn_refused();
             }
             Command::Check => {
                 client.simple_query("")?;

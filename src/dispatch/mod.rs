@@ -44,8 +44,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::{Invocation, Program};
-use crate::config::Config;
 use crate::config::raw::join_errors;
+use crate::config::{Config, DbRole};
 use crate::db::{self, pool::Pool};
 use crate::exit::Failure;
 
@@ -88,7 +88,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     // kill the process half-started (a shutdown signal ends the wait; the loop acts on
     // a reload once it runs).
     let mut signals = signals::install()?;
-    let conninfo = config.postgres.connection.clone();
+    let conninfo = config.postgres.connection_for(DbRole::Dispatch).to_string();
     let started = session::start(&conninfo, |delay| {
         signals::wait_for(&mut signals.shutdown, delay)
     })?;
@@ -124,8 +124,12 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     })
     .map_err(thread_err)?;
     listener::spawn(conninfo.clone(), events.clone(), stopping.clone()).map_err(thread_err)?;
-    let pg = db::connection_config(&conninfo, "pepsi-dispatch")
-        .map_err(|e| Failure::general(format!("[pepsi-postgres] CONNECTION: {e}")))?;
+    let pg = db::connection_config(&conninfo, "pepsi-dispatch").map_err(|e| {
+        Failure::general(format!(
+            "{}: {e}",
+            config.postgres.key_for(DbRole::Dispatch)
+        ))
+    })?;
     let pool = Pool::new(pg, config.dispatch.db_pool_size, POOL_CHECKOUT);
     let jobs = background::spawn(pool, events).map_err(thread_err)?;
     log::info!(

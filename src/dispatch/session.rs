@@ -39,7 +39,10 @@ pub fn connect(conninfo: &str) -> Result<Client, ConnectError> {
     let mut config =
         db::connection_config(conninfo, "pepsi-dispatch").map_err(|e| ConnectError {
             kind: ErrorKind::Other,
-            message: format!("[pepsi-postgres] CONNECTION: {}", db::describe(&e)),
+            message: format!(
+                "[pepsi-postgres] DISPATCH_CONNECTION (or CONNECTION): {}",
+                db::describe(&e)
+            ),
         })?;
     db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
     db::append_options(&mut config, sql::COORDINATOR_TIMEOUTS_OPTION);
@@ -70,21 +73,31 @@ fn take_lock(client: &mut Client) -> Result<bool, postgres::Error> {
     }
 }
 
-/// Who holds the dispatcher lock, in words ("pid 4242 on host mx1, application_name
-/// 'pepsi-dispatch', connected since …"), when it can be found.
+/// Who holds the dispatcher lock, in words ("pid 4242 (role pepsi) on host mx1,
+/// application_name "pepsi-dispatch", connected since …"), when it can be found. The
+/// host and the start of a session of another role are hidden from this one unless it
+/// is a member of that role or of `pg_read_all_stats`; the message then says so.
 pub fn lock_holder(client: &mut Client) -> String {
     let row = client.query_typed_opt(
         sql::DISPATCH_LOCK_HOLDER,
         &[(&sql::DISPATCH_LOCK_KEY, Type::INT8)],
     );
     match row {
-        Ok(Some(r)) => format!(
-            "pid {} on {}, application_name {:?}, connected since {}",
-            r.get::<_, i32>(0),
-            r.get::<_, String>(1),
-            r.get::<_, Option<String>>(2).unwrap_or_default(),
-            r.get::<_, String>(3)
-        ),
+        Ok(Some(r)) => {
+            let pid: i32 = r.get(0);
+            let role: Option<String> = r.get(1);
+            let role = role.unwrap_or_else(|| "?".into());
+            let application: Option<String> = r.get(2);
+            let application = application.unwrap_or_default();
+            match (r.get::<_, Option<String>>(3), r.get::<_, Option<String>>(4)) {
+                (Some(from), Some(since)) => format!(
+                    "pid {pid} (role {role}) on {from}, application_name {application:?}, connected since {since}"
+                ),
+                _ => format!(
+                    "pid {pid} (role {role}), application_name {application:?} (its host and start time are visible only to members of role {role} or of pg_read_all_stats)"
+                ),
+            }
+        }
         Ok(None) => "a session that has just released it".into(),
         Err(e) => format!("a session that cannot be named ({})", db::describe(&e)),
     }
@@ -100,13 +113,39 @@ pub fn held_elsewhere(client: &mut Client) -> Failure {
     ))
 }
 
-/// Terminates the sessions matching these `LIKE` patterns; returns how many.
-pub fn terminate(client: &mut Client, patterns: &[String]) -> Result<i64, postgres::Error> {
+/// How many worker sessions a termination ended, and how many it was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Terminated {
+    /// Sessions terminated.
+    pub terminated: i64,
+    /// Sessions the owner of `pepsi.terminate_worker_sessions` may not signal.
+    pub refused: i64,
+}
+
+impl Terminated {
+    /// The warning for refused sessions, when there were any: they end with their
+    /// statement, and the claim token keeps a stale write from landing, but the
+    /// administrator should know the rights are missing.
+    pub fn warn_refused(&self) {
+        if self.refused > 0 {
+            log::warn!(
+                "{} worker sessions could not be terminated: the owner of pepsi.terminate_worker_sessions may not signal them (make it a member of pg_signal_backend or of the workers' login roles; see README, \"Database roles\")",
+                self.refused
+            );
+        }
+    }
+}
+
+/// Terminates the worker sessions matching these `LIKE` patterns.
+pub fn terminate(client: &mut Client, patterns: &[String]) -> Result<Terminated, postgres::Error> {
     let row = client.query_typed_one(
         sql::TERMINATE_WORKER_SESSIONS,
         &[(&patterns, Type::TEXT_ARRAY)],
     )?;
-    Ok(row.get(0))
+    Ok(Terminated {
+        terminated: row.get(0),
+        refused: row.get(1),
+    })
 }
 
 /// Why one attempt at taking the session failed.
@@ -162,8 +201,15 @@ fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
     // the rows about to be reset.
     let all = [protocol::ANY_WORKER_SESSION.to_string()];
     match terminate(&mut client, &all) {
-        Ok(0) => {}
-        Ok(n) => log::warn!("terminated {n} database sessions left by earlier workers"),
+        Ok(t) => {
+            if t.terminated > 0 {
+                log::warn!(
+                    "terminated {} database sessions left by earlier workers",
+                    t.terminated
+                );
+            }
+            t.warn_refused();
+        }
         Err(e) if db::classify(&e) == ErrorKind::Connection => {
             return Err(Refused::from_db(
                 "cannot terminate earlier workers' sessions",

@@ -35,9 +35,9 @@ use postgres::Client;
 use postgres::error::SqlState;
 
 use crate::cli::{Globals, OsInvocation, Program};
-use crate::config::Config;
 use crate::config::graph::{self, OverrideRow};
 use crate::config::raw::join_errors;
+use crate::config::{Config, DbRole};
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::{self, Failure};
 
@@ -82,9 +82,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// Loads the configuration, switches to `RUN_AS` when started as root, connects and
-    /// checks the schema.
-    pub fn open(globals: &Globals) -> Result<Session, Failure> {
+    /// Loads the configuration, switches to `RUN_AS` when started as root, connects
+    /// with `role`'s connection (`ADMIN_CONNECTION`, or `INJECT_CONNECTION` for
+    /// `inject`; each else `CONNECTION`) and checks the schema.
+    pub fn open(globals: &Globals, role: DbRole) -> Result<Session, Failure> {
         let config = Config::load(globals.config.as_deref()).map_err(|errors| {
             Failure::config(format!("configuration error:\n{}", join_errors(&errors)))
         })?;
@@ -92,8 +93,8 @@ impl Session {
             log::warn!("{w}");
         }
         crate::privilege::drop_to(&config.pepsi.run_as).map_err(|f| Failure::config(f.message))?;
-        let mut pg = db::connection_config(&config.postgres.connection, PROGRAM.name)
-            .map_err(|e| Failure::config(format!("[pepsi-postgres] CONNECTION: {e}")))?;
+        let mut pg = db::connection_config(config.postgres.connection_for(role), PROGRAM.name)
+            .map_err(|e| Failure::config(format!("{}: {e}", config.postgres.key_for(role))))?;
         db::append_options(&mut pg, sql::QUEUE_TIMEOUTS_OPTION);
         let mut client = db::open(&pg).map_err(|e| match e.kind {
             ErrorKind::Connection | ErrorKind::Overload | ErrorKind::Transient => {
@@ -204,12 +205,12 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
             // The message is read and checked before anything is connected: a message
             // refused leaves no trace.
             let prepared = inject::prepare(&what)?;
-            Session::open(&globals)
+            Session::open(&globals, DbRole::Inject)
                 .and_then(|mut session| inject::run(&mut session, prepared))
                 .map_err(inject::for_the_sender)
         }
         command => {
-            let mut session = Session::open(&globals)?;
+            let mut session = Session::open(&globals, DbRole::Admin)?;
             match command {
                 Command::Status { json } => status::run(&mut session, json),
                 Command::List {

@@ -17,7 +17,7 @@ use super::input::IdReader;
 use super::runtime::{Worker, builtin_by_name};
 use crate::cli::Globals;
 use crate::config::raw::join_errors;
-use crate::config::{Config, StageSection};
+use crate::config::{Config, DbRole, StageSection};
 use crate::db::pool::{CheckoutError, Pool};
 use crate::db::{self, ErrorKind, schema, sql};
 use crate::exit::{self, Failure};
@@ -65,8 +65,10 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
     })?;
     let stage = started_for();
     let name = session_name(own, stage.as_deref());
-    let mut pg = db::connection_config(&config.postgres.connection, &name)
-        .map_err(|e| Failure::config(format!("[pepsi-postgres] CONNECTION: {e}")))?;
+    let mut pg = db::connection_config(config.postgres.connection_for(DbRole::Worker), &name)
+        .map_err(|e| {
+            Failure::config(format!("{}: {e}", config.postgres.key_for(DbRole::Worker)))
+        })?;
     // Set after parsing so it wins over an application_name in CONNECTION: the
     // dispatcher terminates a killed worker's sessions by this name (§8.2).
     pg.application_name(&name);

@@ -11,4 +11,5 @@ mod guarantees;
 mod poison;
 mod queue;
 mod recovery;
+mod roles;
 mod worker;

@@ -249,6 +249,38 @@ fn with_db(base: &str, name: &str) -> String {
     }
 }
 
+/// The password of every login role the tests create, so that they also work on a
+/// server that asks for one.
+pub const LOGIN_PASSWORD: &str = "pepsi-test";
+
+/// `conninfo` (key=value or URL) connecting as `user` with [`LOGIN_PASSWORD`].
+fn as_user(conninfo: &str, user: &str) -> String {
+    if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
+        let sep = if conninfo.contains('?') { '&' } else { '?' };
+        format!("{conninfo}{sep}user={user}&password={LOGIN_PASSWORD}")
+    } else {
+        format!("{conninfo} user={user} password={LOGIN_PASSWORD}")
+    }
+}
+
+/// Creates the login role `name` (with [`LOGIN_PASSWORD`]), a member of each of
+/// `groups`, unless it exists. Roles are cluster-wide: tests running at the same time
+/// may create the same one, and that is fine. Returns the name.
+pub fn login_role(name: &str, groups: &[&str]) -> String {
+    let mut admin = admin();
+    let member_of = if groups.is_empty() {
+        String::new()
+    } else {
+        format!(" IN ROLE {}", groups.join(", "))
+    };
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN                CREATE ROLE {name} LOGIN PASSWORD '{LOGIN_PASSWORD}'{member_of};              EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;              END $$"
+        ))
+        .unwrap_or_else(|e| panic!("cannot create the login role {name}: {e}"));
+    name.to_string()
+}
+
 /// A fresh database for one test, dropped when the test ends.
 pub struct TestDb {
     /// The database name.
@@ -300,6 +332,37 @@ impl TestDb {
             conninfo: with_db(&server.base, &name),
             name,
         }
+    }
+
+    /// A fresh database without the Pepsi schema, owned by `owner` (a role of
+    /// [`login_role`]), for `pepsi-setup` run as a role that is not a superuser.
+    pub fn empty_owned_by(owner: &str) -> TestDb {
+        let server = server();
+        let name = format!(
+            "pepsi_o{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = Client::connect(&with_db(&server.base, "postgres"), NoTls)
+            .expect("connect to the test server");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} OWNER {owner}"))
+            .expect("create an empty test database");
+        TestDb {
+            conninfo: with_db(&server.base, &name),
+            name,
+        }
+    }
+
+    /// A connection string for this database as `role` (a role of [`login_role`]).
+    pub fn conninfo_as(&self, role: &str) -> String {
+        as_user(&self.conninfo, role)
+    }
+
+    /// A new client connection as `role`.
+    pub fn client_as(&self, role: &str) -> Client {
+        Client::connect(&self.conninfo_as(role), NoTls)
+            .unwrap_or_else(|e| panic!("connect to the test database as {role}: {e}"))
     }
 
     /// A new client connection.
