@@ -22,6 +22,7 @@ use super::errors::status_for;
 use super::input::IdReader;
 use super::runtime::Worker;
 use super::settings;
+use super::tally::BatchTally;
 use super::writes::{Plan, Write};
 use super::{Load, Message};
 use crate::db::pool::PgConn;
@@ -57,20 +58,28 @@ mod col {
 }
 
 impl Worker {
-    /// Answers batches of ids until stdin ends.
-    pub(super) fn serve(&mut self, mut input: IdReader) -> Result<(), Failure> {
+    /// Answers batches of ids until stdin ends, then logs the batch sizes under `label`
+    /// (the stage it was started for).
+    pub(super) fn serve(&mut self, mut input: IdReader, label: &str) -> Result<(), Failure> {
         let max = if self.own.loads() == Load::Metadata {
             self.batch_max
         } else {
             1
         };
         let stdout = std::io::stdout();
+        let mut tally = BatchTally::default();
         loop {
             let ids = match input.next_batch(max) {
                 Ok(Some(ids)) => ids,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    if tally.batches() > 0 {
+                        log::info!("{label}: input ended after {tally}");
+                    }
+                    return Ok(());
+                }
                 Err(e) => return Err(Failure::new(exit::EX_SOFTWARE, e.to_string())),
             };
+            tally.add(ids.len());
             let plans = self.process(&ids);
             let mut out = stdout.lock();
             for plan in &plans {
