@@ -81,16 +81,18 @@ impl Worker {
             };
             tally.add(ids.len());
             let plans = self.process(&ids);
-            let mut out = stdout.lock();
+            // The batch's answers in one write (atomic on a pipe up to PIPE_BUF): the
+            // dispatcher sees the whole batch's capacity free at once and claims it in
+            // one go, instead of a row or two per line as a line-buffered stdout would
+            // hand them over.
+            let mut answers = String::new();
             for plan in &plans {
-                writeln!(
-                    out,
-                    "{}",
-                    protocol::format_status(plan.answer, &plan.report)
-                )
-                .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
+                answers.push_str(&protocol::format_status(plan.answer, &plan.report));
+                answers.push('\n');
             }
-            out.flush()
+            let mut out = stdout.lock();
+            out.write_all(answers.as_bytes())
+                .and_then(|()| out.flush())
                 .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
         }
     }
