@@ -4,8 +4,10 @@
 //!
 //! (a) the raw hop rate: N client threads each running the SELECT by id + advancing
 //!     UPDATE loop of a stage worker, `synchronous_commit = off`;
+//! (a2) the batched raw hop rate: N clients each advancing 16 rows per SELECT `= ANY`
+//!     and one UPDATE `FROM unnest`, `synchronous_commit = off`;
 //! (b) the dispatcher's hop rate through a 5-stage pipeline (four `pass`, one
-//!     `discard`) with fusion off, at QUEUE_LIMIT 4 and 16, and the ratio (b)/(a);
+//!     `discard`) with fusion off, at QUEUE_LIMIT 4 and 16, and the ratios (b)/(a) and (b)/(a2);
 //! (c) messages/s end to end, fusion off and on;
 //! (d) the dispatcher's CPU seconds per 1,000 hops (from /proc);
 //! (e) median and p99 latency from inject to the row's deletion for a trickle of
@@ -16,7 +18,15 @@
 //!     flood of another sender, against its wait on an empty queue;
 //! (h) the 5-stage hop rate with fair scheduling on against off.
 //!
-//! `BENCH_MESSAGES` (default 5000) sets the burst size. Figures, never assertions.
+//! Each (b) burst also prints its claims and rows per claim (`pepsi.dispatch_stats`),
+//! the top-level statements and transactions per hop of every session but the
+//! benchmark's own (`pg_stat_statements`, `pg_stat_database`), the most frequent
+//! statements, and per stage the sizes of the batches its workers processed (from the
+//! line each worker logs as its input ends).
+//!
+//! `BENCH_MESSAGES` (default 5000) sets the burst size, `BENCH_QUEUE_LIMITS` (default
+//! `4,16`) the QUEUE_LIMITs of (b); `BENCH_QUICK` set stops after
+//! (a), (a2), (b) and (e). Figures, never assertions.
 
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
@@ -29,6 +39,16 @@ use std::time::{Duration, Instant};
 
 use pg::TestDb;
 use postgres::{Client, NoTls};
+
+/// The QUEUE_LIMITs of the (b) bursts: `BENCH_QUEUE_LIMITS` (comma-separated), default
+/// 4 and 16.
+fn queue_limits() -> Vec<u32> {
+    std::env::var("BENCH_QUEUE_LIMITS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|q| q.trim().parse().ok()).collect())
+        .filter(|v: &Vec<u32>| !v.is_empty())
+        .unwrap_or_else(|| vec![4, 16])
+}
 
 fn messages() -> i64 {
     std::env::var("BENCH_MESSAGES")
@@ -79,11 +99,7 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
     let mut handles = Vec::new();
     for t in 0..threads {
         let mine: Vec<i64> = ids[t * 16..(t + 1) * 16].to_vec();
-        // Parsed, not appended to: `DATABASE_URL` may be a URL as well as a conninfo.
-        let mut config: postgres::Config = db
-            .conninfo
-            .parse()
-            .unwrap_or_else(|e| panic!("the test database's connection {:?}: {e}", db.conninfo));
+        let mut config = client_config(&db);
         pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
         let barrier = barrier.clone();
         handles.push(std::thread::spawn(move || {
@@ -120,6 +136,80 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
     (threads * hops_per_thread) as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// (a2): `threads` clients, each advancing its own 16 rows together: one SELECT of all
+/// 16 by `= ANY` and one UPDATE of all 16 from `unnest`, per round. Returns hops/s.
+fn raw_batched_hop_rate(threads: usize, rounds_per_thread: usize) -> f64 {
+    const ROWS: usize = 16;
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
+         SELECT 's0', 'running', 'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, $1::int4)",
+        &[&((threads * ROWS) as i32)],
+    )
+    .unwrap();
+    let ids: Vec<i64> = c
+        .query("SELECT workqueue_id FROM pepsi.workqueue ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let mine: Vec<i64> = ids[t * ROWS..(t + 1) * ROWS].to_vec();
+        let mut config = client_config(&db);
+        pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
+        let barrier = barrier.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut c = config.connect(NoTls).unwrap();
+            let select = c
+                .prepare(
+                    "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
+                     FROM pepsi.workqueue WHERE workqueue_id = ANY($1)",
+                )
+                .unwrap();
+            let update = c
+                .prepare(
+                    "UPDATE pepsi.workqueue q SET stage = u.next, status = 'running' \
+                     FROM unnest($1::int8[], $2::text[], $3::text[]) AS u(id, next, prev) \
+                     WHERE q.workqueue_id = u.id AND q.status = 'running' AND q.stage = u.prev",
+                )
+                .unwrap();
+            barrier.wait();
+            for _ in 0..rounds_per_thread {
+                let rows = c.query(&select, &[&mine]).unwrap();
+                let mut id = Vec::with_capacity(ROWS);
+                let mut next = Vec::with_capacity(ROWS);
+                let mut prev = Vec::with_capacity(ROWS);
+                for row in rows {
+                    let stage: String = row.get(1);
+                    let n: u64 = stage[1..].parse().unwrap();
+                    id.push(row.get::<_, i64>(0));
+                    next.push(format!("s{}", n + 1));
+                    prev.push(stage);
+                }
+                let n = c.execute(&update, &[&id, &next, &prev]).unwrap();
+                assert_eq!(n as usize, ROWS);
+            }
+        }));
+    }
+    barrier.wait();
+    let t0 = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    (threads * rounds_per_thread * ROWS) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The test database's connection, parsed: `DATABASE_URL` may be a URL as well as a
+/// conninfo, so options are appended to the parsed form, never to the text.
+fn client_config(db: &TestDb) -> postgres::Config {
+    db.conninfo
+        .parse()
+        .unwrap_or_else(|e| panic!("the test database's connection {:?}: {e}", db.conninfo))
+}
+
 struct Setup {
     dir: PathBuf,
     bin: PathBuf,
@@ -148,10 +238,12 @@ impl Setup {
     fn config_with(&self, db: &TestDb, fusion: bool, queue_limit: u32, fair: bool) -> PathBuf {
         let mut text = format!(
             "[pepsi]\nRUN_AS = root\nALLOW_FUSION = {}\n\n[pepsi-postgres]\nCONNECTION = {}\n\n\
-             [pepsi-dispatch]\nSTATS_INTERVAL = 60s\nFAIR_SCHEDULING = {}\n\n",
+             [pepsi-dispatch]\nSTATS_INTERVAL = 60s\nFAIR_SCHEDULING = {}\n\
+             WORKER_IDLE_TIMEOUT = {}s\n\n",
             if fusion { "yes" } else { "no" },
             db.conninfo,
-            if fair { "yes" } else { "no" }
+            if fair { "yes" } else { "no" },
+            IDLE_TIMEOUT.as_secs()
         );
         for i in 1..=4 {
             text.push_str(&format!(
@@ -200,7 +292,7 @@ fn stop(mut child: Child) {
 }
 
 fn queue_len(c: &mut Client) -> i64 {
-    c.query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+    c.query_one("/* bench */ SELECT count(*) FROM pepsi.workqueue", &[])
         .unwrap()
         .get(0)
 }
@@ -212,9 +304,156 @@ fn settle(c: &mut Client) {
     let _ = queue_len(c);
 }
 
+/// The benchmark's `WORKER_IDLE_TIMEOUT`: after a burst, workers go cold this soon and
+/// log their batch sizes as their input ends.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+
 struct Burst {
     seconds: f64,
     cpu: f64,
+    profile: Profile,
+}
+
+/// What a burst cost the database, and how full its claims and batches ran.
+#[derive(Default)]
+struct Profile {
+    /// `pepsi.dispatch_stats`: claim statements and the rows they took.
+    claims: i64,
+    rows_claimed: i64,
+    /// Top-level statements of every session but the benchmark's own
+    /// (`pg_stat_statements`), and the most frequent of them: (calls, rows, text).
+    statements: i64,
+    top: Vec<(i64, i64, f64, f64, String)>,
+    /// CPU seconds during the burst of PostgreSQL's processes and of the stage workers
+    /// (processes alive at its end; workers start during the burst).
+    cpu_postgres: f64,
+    cpu_workers: f64,
+    cpu_dispatcher: f64,
+    /// Transactions of every session but the benchmark's own (`pg_stat_database`).
+    transactions: i64,
+    /// Per stage, the batch sizes its workers logged: messages, batches, and the
+    /// counts of the classes 1, 2-3, 4-7, 8-15, 16-31, 32+.
+    batches: std::collections::BTreeMap<String, (u64, u64, [u64; 6])>,
+}
+
+/// Committed plus rolled back transactions of the database so far, as the statistics
+/// collector has them.
+fn transactions(c: &mut Client) -> i64 {
+    c.batch_execute("/* bench */ SELECT pg_stat_clear_snapshot()")
+        .unwrap();
+    c.query_one(
+        "/* bench */ SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// Reads back the per-stage batch sizes workers log as their input ends
+/// (`p1: input ended after 120 messages in 9 batches (sizes 1: 1, 2-3: 0, …)`).
+fn batch_sizes(log: &str) -> std::collections::BTreeMap<String, (u64, u64, [u64; 6])> {
+    let mut out: std::collections::BTreeMap<String, (u64, u64, [u64; 6])> = Default::default();
+    for line in log.lines() {
+        let Some((head, tail)) = line.split_once(": input ended after ") else {
+            continue;
+        };
+        let Some((totals, sizes)) = tail.split_once(" (sizes ") else {
+            continue;
+        };
+        let totals: Vec<u64> = totals
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let classes: Vec<u64> = sizes
+            .trim_end_matches(')')
+            .split(", ")
+            .filter_map(|c| c.split_once(": ")?.1.parse().ok())
+            .collect();
+        if totals.len() != 2 || classes.len() != 6 {
+            continue;
+        }
+        let stage = head.rsplit(' ').next().unwrap_or(head).to_string();
+        let e = out.entry(stage).or_default();
+        e.0 += totals[0];
+        e.1 += totals[1];
+        for (sum, n) in e.2.iter_mut().zip(classes) {
+            *sum += n;
+        }
+    }
+    out
+}
+
+/// The parent of a process, from `/proc/PID/stat`.
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    // After the comm field: state is 0, ppid 1.
+    after
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds used so far by each of `parents` and its live children, in order
+/// (the postmaster and its backends; the dispatcher's workers).
+fn cpu_of_families(parents: &[u32]) -> Vec<f64> {
+    let mut sums: Vec<f64> = parents.iter().map(|&p| cpu_seconds(p)).collect();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(i) = parents.iter().position(|&p| p == parent_of(pid)) {
+            sums[i] += cpu_seconds(pid);
+        }
+    }
+    sums
+}
+
+impl Profile {
+    fn print(&self, out: &mut impl Write, hops: i64) {
+        writeln!(
+            out,
+            "    claims {} taking {} rows: {:.1} rows per claim; {} statements ({:.2} per hop), {} transactions ({:.2} per hop)",
+            self.claims,
+            self.rows_claimed,
+            self.rows_claimed as f64 / self.claims.max(1) as f64,
+            self.statements,
+            self.statements as f64 / hops as f64,
+            self.transactions,
+            self.transactions as f64 / hops as f64,
+        )
+        .unwrap();
+        writeln!(
+            out,
+            "    CPU seconds during the burst: PostgreSQL {:.2}, stage workers {:.2}, dispatcher {:.2}",
+            self.cpu_postgres, self.cpu_workers, self.cpu_dispatcher
+        )
+        .unwrap();
+        for (stage, (messages, batches, classes)) in &self.batches {
+            writeln!(
+                out,
+                "    {stage}: {messages} messages in {batches} worker batches, {:.1} per batch; sizes 1: {}, 2-3: {}, 4-7: {}, 8-15: {}, 16-31: {}, 32+: {}",
+                *messages as f64 / (*batches).max(1) as f64,
+                classes[0], classes[1], classes[2], classes[3], classes[4], classes[5]
+            )
+            .unwrap();
+        }
+        for (calls, rows, ms, plan_ms, text) in &self.top {
+            let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let short: String = text.chars().take(80).collect();
+            writeln!(
+                out,
+                "    {calls:8} calls {:6.1} rows/call {ms:7.3} ms/call ({plan_ms:.3} planning)  {short}",
+                *rows as f64 / (*calls).max(1) as f64
+            )
+            .unwrap();
+        }
+    }
 }
 
 /// (b)/(c)/(d): a burst of `n` messages through the 5-stage pipeline.
@@ -230,20 +469,77 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
     let mut c = db.client();
     settle(&mut c);
     let cpu0 = cpu_seconds(pid);
+    let backend: i32 = c
+        .query_one("/* bench */ SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    // The postmaster's CPU, its backends', and the dispatcher's workers' (the
+    // dispatcher's own is counted apart, so its own time is taken off below).
+    let families = [parent_of(backend as u32), pid];
+    let others0 = cpu_of_families(&families);
+    c.batch_execute("/* bench */ SELECT pg_stat_statements_reset()")
+        .unwrap();
+    let xact0 = transactions(&mut c);
+    // Every statement of the benchmark's own session from here on is one transaction
+    // to take off the database's count: the inject, the polls, the snapshot reads.
+    let mut own = 3;
     c.execute(
-        "SELECT count(pepsi.workqueue_inject('p1', 'a' || (g % 50) || '@x.example', ARRAY['r@y.example'], NULL, NULL)) \
+        "/* bench */ SELECT count(pepsi.workqueue_inject('p1', 'a' || (g % 50) || '@x.example', ARRAY['r@y.example'], NULL, NULL)) \
          FROM generate_series(1, $1::int8) g",
         &[&n],
     )
     .unwrap();
     let t0 = Instant::now();
     while queue_len(&mut c) > 0 {
+        own += 1;
         std::thread::sleep(Duration::from_millis(5));
     }
+    own += 1;
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid) - cpu0;
+    let others = cpu_of_families(&families);
+    // The workers go cold and log their batch sizes; then the dispatcher's shutdown
+    // flushes its statistics and every session's counts reach pg_stat_database.
+    std::thread::sleep(IDLE_TIMEOUT + Duration::from_millis(1500));
     stop(child);
-    Burst { seconds, cpu }
+    std::thread::sleep(Duration::from_millis(700));
+    let transactions = transactions(&mut c) - xact0 - own;
+    let stats = c
+        .query_one(
+            "/* bench */ SELECT claims, rows_claimed FROM pepsi.dispatch_stats",
+            &[],
+        )
+        .unwrap();
+    let rows = c
+        .query(
+            "/* bench */ SELECT calls, rows, mean_exec_time + mean_plan_time, mean_plan_time, query FROM pg_stat_statements s \
+             JOIN pg_database d ON d.oid = s.dbid \
+             WHERE d.datname = current_database() AND s.toplevel AND s.query NOT LIKE '%/* bench */%' \
+             ORDER BY calls DESC",
+            &[],
+        )
+        .unwrap();
+    let log = std::fs::read_to_string(setup.dir.join("dispatch.log")).unwrap_or_default();
+    let profile = Profile {
+        claims: stats.get(0),
+        rows_claimed: stats.get(1),
+        statements: rows.iter().map(|r| r.get::<_, i64>(0)).sum(),
+        top: rows
+            .iter()
+            .take(6)
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect(),
+        transactions,
+        batches: batch_sizes(&log),
+        cpu_postgres: others[0] - others0[0],
+        cpu_workers: others[1] - others0[1] - cpu,
+        cpu_dispatcher: cpu,
+    };
+    Burst {
+        seconds,
+        cpu,
+        profile,
+    }
 }
 
 /// (e): single messages, one every 10 ms, through the fused pipeline. Returns (p50,
@@ -416,9 +712,20 @@ fn main() {
         raw.push(rate);
     }
     let raw_best = raw.iter().cloned().fold(0.0, f64::max);
+    let mut batched = Vec::new();
+    for threads in [4, 8] {
+        let rate = raw_batched_hop_rate(threads, 300);
+        writeln!(
+            out,
+            "(a2) raw batched loop, 16 rows per SELECT+UPDATE, {threads:2} clients: {rate:8.0} hops/s"
+        )
+        .unwrap();
+        batched.push(rate);
+    }
+    let batched_best = batched.iter().cloned().fold(0.0, f64::max);
 
     let mut unfused_best = (0.0, 0.0, 0);
-    for ql in [4, 16] {
+    for ql in queue_limits() {
         let b = burst(&setup, false, ql, n);
         let hops = (5 * n) as f64;
         let rate = hops / b.seconds;
@@ -430,9 +737,32 @@ fn main() {
             b.cpu / hops * 1000.0 * 100.0,
         )
         .unwrap();
+        b.profile.print(&mut out, 5 * n);
         if rate > unfused_best.0 {
             unfused_best = (rate, n as f64 / b.seconds, ql);
         }
+    }
+    writeln!(
+        out,
+        "ratio (b)/(a): {:.2}  (best unfused dispatcher hop rate {:.0} at QUEUE_LIMIT {} / best raw loop {:.0})",
+        unfused_best.0 / raw_best,
+        unfused_best.0,
+        unfused_best.2,
+        raw_best
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "ratio (b)/(a2): {:.2}  (best unfused dispatcher hop rate {:.0} / best batched raw loop {:.0})",
+        unfused_best.0 / batched_best,
+        unfused_best.0,
+        batched_best
+    )
+    .unwrap();
+    let (p50, p99) = trickle(&setup, 300);
+    writeln!(out, "(e) latency inject -> deletion, 300 single messages, fused: p50 {p50:.2} ms, p99 {p99:.2} ms").unwrap();
+    if std::env::var_os("BENCH_QUICK").is_some() {
+        return;
     }
     let mut fused_best = 0.0f64;
     for ql in [4, 16] {
@@ -447,8 +777,6 @@ fn main() {
         .unwrap();
         fused_best = fused_best.max(rate);
     }
-    let (p50, p99) = trickle(&setup, 300);
-    writeln!(out, "(e) latency inject -> deletion, 300 single messages, fused: p50 {p50:.2} ms, p99 {p99:.2} ms").unwrap();
     let mut depths = Vec::new();
     for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
         let ms = fair_claim_ms(depth);
@@ -476,15 +804,6 @@ fn main() {
     )
     .unwrap();
     writeln!(out, "---").unwrap();
-    writeln!(
-        out,
-        "ratio (b)/(a): {:.2}  (best unfused dispatcher hop rate {:.0} at QUEUE_LIMIT {} / best raw loop {:.0})",
-        unfused_best.0 / raw_best,
-        unfused_best.0,
-        unfused_best.2,
-        raw_best
-    )
-    .unwrap();
     writeln!(
         out,
         "fused / unfused message rate: {:.2}  ({:.0} / {:.0} messages/s)",

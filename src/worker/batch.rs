@@ -22,6 +22,7 @@ use super::errors::status_for;
 use super::input::IdReader;
 use super::runtime::Worker;
 use super::settings;
+use super::tally::BatchTally;
 use super::writes::{Plan, Write};
 use super::{Load, Message};
 use crate::db::pool::PgConn;
@@ -57,31 +58,41 @@ mod col {
 }
 
 impl Worker {
-    /// Answers batches of ids until stdin ends.
-    pub(super) fn serve(&mut self, mut input: IdReader) -> Result<(), Failure> {
+    /// Answers batches of ids until stdin ends, then logs the batch sizes under `label`
+    /// (the stage it was started for).
+    pub(super) fn serve(&mut self, mut input: IdReader, label: &str) -> Result<(), Failure> {
         let max = if self.own.loads() == Load::Metadata {
             self.batch_max
         } else {
             1
         };
         let stdout = std::io::stdout();
+        let mut tally = BatchTally::default();
         loop {
             let ids = match input.next_batch(max) {
                 Ok(Some(ids)) => ids,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    if tally.batches() > 0 {
+                        log::info!("{label}: input ended after {tally}");
+                    }
+                    return Ok(());
+                }
                 Err(e) => return Err(Failure::new(exit::EX_SOFTWARE, e.to_string())),
             };
+            tally.add(ids.len());
             let plans = self.process(&ids);
-            let mut out = stdout.lock();
+            // The batch's answers in one write (atomic on a pipe up to PIPE_BUF): the
+            // dispatcher sees the whole batch's capacity free at once and claims it in
+            // one go, instead of a row or two per line as a line-buffered stdout would
+            // hand them over.
+            let mut answers = String::new();
             for plan in &plans {
-                writeln!(
-                    out,
-                    "{}",
-                    protocol::format_status(plan.answer, &plan.report)
-                )
-                .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
+                answers.push_str(&protocol::format_status(plan.answer, &plan.report));
+                answers.push('\n');
             }
-            out.flush()
+            let mut out = stdout.lock();
+            out.write_all(answers.as_bytes())
+                .and_then(|()| out.flush())
                 .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
         }
     }

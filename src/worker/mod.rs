@@ -17,6 +17,7 @@ pub mod message;
 pub mod runtime;
 pub mod settings;
 mod startup;
+mod tally;
 mod writes;
 
 use std::fmt;

@@ -108,7 +108,7 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
         .and_then(|()| out.flush())
         .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
     drop(out);
-    worker.serve(IdReader::stdin())
+    worker.serve(IdReader::stdin(), stage.as_deref().unwrap_or(own.name()))
 }
 
 impl Worker {

@@ -1,5 +1,6 @@
 //! The integration test modules, one per area.
 
+mod batching;
 mod bounce;
 mod bouncer;
 mod config_check;
