@@ -78,15 +78,14 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / clk_tck()
 }
 
-/// (a): `threads` clients, each advancing its own rows through `hops` SELECT+UPDATE
-/// pairs. Returns hops/s.
-fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
-    let db = TestDb::new();
+/// `threads` sets of `per_thread` rows, `running` at stage `s0`, in a fresh database:
+/// what the raw loops advance.
+fn raw_rows(db: &TestDb, threads: usize, per_thread: usize) -> Vec<Vec<i64>> {
     let mut c = db.client();
     c.execute(
         "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
          SELECT 's0', 'running', 'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, $1::int4)",
-        &[&((threads * 16) as i32)],
+        &[&((threads * per_thread) as i32)],
     )
     .unwrap();
     let ids: Vec<i64> = c
@@ -95,10 +94,16 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    ids.chunks(per_thread).map(<[i64]>::to_vec).collect()
+}
+
+/// (a): `threads` clients, each advancing its own rows through `hops` SELECT+UPDATE
+/// pairs. Returns hops/s.
+fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
+    let db = TestDb::new();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
     let mut handles = Vec::new();
-    for t in 0..threads {
-        let mine: Vec<i64> = ids[t * 16..(t + 1) * 16].to_vec();
+    for mine in raw_rows(&db, threads, 16) {
         let mut config = client_config(&db);
         pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
         let barrier = barrier.clone();
@@ -141,23 +146,9 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
 fn raw_batched_hop_rate(threads: usize, rounds_per_thread: usize) -> f64 {
     const ROWS: usize = 16;
     let db = TestDb::new();
-    let mut c = db.client();
-    c.execute(
-        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
-         SELECT 's0', 'running', 'a@x.example', ARRAY['r@y.example'] FROM generate_series(1, $1::int4)",
-        &[&((threads * ROWS) as i32)],
-    )
-    .unwrap();
-    let ids: Vec<i64> = c
-        .query("SELECT workqueue_id FROM pepsi.workqueue ORDER BY 1", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
     let mut handles = Vec::new();
-    for t in 0..threads {
-        let mine: Vec<i64> = ids[t * ROWS..(t + 1) * ROWS].to_vec();
+    for mine in raw_rows(&db, threads, ROWS) {
         let mut config = client_config(&db);
         pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
         let barrier = barrier.clone();
