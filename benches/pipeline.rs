@@ -78,9 +78,14 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / clk_tck()
 }
 
-/// `threads` sets of `per_thread` rows, `running` at stage `s0`, in a fresh database:
-/// what the raw loops advance.
-fn raw_rows(db: &TestDb, threads: usize, per_thread: usize) -> Vec<Vec<i64>> {
+/// Runs `threads` clients of a fresh database, each on its own `per_thread` rows
+/// (`running` at stage `s0`) with `synchronous_commit = off`: `client` prepares, waits
+/// at the barrier, then works. Returns the seconds from the barrier until all are done.
+fn raw_clients<F>(threads: usize, per_thread: usize, client: F) -> f64
+where
+    F: Fn(&mut Client, Vec<i64>, &std::sync::Barrier) + Clone + Send + 'static,
+{
+    let db = TestDb::new();
     let mut c = db.client();
     c.execute(
         "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to) \
@@ -94,43 +99,16 @@ fn raw_rows(db: &TestDb, threads: usize, per_thread: usize) -> Vec<Vec<i64>> {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    ids.chunks(per_thread).map(<[i64]>::to_vec).collect()
-}
-
-/// (a): `threads` clients, each advancing its own rows through `hops` SELECT+UPDATE
-/// pairs. Returns hops/s.
-fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
-    let db = TestDb::new();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
     let mut handles = Vec::new();
-    for mine in raw_rows(&db, threads, 16) {
+    for mine in ids.chunks(per_thread).map(<[i64]>::to_vec) {
         let mut config = client_config(&db);
         pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
         let barrier = barrier.clone();
+        let client = client.clone();
         handles.push(std::thread::spawn(move || {
             let mut c = config.connect(NoTls).unwrap();
-            let select = c
-                .prepare(
-                    "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
-                     FROM pepsi.workqueue WHERE workqueue_id = $1",
-                )
-                .unwrap();
-            let update = c
-                .prepare(
-                    "UPDATE pepsi.workqueue SET stage = $2, status = 'running' \
-                     WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
-                )
-                .unwrap();
-            let mut stage_of: Vec<u64> = vec![0; mine.len()];
-            barrier.wait();
-            for h in 0..hops_per_thread {
-                let i = h % mine.len();
-                let row = c.query_one(&select, &[&mine[i]]).unwrap();
-                let stage: String = row.get(1);
-                stage_of[i] += 1;
-                let next = format!("s{}", stage_of[i]);
-                c.execute(&update, &[&mine[i], &next, &stage]).unwrap();
-            }
+            client(&mut c, mine, &barrier);
         }));
     }
     barrier.wait();
@@ -138,59 +116,75 @@ fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
     for h in handles {
         h.join().unwrap();
     }
-    (threads * hops_per_thread) as f64 / t0.elapsed().as_secs_f64()
+    t0.elapsed().as_secs_f64()
+}
+
+/// (a): `threads` clients, each advancing its own rows through `hops` SELECT+UPDATE
+/// pairs. Returns hops/s.
+fn raw_hop_rate(threads: usize, hops_per_thread: usize) -> f64 {
+    let seconds = raw_clients(threads, 16, move |c, mine, barrier| {
+        let select = c
+            .prepare(
+                "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
+                 FROM pepsi.workqueue WHERE workqueue_id = $1",
+            )
+            .unwrap();
+        let update = c
+            .prepare(
+                "UPDATE pepsi.workqueue SET stage = $2, status = 'running' \
+                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $3",
+            )
+            .unwrap();
+        let mut stage_of: Vec<u64> = vec![0; mine.len()];
+        barrier.wait();
+        for h in 0..hops_per_thread {
+            let i = h % mine.len();
+            let row = c.query_one(&select, &[&mine[i]]).unwrap();
+            let stage: String = row.get(1);
+            stage_of[i] += 1;
+            let next = format!("s{}", stage_of[i]);
+            c.execute(&update, &[&mine[i], &next, &stage]).unwrap();
+        }
+    });
+    (threads * hops_per_thread) as f64 / seconds
 }
 
 /// (a2): `threads` clients, each advancing its own 16 rows together: one SELECT of all
 /// 16 by `= ANY` and one UPDATE of all 16 from `unnest`, per round. Returns hops/s.
 fn raw_batched_hop_rate(threads: usize, rounds_per_thread: usize) -> f64 {
     const ROWS: usize = 16;
-    let db = TestDb::new();
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
-    let mut handles = Vec::new();
-    for mine in raw_rows(&db, threads, ROWS) {
-        let mut config = client_config(&db);
-        pepsi::db::append_options(&mut config, pepsi::db::sql::ASYNC_COMMIT_OPTION);
-        let barrier = barrier.clone();
-        handles.push(std::thread::spawn(move || {
-            let mut c = config.connect(NoTls).unwrap();
-            let select = c
-                .prepare(
-                    "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
-                     FROM pepsi.workqueue WHERE workqueue_id = ANY($1)",
-                )
-                .unwrap();
-            let update = c
-                .prepare(
-                    "UPDATE pepsi.workqueue q SET stage = u.next, status = 'running' \
-                     FROM unnest($1::int8[], $2::text[], $3::text[]) AS u(id, next, prev) \
-                     WHERE q.workqueue_id = u.id AND q.status = 'running' AND q.stage = u.prev",
-                )
-                .unwrap();
-            barrier.wait();
-            for _ in 0..rounds_per_thread {
-                let rows = c.query(&select, &[&mine]).unwrap();
-                let mut id = Vec::with_capacity(ROWS);
-                let mut next = Vec::with_capacity(ROWS);
-                let mut prev = Vec::with_capacity(ROWS);
-                for row in rows {
-                    let stage: String = row.get(1);
-                    let n: u64 = stage[1..].parse().unwrap();
-                    id.push(row.get::<_, i64>(0));
-                    next.push(format!("s{}", n + 1));
-                    prev.push(stage);
-                }
-                let n = c.execute(&update, &[&id, &next, &prev]).unwrap();
-                assert_eq!(n as usize, ROWS);
+    let seconds = raw_clients(threads, ROWS, move |c, mine, barrier| {
+        let select = c
+            .prepare(
+                "SELECT workqueue_id, stage, status, mail_from, rcpt_to, header_from, subject, state, sender_key \
+                 FROM pepsi.workqueue WHERE workqueue_id = ANY($1)",
+            )
+            .unwrap();
+        let update = c
+            .prepare(
+                "UPDATE pepsi.workqueue q SET stage = u.next, status = 'running' \
+                 FROM unnest($1::int8[], $2::text[], $3::text[]) AS u(id, next, prev) \
+                 WHERE q.workqueue_id = u.id AND q.status = 'running' AND q.stage = u.prev",
+            )
+            .unwrap();
+        barrier.wait();
+        for _ in 0..rounds_per_thread {
+            let rows = c.query(&select, &[&mine]).unwrap();
+            let mut id = Vec::with_capacity(ROWS);
+            let mut next = Vec::with_capacity(ROWS);
+            let mut prev = Vec::with_capacity(ROWS);
+            for row in rows {
+                let stage: String = row.get(1);
+                let n: u64 = stage[1..].parse().unwrap();
+                id.push(row.get::<_, i64>(0));
+                next.push(format!("s{}", n + 1));
+                prev.push(stage);
             }
-        }));
-    }
-    barrier.wait();
-    let t0 = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    (threads * rounds_per_thread * ROWS) as f64 / t0.elapsed().as_secs_f64()
+            let n = c.execute(&update, &[&id, &next, &prev]).unwrap();
+            assert_eq!(n as usize, ROWS);
+        }
+    });
+    (threads * rounds_per_thread * ROWS) as f64 / seconds
 }
 
 /// The test database's connection, parsed: `DATABASE_URL` may be a URL as well as a
