@@ -5,19 +5,97 @@
 //! Connections are not tested on checkout: that test is a round trip, and every queue
 //! write must be one. A broken connection fails its statement instead, is classified
 //! there, and is discarded by r2d2 on return (`is_closed`).
+//!
+//! Each connection keeps the statements prepared on it ([`Connection::query_prepared`]):
+//! a worker's load, advance and finish are parsed and planned once per connection, and
+//! from then on each is one round trip that the server neither parses nor plans again.
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use postgres::NoTls;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, NoTls, Row, Statement};
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::{ErrorKind, classify, describe};
 
 /// The pool type.
-pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+pub type PgPool = r2d2::Pool<Manager>;
 /// A checked-out connection.
-pub type PgConn = r2d2::PooledConnection<PostgresConnectionManager<NoTls>>;
+pub type PgConn = r2d2::PooledConnection<Manager>;
+
+/// A client and the statements prepared on it, by their text.
+pub struct Connection {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+impl Deref for Connection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl Connection {
+    /// Runs `sql` (one of the program's constants) with parameters of `types`, prepared
+    /// on this connection the first time (one more round trip, once) and reused after.
+    /// A statement that fails is forgotten, so that one a schema change made stale is
+    /// prepared afresh on the next call.
+    pub fn query_prepared(
+        &mut self,
+        sql: &'static str,
+        types: &[Type],
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, postgres::Error> {
+        let statement = match self.prepared.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare_typed(sql, types)?;
+                self.prepared.insert(sql, s.clone());
+                s
+            }
+        };
+        let rows = self.client.query(&statement, params);
+        if rows.is_err() {
+            self.prepared.remove(sql);
+        }
+        rows
+    }
+}
+
+/// r2d2's manager for [`Connection`]s: postgres clients with their prepared statements.
+#[derive(Debug)]
+pub struct Manager(PostgresConnectionManager<NoTls>);
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<Connection, postgres::Error> {
+        Ok(Connection {
+            client: self.0.connect()?,
+            prepared: HashMap::new(),
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Connection) -> Result<(), postgres::Error> {
+        self.0.is_valid(&mut conn.client)
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        self.0.has_broken(&mut conn.client)
+    }
+}
 
 #[derive(Debug, Default, Clone)]
 struct LastError {
@@ -64,7 +142,7 @@ impl Pool {
             .test_on_check_out(false)
             .connection_timeout(checkout_timeout)
             .error_handler(Box::new(last.clone()))
-            .build_unchecked(PostgresConnectionManager::new(config, NoTls));
+            .build_unchecked(Manager(PostgresConnectionManager::new(config, NoTls)));
         Pool { pool, last }
     }
 

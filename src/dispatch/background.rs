@@ -90,7 +90,7 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
         },
         Job::ReadOverlay => {
             events.send(Event::Overlay(
-                db::read_overlay(&mut *conn).map_err(|e| db::describe(&e)),
+                db::read_overlay(&mut **conn).map_err(|e| db::describe(&e)),
             ));
         }
         Job::UnknownStages(known) => {

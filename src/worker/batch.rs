@@ -252,11 +252,11 @@ fn failing_plan(id: i64, stage: String, claim: i64, class: &'static str, error: 
 /// serialization failure or deadlock.
 fn load_rows(
     conn: &mut PgConn,
-    query: &str,
+    query: &'static str,
     ids: &[i64],
 ) -> Result<Vec<postgres::Row>, postgres::Error> {
     let ids = ids.to_vec();
-    db::retry_transient(|| conn.query_typed(query, &[(&ids, Type::INT8_ARRAY)]))
+    db::retry_transient(|| conn.query_prepared(query, &[Type::INT8_ARRAY], &[&ids]))
 }
 
 /// The batch's load was refused for a non-connection reason (`err`): loads its ids one
@@ -264,7 +264,7 @@ fn load_rows(
 /// that loaded; every other id gets its plan in `settled`.
 fn load_one_by_one(
     conn: &mut PgConn,
-    query: &str,
+    query: &'static str,
     ids: &[i64],
     err: &postgres::Error,
     settled: &mut HashMap<i64, Plan>,

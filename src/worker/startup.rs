@@ -80,14 +80,14 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
     let mut conn = pool.get().map_err(|CheckoutError { kind, message }| {
         startup_failure(kind, format!("database: {message}"))
     })?;
-    match schema::check(&mut *conn) {
+    match schema::check(&mut **conn) {
         Ok(()) => {}
         Err(schema::SchemaError::Mismatch(m)) => {
             return Err(Failure::config(format!("refusing to run: {m}")));
         }
         Err(schema::SchemaError::Db(e)) => return Err(db_startup_failure(&e)),
     }
-    let overlay = db::read_overlay(&mut *conn).map_err(|e| db_startup_failure(&e))?;
+    let overlay = db::read_overlay(&mut **conn).map_err(|e| db_startup_failure(&e))?;
     drop(conn);
     // Refused overlay rows are left out as the dispatcher leaves them out; it logs them
     // (at start and at every reload), so every worker start need not.

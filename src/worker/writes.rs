@@ -428,7 +428,7 @@ fn run_shape(
             )
             .to_string();
             db::retry_transient(|| {
-                conn.query_typed(sql::WRITE_OUTCOMES, &[(&payload, Type::TEXT)])
+                conn.query_prepared(sql::WRITE_OUTCOMES, &[Type::TEXT], &[&payload])
             })?
         }
         Shape::Delete => {
@@ -436,13 +436,10 @@ fn run_shape(
             let claimed: Vec<String> = plans.iter().map(|p| p.claimed.clone()).collect();
             let claims: Vec<i64> = plans.iter().map(|p| p.claim).collect();
             db::retry_transient(|| {
-                conn.query_typed(
+                conn.query_prepared(
                     sql::DELETE_FINISHED,
-                    &[
-                        (&ids, Type::INT8_ARRAY),
-                        (&claimed, Type::TEXT_ARRAY),
-                        (&claims, Type::INT8_ARRAY),
-                    ],
+                    &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
+                    &[&ids, &claimed, &claims],
                 )
             })?
         }
