@@ -276,6 +276,11 @@ fn stop(mut child: Child) {
     let _ = child.wait();
 }
 
+/// How often a burst's end is looked for. `count(*)` scans the whole table, dead rows
+/// included, which a burst leaves plenty of: polled every 5 ms it took a good part of a
+/// core from the server it measures.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
+
 fn queue_len(c: &mut Client) -> i64 {
     c.query_one("/* bench */ SELECT count(*) FROM pepsi.workqueue", &[])
         .unwrap()
@@ -477,7 +482,7 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
     let t0 = Instant::now();
     while queue_len(&mut c) > 0 {
         own += 1;
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(DRAIN_POLL);
     }
     own += 1;
     let seconds = t0.elapsed().as_secs_f64();

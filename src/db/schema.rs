@@ -66,6 +66,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "007_roles.sql",
         sql: include_str!("../../schema/007_roles.sql"),
     },
+    SchemaFile {
+        number: 8,
+        name: "008_sender_key_plpgsql.sql",
+        sql: include_str!("../../schema/008_sender_key_plpgsql.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).
