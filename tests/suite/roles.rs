@@ -876,3 +876,39 @@ fn a_worker_session_the_owner_may_not_signal_is_refused_until_the_owner_is_a_mem
     assert_eq!(terminate(&mut d), (1, 0));
     assert!(session.simple_query("SELECT 1").is_err());
 }
+
+/// With the dispatcher and the workers on their own roles, `check` reads the
+/// per-address settings as the workers do, on their connection (the dispatcher's role
+/// may not read them): a refused row is listed, not "not checked".
+#[test]
+fn check_reads_the_per_address_settings_on_the_workers_connection() {
+    let db = TestDb::new();
+    let dir = TempDir::new("roles-check-settings");
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.settings (address, stage, key, value) VALUES ('r@y.example', 's', 'COMMAND', '/tmp/x')",
+        &[],
+    )
+    .unwrap();
+    let conf = owner_config(
+        &dir,
+        db.connection(),
+        &format!(
+            "DISPATCH_CONNECTION = {}\nWORKER_CONNECTION = {}\n\n[stage-s]\nPROGRAM = {}\n",
+            db.conninfo_as(&dispatch_login()),
+            db.conninfo_as(&worker_login()),
+            stage("discard").display()
+        ),
+    );
+    let out = run(
+        &bin("pepsi-dispatch"),
+        &["-c", conf.to_str().unwrap(), "check"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.contains("r@y.example") && text.contains("COMMAND is never overridable per address"),
+        "the refused row is listed: {text}"
+    );
+    assert!(!text.contains("is not checked"), "{text}");
+}
