@@ -15,8 +15,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use pepsi::config::graph::{self, STAGE_KEYS};
-use pepsi::config::{Config, DbRole, known_keys, raw};
+use pepsi::config::graph::STAGE_KEYS;
+use pepsi::config::{Config, DbRole, keys, known_keys, raw};
 use pepsi::stages::{self, BUILTINS};
 use pepsi::worker::settings;
 
@@ -638,7 +638,7 @@ fn the_example_configuration_uncommented_is_a_valid_pipeline_without_warnings() 
     assert!(graph.stages().count() > 0, "the example has a pipeline");
     // What `pepsi-dispatch check` and the dispatcher would warn about or refuse.
     let laid = config.lay_over(&[]);
-    let mut problems = graph::unknown_keys(laid.sections.values(), stages::program_keys);
+    let mut problems = keys::unknown_keys(laid.sections.values(), stages::program_keys);
     problems.extend(graph.cycle_warnings());
     problems.extend(stages::check_sections(graph.stages()));
     assert!(problems.is_empty(), "{}", raw::join_errors(&problems));

@@ -2,8 +2,11 @@
 //! and the nearest known key, never an error — an operator's typo must not stop mail,
 //! but it must not pass silently either.
 //!
-//! Pure: [`super`] checks the fixed sections with it and [`super::graph`] the stage
+//! Pure: [`super`] checks the fixed sections with it, and [`unknown_keys`] the stage
 //! sections; the callers decide whether the warnings are logged or printed.
+
+use super::graph::STAGE_KEYS;
+use super::raw::{ConfigError, Section};
 
 /// The largest edit distance at which a known key is suggested for an unknown one.
 const MAX_SUGGESTION_DISTANCE: usize = 2;
@@ -50,6 +53,33 @@ pub fn unknown_key(key: &str, known: &[&str], whose: Option<&str>) -> String {
         message.push_str(&format!("; did you mean {k}?"));
     }
     message
+}
+
+/// The unknown keys of stage sections, as warnings naming where each is set (a file
+/// and line, or the overlay) and the nearest known key. A section is checked only when
+/// `program_keys` knows its `PROGRAM` (a built-in: the keys it declares); any other
+/// program's options are its own business.
+pub fn unknown_keys<'a>(
+    sections: impl IntoIterator<Item = &'a Section>,
+    program_keys: impl Fn(&str) -> Option<&'static [&'static str]>,
+) -> Vec<ConfigError> {
+    let mut warnings = Vec::new();
+    for section in sections {
+        let Some(program) = section.get("PROGRAM") else {
+            continue;
+        };
+        let Some(own) = program_keys(program) else {
+            continue;
+        };
+        let known: Vec<&str> = STAGE_KEYS.iter().chain(own).copied().collect();
+        let name = program.rsplit('/').next().unwrap_or(program);
+        for (key, _) in section.entries() {
+            if !known.contains(&key) {
+                warnings.push(section.error(key, unknown_key(key, &known, Some(name))));
+            }
+        }
+    }
+    warnings
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 pub mod graph;
 pub mod keys;
+pub mod program_path;
 pub mod raw;
 
 use std::path::{Path, PathBuf};
