@@ -72,14 +72,16 @@ impl Worker {
         let warned = &mut self.ignored_settings;
         message.settings.retain(|row| {
             let program = graph.get(&row.stage).map(|s| s.program.as_str());
-            let Some(refused) = settings::refusal(row, program) else {
+            if settings::applies(&row.key, program) {
                 return true;
-            };
+            }
             if warned.len() >= IGNORED_REMEMBERED {
                 warned.clear();
             }
             if warned.insert((row.address.clone(), row.stage.clone(), row.key.clone())) {
-                log::warn!("{refused} (message {}; warned once per worker)", message.id);
+                if let Some(refused) = settings::refusal(row, program) {
+                    log::warn!("{refused} (message {}; warned once per worker)", message.id);
+                }
             }
             false
         });

@@ -65,20 +65,34 @@ fn permitted(declared: &[&'static str]) -> Vec<&'static str> {
     keys
 }
 
+/// Does a `pepsi.settings` row for `key` apply at a stage whose `PROGRAM` is `program`
+/// (`None`: a stage without a section)? The rule of [`refusal`], without building its
+/// message: what a worker asks of every row of every message it loads.
+pub fn applies(key: &str, program: Option<&str>) -> bool {
+    if never_overridable(key) {
+        return false;
+    }
+    let Some(program) = program else {
+        return true;
+    };
+    ALWAYS_OVERRIDABLE.contains(&key)
+        || stages::for_program(program).is_some_and(|b| b.overridable().contains(&key))
+}
+
 /// Why a `pepsi.settings` row is ignored, as a problem naming the row (address, stage
-/// and key), or `None` when it applies. `program` is the `PROGRAM` of the row's stage,
+/// and key), or `None` when it applies ([`applies`]). `program` is the `PROGRAM` of the row's stage,
 /// `None` when the stage has no section: such a row is refused only for a key no stage
 /// may have overridden (it has no effect anyway until the stage exists, and then it is
 /// judged by that stage's program).
 pub fn refusal(row: &SettingRow, program: Option<&str>) -> Option<ConfigError> {
+    if applies(&row.key, program) {
+        return None;
+    }
     let why = if never_overridable(&row.key) {
         format!("{} is never overridable per address; ignored", row.key)
     } else {
         let program = program?;
         let allowed = overridable_keys(program);
-        if allowed.contains(&row.key.as_str()) {
-            return None;
-        }
         let name = program.rsplit('/').next().unwrap_or(program);
         let kind = if stages::for_program(program).is_some() {
             format!("{name} allows only {}", allowed.join(", "))
