@@ -82,7 +82,7 @@ pub fn graph_warnings(
 ) -> Vec<ConfigError> {
     let laid = graph::lay_over(stage_sections, overlay, programs);
     let mut warnings = laid.warnings;
-    warnings.extend(crate::config::keys::unknown_keys(
+    warnings.extend(config::keys::unknown_keys(
         laid.sections.values(),
         stages::program_keys,
     ));
