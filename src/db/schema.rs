@@ -71,6 +71,11 @@ pub const FILES: &[SchemaFile] = &[
         name: "008_sender_key_plpgsql.sql",
         sql: include_str!("../../schema/008_sender_key_plpgsql.sql"),
     },
+    SchemaFile {
+        number: 9,
+        name: "009_fair_claim_small_stages.sql",
+        sql: include_str!("../../schema/009_fair_claim_small_stages.sql"),
+    },
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -110,6 +110,23 @@ pub const WRITE_OUTCOMES: &str = "UPDATE pepsi.workqueue q \
        AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
+/// A worker's outcome writes for a batch in which no stage rewrote the envelope or the
+/// extracted metadata: [`WRITE_OUTCOMES`] without those columns, and with the same
+/// payload (its `rewritten` is false throughout, its envelope keys absent). Naming no
+/// column `sender_key` is computed from, the UPDATE leaves the stored generated column
+/// as it is instead of computing it again for every row.
+pub const WRITE_ADVANCES: &str = "UPDATE pepsi.workqueue q \
+     SET stage = r.stage, \
+         status = r.status::pepsi.workqueue_status, \
+         timeout = CASE WHEN r.delay_ms IS NULL THEN NULL \
+                        ELSE now() + r.delay_ms * interval '1 millisecond' END, \
+         state = r.state - 'unwritten' \
+     FROM jsonb_to_recordset($1::text::jsonb) AS r(id bigint, claimed text, claim bigint, \
+          stage text, status text, delay_ms bigint, state jsonb) \
+     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
+       AND q.claim = r.claim \
+     RETURNING q.workqueue_id";
+
 /// A worker's finished messages, one statement. $1 ids (int8[]), $2 the stages they
 /// were claimed at (text[]), $3 their claim tokens (int8[]). Guarded like
 /// [`WRITE_OUTCOMES`]. Returns the deleted ids.

@@ -417,19 +417,16 @@ fn run_shape(
 ) -> Result<HashSet<i64>, postgres::Error> {
     let rows = match shape {
         Shape::Update => {
-            let payload = Value::Array(
-                plans
-                    .iter()
-                    .filter_map(|p| match &p.write {
-                        Write::Update(v) => Some(v.clone()),
-                        _ => None,
-                    })
-                    .collect(),
-            )
-            .to_string();
-            db::retry_transient(|| {
-                conn.query_prepared(sql::WRITE_OUTCOMES, &[Type::TEXT], &[&payload])
-            })?
+            let rows: Vec<Value> = plans
+                .iter()
+                .filter_map(|p| match &p.write {
+                    Write::Update(v) => Some(v.clone()),
+                    _ => None,
+                })
+                .collect();
+            let statement = update_statement(&rows);
+            let payload = Value::Array(rows).to_string();
+            db::retry_transient(|| conn.query_prepared(statement, &[Type::TEXT], &[&payload]))?
         }
         Shape::Delete => {
             let ids: Vec<i64> = plans.iter().map(|p| p.id).collect();
@@ -445,6 +442,17 @@ fn run_shape(
         }
     };
     Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
+}
+
+/// The statement that writes these elements of [`sql::WRITE_OUTCOMES`]'s recordset:
+/// [`sql::WRITE_ADVANCES`] when no stage rewrote a message's envelope or metadata, so
+/// the stored `sender_key` is not computed again for every row.
+fn update_statement(rows: &[Value]) -> &'static str {
+    if rows.iter().any(|r| r["rewritten"] == Value::Bool(true)) {
+        sql::WRITE_OUTCOMES
+    } else {
+        sql::WRITE_ADVANCES
+    }
 }
 
 /// One element of [`sql::WRITE_OUTCOMES`]'s recordset: the message's outcome, guarded by
@@ -501,6 +509,29 @@ mod tests {
             (plan.id, plan.claimed.as_str(), plan.claim),
             (7, "relay", 42)
         );
+    }
+
+    #[test]
+    fn only_a_batch_with_a_rewritten_message_writes_the_envelope() {
+        let mut plain = Message::new(
+            7,
+            "relay".into(),
+            "a@x.example".into(),
+            vec!["r@y.example".into()],
+            None,
+            None,
+            Default::default(),
+            "from:x.example".into(),
+        );
+        let row = update_row(&plain, "relay", "done", "pending", None);
+        assert_eq!(
+            update_statement(std::slice::from_ref(&row)),
+            sql::WRITE_ADVANCES
+        );
+        plain.set_mail_from("b@z.example".into());
+        let rewritten = update_row(&plain, "relay", "done", "pending", None);
+        assert_eq!(rewritten["mail_from"], "b@z.example");
+        assert_eq!(update_statement(&[row, rewritten]), sql::WRITE_OUTCOMES);
     }
 
     #[test]

@@ -402,6 +402,63 @@ fn the_window_of_senders_rotates_until_every_sender_was_served() {
 }
 
 #[test]
+fn a_stage_with_no_more_rows_than_fit_is_claimed_whole_as_the_ranking_would() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // Five senders with three rows each at `a`: 15 rows, within a window of 64.
+    let senders: Vec<String> = (0..5).map(|i| format!("x@s{i}.example")).collect();
+    let mut all = HashSet::new();
+    for s in &senders {
+        all.extend(add(&mut c, "a", s, 3));
+    }
+    // A cap of exactly 15, from a cursor in the middle, a sender with a lead and FIFO
+    // slots: every row, and the window ends (NULL) as a walk over every sender ends.
+    let ahead = key(&senders[1]);
+    let mut tx = c.transaction().unwrap();
+    let answer = claim_fair(
+        &mut tx,
+        &[ask("a", 15).fifo(2).cursor(Some(key(&senders[2])))],
+        &[("a", &ahead, 1e9)],
+        MAX_HOPS,
+    );
+    assert_eq!(answer.ids(), all, "{answer:?}");
+    assert_eq!(answer.end("a"), None);
+    let tokens: HashSet<i64> = answer.rows.iter().map(|r| r.token).collect();
+    assert_eq!(tokens.len(), 1, "one token: {answer:?}");
+    tx.rollback().unwrap();
+
+    // One row fewer than the rows: the ranking decides, and the sender far ahead is
+    // the one left short.
+    let mut tx = c.transaction().unwrap();
+    let answer = claim_fair(&mut tx, &[ask("a", 14)], &[("a", &ahead, 1e9)], MAX_HOPS);
+    assert_eq!(answer.rows.len(), 14, "{answer:?}");
+    let short: Vec<&String> = answer
+        .rows
+        .iter()
+        .map(|r| &r.sender)
+        .filter(|s| **s == ahead)
+        .collect();
+    assert_eq!(short.len(), 2, "the sender ahead yields a row: {answer:?}");
+    tx.rollback().unwrap();
+
+    // A row another session holds is still skipped when the stage is claimed whole.
+    let held = *all.iter().min().unwrap();
+    let mut locker = db.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.query_one(
+        "SELECT 1 FROM pepsi.workqueue WHERE workqueue_id = $1 FOR UPDATE",
+        &[&held],
+    )
+    .unwrap();
+    let answer = claim_fair(&mut c, &[ask("a", 64)], &[], MAX_HOPS);
+    let mut rest = all.clone();
+    rest.remove(&held);
+    assert_eq!(answer.ids(), rest, "{answer:?}");
+    lock.rollback().unwrap();
+    assert_eq!(status(&mut c, held), "pending");
+}
+
+#[test]
 fn a_row_another_session_holds_is_skipped_and_the_next_takes_its_slot() {
     let db = TestDb::new();
     let mut c = db.client();

@@ -144,7 +144,7 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
             .unwrap()
             .get(0)
     };
-    let ids: Vec<i64> = (0..4)
+    let ids: Vec<i64> = (0..5)
         .map(|_| inject(&mut owner, "s", "a@x.example", &["r@y.example"]))
         .collect();
     claim(&mut owner, &ids);
@@ -153,18 +153,18 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
     let rows = w
         .query_typed(sql::LOAD_METADATA, &[(&ids, Type::INT8_ARRAY)])
         .unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
     let rows = w
         .query_typed(sql::LOAD_FULL, &[(&ids, Type::INT8_ARRAY)])
         .unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
     w.query_typed_one(sql::LOAD_CLAIM, &[(&ids[0], Type::INT8)])
         .unwrap();
 
     // Advance, pause and fail in one batch, one with a rewritten envelope.
     let mut rewritten = outcome(ids[0], "s", "next", "pending", None);
     rewritten["rewritten"] = json!(true);
-    rewritten["mail_from"] = json!("b@x.example");
+    rewritten["mail_from"] = json!("b@z.example");
     rewritten["rcpt_to"] = json!(["q@y.example"]);
     let payload = json!([
         rewritten,
@@ -190,8 +190,19 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
         .unwrap()
         .get(0);
     assert_eq!(
-        key, "from:x.example",
+        key, "from:z.example",
         "the generated column follows the rewrite"
+    );
+
+    // A batch that rewrote nothing: the plain advance.
+    let payload = json!([outcome(ids[4], "s", "next", "pending", None)]).to_string();
+    let written = w
+        .query_typed(sql::WRITE_ADVANCES, &[(&payload, Type::TEXT)])
+        .unwrap();
+    assert_eq!(written.len(), 1);
+    assert_eq!(
+        row_at(&mut owner, ids[4]),
+        Some(("next".into(), "pending".into()))
     );
 
     // Finish: the row goes, and its body with it (the release trigger).
