@@ -487,9 +487,9 @@ pub(super) fn update_row(
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_update_row_carries_the_claim_token_it_is_guarded_by() {
-        let mut m = Message::new(
+    /// Message 7 from a@x.example to r@y.example, claimed at `relay`.
+    fn relay_message() -> Message {
+        Message::new(
             7,
             "relay".into(),
             "a@x.example".into(),
@@ -498,7 +498,12 @@ mod tests {
             None,
             Default::default(),
             "from:x.example".into(),
-        );
+        )
+    }
+
+    #[test]
+    fn an_update_row_carries_the_claim_token_it_is_guarded_by() {
+        let mut m = relay_message();
         m.claim = 42;
         let row = update_row(&m, "relay", "done", "pending", None);
         assert_eq!(row["id"], 7);
@@ -513,16 +518,7 @@ mod tests {
 
     #[test]
     fn only_a_batch_with_a_rewritten_message_writes_the_envelope() {
-        let mut plain = Message::new(
-            7,
-            "relay".into(),
-            "a@x.example".into(),
-            vec!["r@y.example".into()],
-            None,
-            None,
-            Default::default(),
-            "from:x.example".into(),
-        );
+        let mut plain = relay_message();
         let row = update_row(&plain, "relay", "done", "pending", None);
         assert_eq!(
             update_statement(std::slice::from_ref(&row)),
