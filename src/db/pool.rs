@@ -47,6 +47,15 @@ impl DerefMut for Connection {
 }
 
 impl Connection {
+    /// A connection made elsewhere (the dispatcher's coordinator session), with no
+    /// statement prepared yet.
+    pub fn new(client: Client) -> Connection {
+        Connection {
+            client,
+            prepared: HashMap::new(),
+        }
+    }
+
     /// Runs `sql` (one of the program's constants) with parameters of `types`, prepared
     /// on this connection the first time (one more round trip, once) and reused after.
     /// A statement that fails is forgotten, so that one a schema change made stale is
@@ -82,10 +91,7 @@ impl r2d2::ManageConnection for Manager {
     type Error = postgres::Error;
 
     fn connect(&self) -> Result<Connection, postgres::Error> {
-        Ok(Connection {
-            client: self.0.connect()?,
-            prepared: HashMap::new(),
-        })
+        Ok(Connection::new(self.0.connect()?))
     }
 
     fn is_valid(&self, conn: &mut Connection) -> Result<(), postgres::Error> {

@@ -7,8 +7,9 @@
 //! claiming and kills every worker at once), then reconnects for as long as the
 //! database is away (§6 "Outage") and re-takes the lock; only another dispatcher
 //! keeping the lock for about ten seconds, or a schema that no longer matches, is
-//! fatal. Every queue write is one statement sent in one
-//! round trip (`query_typed`: no separate prepare), guarded by the claim's token, on a
+//! fatal. Every queue write is one statement sent in one round trip (`query_typed`: no
+//! separate prepare; the claim, sent most often, is prepared once per session and then
+//! neither parsed nor planned again), guarded by the claim's token, on a
 //! session whose `lock_timeout` and `statement_timeout` bound every wait (§8.2). Queue
 //! writes run through the transient-error retry helper; a write that fails otherwise
 //! (a lock timeout included) is tried again with backoff, so no row is left running by
@@ -27,6 +28,7 @@ use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
 use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
 use super::statements;
+use crate::db::pool::Connection;
 use crate::db::{self, ErrorKind, sql};
 use crate::exit::Failure;
 use crate::logging::Every;
@@ -131,7 +133,7 @@ pub fn spawn(parts: Parts) -> std::io::Result<()> {
     super::events::spawn_watched("coordinator", events.clone(), move || {
         let last_words = events.clone();
         let reset = Coordinator {
-            client: Some(client),
+            client: Some(Connection::new(client)),
             conninfo,
             events,
             retries: Vec::new(),
@@ -161,7 +163,8 @@ struct Retry {
 }
 
 struct Coordinator {
-    client: Option<Client>,
+    /// The locked session, with the claim statement prepared on it once used.
+    client: Option<Connection>,
     conninfo: String,
     events: EventSender,
     retries: Vec<Retry>,
@@ -408,7 +411,7 @@ impl Coordinator {
                         log::warn!(
                             "database connection re-established; the dispatcher lock is held again"
                         );
-                        self.client = Some(client);
+                        self.client = Some(Connection::new(client));
                         self.reconcile_due = true;
                         self.generation += 1;
                         self.events.send(Event::LockRegained(self.generation));

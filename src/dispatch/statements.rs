@@ -11,6 +11,7 @@ use postgres::types::Type;
 use super::events::Event;
 use super::ledger::Claim;
 use super::scheduler::ClaimRequest;
+use crate::db::pool::Connection;
 use crate::db::{self, sql};
 
 /// Runs a guarded write over claims, one round trip: `statement` takes their ids,
@@ -37,9 +38,11 @@ pub fn write_claims(
 
 /// Runs one claim statement and reads its answer: the claimed rows (rows failed by the
 /// loop limit are logged and left out) and, for a fair claim, where each stage's sender
-/// window ended.
+/// window ended. The statement is prepared on the session the first time (one more
+/// round trip, once): a claim is then one round trip that the server neither parses
+/// nor plans: about half the server time of a one-message claim.
 pub fn claim(
-    client: &mut Client,
+    client: &mut Connection,
     request: &ClaimRequest,
     max_hops: i32,
 ) -> Result<Event, postgres::Error> {
@@ -47,28 +50,36 @@ pub fn claim(
     let caps: Vec<i32> = request.asked().iter().map(|a| a.1).collect();
     let rows = match request {
         ClaimRequest::Oldest(_) => db::retry_transient(|| {
-            client.query_typed(
+            client.query_prepared(
                 sql::CLAIM_OLDEST,
-                &[
-                    (&stages, Type::TEXT_ARRAY),
-                    (&caps, Type::INT4_ARRAY),
-                    (&max_hops, Type::INT4),
-                ],
+                &[Type::TEXT_ARRAY, Type::INT4_ARRAY, Type::INT4],
+                &[&stages, &caps, &max_hops],
             )
         })?,
         ClaimRequest::Fair(fair) => db::retry_transient(|| {
-            client.query_typed(
+            client.query_prepared(
                 sql::CLAIM_FAIR,
                 &[
-                    (&stages, Type::TEXT_ARRAY),
-                    (&caps, Type::INT4_ARRAY),
-                    (&fair.fifo, Type::INT4_ARRAY),
-                    (&fair.avg_us, Type::FLOAT8_ARRAY),
-                    (&fair.cursor, Type::TEXT_ARRAY),
-                    (&fair.lead_stage, Type::TEXT_ARRAY),
-                    (&fair.lead_sender, Type::TEXT_ARRAY),
-                    (&fair.lead_us, Type::FLOAT8_ARRAY),
-                    (&max_hops, Type::INT4),
+                    Type::TEXT_ARRAY,
+                    Type::INT4_ARRAY,
+                    Type::INT4_ARRAY,
+                    Type::FLOAT8_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::FLOAT8_ARRAY,
+                    Type::INT4,
+                ],
+                &[
+                    &stages,
+                    &caps,
+                    &fair.fifo,
+                    &fair.avg_us,
+                    &fair.cursor,
+                    &fair.lead_stage,
+                    &fair.lead_sender,
+                    &fair.lead_us,
+                    &max_hops,
                 ],
             )
         })?,
