@@ -1,9 +1,10 @@
 //! A fault-injecting stage program for the dispatcher's tests, built on the worker
 //! protocol by hand (it must be able to misbehave in ways the real runtime never does).
 //!
-//! Its database session is named like a real worker's,
-//! `pepsi-worker:PID:STAGE` (`pepsi::protocol::worker_session_name`), with STAGE from
-//! `$PEPSI_WORKER_STAGE` or `fault` without it, so the dispatcher can find and terminate
+//! Its database session is named like a real worker's
+//! (`pepsi::protocol::own_session_name`): the name the dispatcher gave it in
+//! `$PGAPPNAME`, or `pepsi-worker:PID:STAGE` with STAGE from `$PEPSI_WORKER_STAGE`
+//! (`fault` without it) when started by hand, so the dispatcher can find and terminate
 //! it. It loads each row's claim token with its stage and fault, and guards every
 //! outcome write with status, stage and token, as the runtime does (SPEC §6).
 //!
@@ -186,14 +187,12 @@ fn main() {
     }
 }
 
-/// Connects with the session named as a worker of `$PEPSI_WORKER_STAGE` (or `fault`).
+/// Connects with the session named as the dispatcher said, or as a worker of
+/// `$PEPSI_WORKER_STAGE` (or `fault`).
 fn connect(conninfo: &str) -> Client {
     let stage = std::env::var(pepsi::protocol::WORKER_STAGE_ENV).unwrap_or_else(|_| "fault".into());
     let mut pg: postgres::Config = conninfo.parse().expect("[pepsi-postgres] CONNECTION");
-    pg.application_name(&pepsi::protocol::worker_session_name(
-        std::process::id(),
-        &stage,
-    ));
+    pg.application_name(&pepsi::protocol::own_session_name(&stage));
     pg.connect(NoTls).expect("database")
 }
 

@@ -26,17 +26,44 @@ pub const STATUS_TEMPFAIL: u8 = crate::exit::EX_TEMPFAIL;
 /// (`[stage-NAME]` section) it serves; a worker names its database sessions after it.
 pub const WORKER_STAGE_ENV: &str = "PEPSI_WORKER_STAGE";
 
+/// The environment variable in which the dispatcher gives each worker it starts the
+/// name of its database sessions. libpq reads it as the default `application_name`, so
+/// a worker written in any language on libpq (psycopg2, DBD::Pg, plain C) names its
+/// sessions without knowing about Pepsi; the worker library reads it itself (see
+/// [`own_session_name`]).
+pub const SESSION_NAME_ENV: &str = "PGAPPNAME";
+
 /// What every worker's `application_name` starts with.
 const SESSION_PREFIX: &str = "pepsi-worker:";
 
 /// PostgreSQL keeps this many bytes of an `application_name`.
 const MAX_APPLICATION_NAME: usize = 63;
 
-/// The `application_name` of a worker's database sessions, `pepsi-worker:PID:STAGE`:
-/// when the dispatcher kills a worker it terminates the sessions it left behind by its
-/// pid (§8.2 "Bounded waits"). Cut to what PostgreSQL keeps, never inside a character.
+/// The `application_name` the dispatcher gives the `serial`-th worker it starts,
+/// `pepsi-worker:TAG-SERIAL:STAGE` (TAG in eight hex digits): when it kills that worker
+/// it terminates the sessions the worker left behind by this name (§8.2 "Bounded
+/// waits").
+///
+/// The name must be known before the fork, so it cannot hold the worker's pid. The
+/// serial is never reused by one dispatcher, which makes the name unique among its
+/// workers; `tag` is drawn at random once per dispatcher start, so that a dispatcher
+/// that lost the lock and terminates its killed workers' sessions late cannot hit the
+/// workers of the one that took over (whose serials start at 1 too, and whose pid may
+/// well be the same in another container). The `-` keeps these names apart from those
+/// of workers started by hand ([`worker_session_name`]). The identity part is at most
+/// 43 bytes, so only STAGE is ever cut, and [`session_pattern`] still matches.
+pub fn dispatched_session_name(tag: u32, serial: u64, stage: &str) -> String {
+    cut_to_application_name(format!("{SESSION_PREFIX}{tag:08x}-{serial}:{stage}"))
+}
+
+/// The `application_name` of the sessions of a worker started without one from the
+/// dispatcher (by hand, by a test), `pepsi-worker:PID:STAGE`.
 pub fn worker_session_name(pid: u32, stage: &str) -> String {
-    let mut name = format!("{SESSION_PREFIX}{pid}:{stage}");
+    cut_to_application_name(format!("{SESSION_PREFIX}{pid}:{stage}"))
+}
+
+/// A worker session name cut to what PostgreSQL keeps, never inside a character.
+fn cut_to_application_name(mut name: String) -> String {
     if name.len() > MAX_APPLICATION_NAME {
         let mut end = MAX_APPLICATION_NAME;
         while !name.is_char_boundary(end) {
@@ -47,12 +74,38 @@ pub fn worker_session_name(pid: u32, stage: &str) -> String {
     name
 }
 
+/// The session name the dispatcher gave a worker, from the value of
+/// [`SESSION_NAME_ENV`]: only a value that starts with `pepsi-worker:` is one (an
+/// operator's own `PGAPPNAME` in a shell that starts a worker by hand is not).
+pub fn given_session_name(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| v.starts_with(SESSION_PREFIX) && v.len() > SESSION_PREFIX.len())
+}
+
+/// The name this worker process gives its database sessions: the one the dispatcher
+/// gave it in `PGAPPNAME`, else `pepsi-worker:PID:STAGE`.
+pub fn own_session_name(stage: &str) -> String {
+    let given = std::env::var(SESSION_NAME_ENV).ok();
+    match given_session_name(given.as_deref()) {
+        Some(name) => cut_to_application_name(name.to_string()),
+        None => worker_session_name(std::process::id(), stage),
+    }
+}
+
 /// The `LIKE` pattern matching the sessions of every worker.
 pub const ANY_WORKER_SESSION: &str = "pepsi-worker:%";
 
-/// The `LIKE` pattern matching every session of the worker with this pid.
-pub fn worker_session_pattern(pid: u32) -> String {
-    format!("{SESSION_PREFIX}{pid}:%")
+/// The `LIKE` pattern matching every session named `name` (a name made by
+/// [`dispatched_session_name`] or [`worker_session_name`]): its prefix up to and
+/// including the colon after the worker's identity. The stage is left out on purpose:
+/// PostgreSQL may have cut it, or rewritten its characters outside printable ASCII,
+/// and it may hold `_` or `%`, which `LIKE` would read as wildcards. The identity is
+/// digits, hex digits and `-`, never a wildcard.
+pub fn session_pattern(name: &str) -> String {
+    let identity_end = name
+        .strip_prefix(SESSION_PREFIX)
+        .and_then(|rest| rest.find(':'))
+        .map_or(name.len(), |i| SESSION_PREFIX.len() + i + 1);
+    format!("{}%", &name[..identity_end])
 }
 
 /// One stage of a pass with the microseconds it took.
@@ -164,13 +217,75 @@ mod tests {
         );
     }
 
+    /// Does `name` match the `LIKE` pattern `pattern`, a literal prefix and `%`?
+    fn matches(name: &str, pattern: &str) -> bool {
+        let prefix = pattern.strip_suffix('%').expect("ends in %");
+        assert!(!prefix.contains(['%', '_']), "{pattern}");
+        name.starts_with(prefix)
+    }
+
     #[test]
-    fn a_worker_session_name_carries_the_pid_and_fits_postgresql() {
+    fn a_worker_started_by_hand_names_its_sessions_after_its_pid_within_postgresql_limits() {
         assert_eq!(worker_session_name(42, "relay"), "pepsi-worker:42:relay");
         let long = worker_session_name(4_194_304, &"é".repeat(40));
         assert!(long.len() <= MAX_APPLICATION_NAME, "{long}");
         assert!(long.starts_with("pepsi-worker:4194304:é"));
-        assert_eq!(worker_session_pattern(42), "pepsi-worker:42:%");
+        assert_eq!(session_pattern(&long), "pepsi-worker:4194304:%");
+        assert_eq!(
+            session_pattern(&worker_session_name(42, "re_lay%")),
+            "pepsi-worker:42:%"
+        );
+    }
+
+    #[test]
+    fn a_dispatched_worker_name_is_chosen_before_the_fork_and_its_pattern_survives_the_cut() {
+        assert_eq!(
+            dispatched_session_name(0xbeef, 7, "relay"),
+            "pepsi-worker:0000beef-7:relay"
+        );
+        // The longest identity, with a stage far past what PostgreSQL keeps: only the
+        // stage is cut, so the pattern still matches the name the server holds.
+        let name = dispatched_session_name(u32::MAX, u64::MAX, &"é".repeat(40));
+        assert!(name.len() <= MAX_APPLICATION_NAME, "{name}");
+        let pattern = session_pattern(&name);
+        assert_eq!(pattern, format!("pepsi-worker:ffffffff-{}:%", u64::MAX));
+        assert!(matches(&name, &pattern), "{name} {pattern}");
+        // PostgreSQL may rewrite the stage's characters; the identity stays.
+        assert!(matches(
+            &format!("{}?????", &pattern[..pattern.len() - 1]),
+            &pattern
+        ));
+    }
+
+    #[test]
+    fn one_worker_pattern_matches_no_other_worker() {
+        let one = session_pattern(&dispatched_session_name(1, 1, "s"));
+        for other in [
+            dispatched_session_name(1, 10, "s"),
+            dispatched_session_name(1, 11, "s"),
+            dispatched_session_name(2, 1, "s"),
+            worker_session_name(1, "s"),
+        ] {
+            assert!(!matches(&other, &one), "{one} matches {other}");
+        }
+        assert!(matches(&dispatched_session_name(1, 1, "s"), &one));
+        // A pid-named worker and a dispatched one whose tag reads as that pid.
+        let by_hand = session_pattern(&worker_session_name(12_345_678, "s"));
+        assert!(!matches(
+            &dispatched_session_name(0x1234_5678, 1, "s"),
+            &by_hand
+        ));
+    }
+
+    #[test]
+    fn only_a_pepsi_worker_name_in_pgappname_is_taken() {
+        assert_eq!(
+            given_session_name(Some("pepsi-worker:0000beef-7:relay")),
+            Some("pepsi-worker:0000beef-7:relay")
+        );
+        for value in [None, Some(""), Some("psql"), Some("pepsi-worker:")] {
+            assert_eq!(given_session_name(value), None, "{value:?}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use postgres::{Client, NoTls};
 
 use pepsi::protocol;
 use util::bouncer::Bouncer;
-use util::dispatcher::{Dispatcher, alive, fault_worker};
+use util::dispatcher::{Dispatcher, alive, fault_worker, session_name_of};
 use util::{TempDir, TestDb, claim, inject, pg, row_at, stage, wait_until, write_config};
 
 /// Held by a test while it runs against this binary's cluster in a way another test's
@@ -222,33 +222,29 @@ impl Monitor {
         value.unwrap()
     }
 
-    /// The pids of the workers that are working (so ready, and holding ids): those
-    /// whose database session is inside a statement, or else those that ran one
-    /// within the last 100 ms.
-    fn busy_workers(&mut self) -> Vec<u32> {
+    /// The session names of the workers that are working (so ready, and holding
+    /// ids): those whose database session is inside a statement, or else those that
+    /// ran one within the last 100 ms.
+    fn busy_workers(&mut self) -> Vec<String> {
         let Some(c) = self.client.as_mut() else {
             return Vec::new();
         };
-        let sessions: Vec<(u32, bool)> = c
+        let sessions: Vec<(String, bool)> = c
             .query(
-                "SELECT split_part(application_name, ':', 2)::int8, state = 'active' \
+                "SELECT application_name, state = 'active' \
                    FROM pg_stat_activity \
                   WHERE datname = current_database() AND application_name LIKE $1 \
                     AND (state = 'active' \
                          OR state_change > clock_timestamp() - interval '100 milliseconds')",
                 &[&protocol::ANY_WORKER_SESSION],
             )
-            .map(|rows| {
-                rows.iter()
-                    .map(|r| (r.get::<_, i64>(0) as u32, r.get::<_, bool>(1)))
-                    .collect()
-            })
+            .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
             .unwrap_or_default();
         let active = sessions.iter().any(|&(_, active)| active);
         sessions
             .into_iter()
             .filter(|&(_, a)| a || !active)
-            .map(|(pid, _)| pid)
+            .map(|(name, _)| name)
             .collect()
     }
 
@@ -547,11 +543,13 @@ impl Run {
                 }
                 // A working worker when there is one: the dispatcher packs work onto
                 // few workers, so a random one is often idle and the kill costs nothing.
-                let busy: Vec<u32> = self
-                    .monitor
-                    .busy_workers()
-                    .into_iter()
-                    .filter(|pid| workers.contains(pid))
+                let busy_sessions = self.monitor.busy_workers();
+                let busy: Vec<u32> = workers
+                    .iter()
+                    .copied()
+                    .filter(|&pid| {
+                        session_name_of(pid).is_some_and(|name| busy_sessions.contains(&name))
+                    })
                     .collect();
                 let pool = if busy.is_empty() { &workers } else { &busy };
                 let victim = pool[(self.rng.next() % pool.len() as u64) as usize];

@@ -242,7 +242,7 @@ pub const COORDINATOR_TIMEOUTS_OPTION: &str = "-c lock_timeout=2s -c statement_t
 /// `pepsi.terminate_worker_sessions` (schema 7, SECURITY DEFINER: the dispatcher's role
 /// need not be allowed to signal the workers' backends itself): sessions of this
 /// database named `pepsi-worker:…` whose `application_name` matches one of $1 (text[],
-/// `LIKE` patterns built by `protocol::worker_session_pattern`), waiting up to a second
+/// `LIKE` patterns built by `protocol::session_pattern`), waiting up to a second
 /// for each to end. Returns (terminated, refused: sessions the function's owner may not
 /// signal), int8 each.
 pub const TERMINATE_WORKER_SESSIONS: &str =

@@ -194,16 +194,16 @@ impl Dispatcher {
         }
         self.gate.lock_held = false;
         let serials: Vec<u64> = self.workers.keys().copied().collect();
-        let mut pids = Vec::new();
+        let mut sessions = Vec::new();
         for serial in serials {
             if let Some((mut w, _)) = self.remove_worker(serial, true) {
-                pids.push(w.pid);
+                sessions.push(std::mem::take(&mut w.session));
                 let claims: Vec<Claim> = w.queue.drain(..).map(|s| s.claim).collect();
                 self.ledger.dropped(&claims);
             }
         }
-        if !pids.is_empty() {
-            self.send(Command::TerminateSessions(pids));
+        if !sessions.is_empty() {
+            self.send(Command::TerminateSessions(sessions));
         }
     }
 

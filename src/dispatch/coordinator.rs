@@ -68,9 +68,10 @@ pub enum Command {
     Defer(Claim),
     /// Put rows deferred earlier back to pending, now that the session works.
     Resume(Vec<Claim>),
-    /// Terminate the database sessions of these killed workers (by pid), so a statement
-    /// a killed worker left running holds no lock (§8.2).
-    TerminateSessions(Vec<u32>),
+    /// Terminate the database sessions of these killed workers (by the session names
+    /// the dispatcher gave them), so a statement a killed worker left running holds no
+    /// lock (§8.2).
+    TerminateSessions(Vec<String>),
     /// Check the connection (and with it the lock) now: the LISTEN session was lost,
     /// so the database may have restarted while the coordinator was idle.
     Check,
@@ -558,15 +559,13 @@ impl Coordinator {
                 }
                 self.events.send(Event::Resumed(done.len() as u64));
             }
-            Command::TerminateSessions(pids) => {
-                let patterns: Vec<String> = pids
-                    .iter()
-                    .map(|&pid| protocol::worker_session_pattern(pid))
-                    .collect();
+            Command::TerminateSessions(names) => {
+                let patterns: Vec<String> =
+                    names.iter().map(|n| protocol::session_pattern(n)).collect();
                 let t = session::terminate(client, &patterns)?;
                 if t.terminated > 0 {
                     log::info!(
-                        "terminated {} database sessions of killed workers {pids:?}",
+                        "terminated {} database sessions of killed workers {names:?}",
                         t.terminated
                     );
                 }

@@ -75,6 +75,9 @@ pub struct Dispatcher {
     pub(super) tokens: HashMap<Token, u64>,
     next_token: usize,
     pub(super) next_serial: u64,
+    /// Drawn at random at start: with a worker's serial it names the worker's database
+    /// sessions (`protocol::dispatched_session_name`).
+    pub(super) session_tag: u32,
     pub(super) gate: ClaimGate,
     pub(super) paused: PausedClock,
     pub(super) ledger: Ledger,
@@ -161,6 +164,7 @@ impl Dispatcher {
             tokens: HashMap::new(),
             next_token: FIRST_CHILD_TOKEN,
             next_serial: 1,
+            session_tag: session_tag(),
             gate: ClaimGate::new(now),
             paused: PausedClock::default(),
             suspects: HashSet::new(),
@@ -484,4 +488,12 @@ impl Dispatcher {
         // A finished burst's numbers show at once (§10): remember that it was busy.
         self.was_busy |= self.busy();
     }
+}
+
+/// A random tag for this dispatcher's workers' session names. The standard library
+/// seeds every `RandomState` from the operating system's random source; hashing the
+/// pid with one gives 32 bits nobody else's dispatcher is likely to draw.
+fn session_tag() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id()) as u32
 }

@@ -73,6 +73,9 @@ pub struct WorkerProc {
     pub stage: String,
     /// Its pid.
     pub pid: u32,
+    /// The `application_name` it was given for its database sessions (`PGAPPNAME`):
+    /// they are terminated by it when it is killed.
+    pub session: String,
     /// Where it is in its life.
     pub phase: Phase,
     /// The ids handed to it, oldest first; the front is the one being worked on.
@@ -121,10 +124,11 @@ pub struct ReadOutcome {
 }
 
 impl WorkerProc {
-    /// Starts a worker and registers its pipes.
+    /// Starts a worker, its database sessions named `session`, and registers its pipes.
     pub fn spawn(
         serial: u64,
         stage: &str,
+        session: &str,
         launch: &Launch<'_>,
         registry: &Registry,
         (out_token, in_token): (Token, Token),
@@ -141,8 +145,12 @@ impl WorkerProc {
             }
         }
         cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
+        // libpq takes PGAPPNAME as the default application_name, so the sessions of a
+        // worker on any libpq-based library carry the name the dispatcher terminates
+        // them by; the worker library reads it itself (§4 "Containment").
         cmd.arg("worker")
             .env(protocol::WORKER_STAGE_ENV, stage)
+            .env(protocol::SESSION_NAME_ENV, session)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -176,6 +184,7 @@ impl WorkerProc {
             serial,
             stage: stage.to_string(),
             pid: child.id(),
+            session: session.to_string(),
             phase: Phase::Starting,
             queue: VecDeque::new(),
             assigned_total: 0,

@@ -30,10 +30,10 @@ impl Dispatcher {
             self.read_from(serial);
         }
         let stop = self.stop.take().unwrap_or(Stop::Signal);
-        let mut pids = Vec::new();
+        let mut sessions = Vec::new();
         for serial in serials {
             if let Some((mut w, _)) = self.remove_worker(serial, true) {
-                pids.push(w.pid);
+                sessions.push(std::mem::take(&mut w.session));
                 let held: Vec<Claim> = w.queue.drain(..).map(|s| s.claim).collect();
                 self.ledger.dropped(&held);
             }
@@ -43,10 +43,10 @@ impl Dispatcher {
         // still in the coordinator's queue, which runs before the reset). The killed
         // workers' statements go first, so that no lock they hold stalls the reset.
         let sent = !self.coordinator_dead
-            && (pids.is_empty()
+            && (sessions.is_empty()
                 || self
                     .coordinator
-                    .send(Command::TerminateSessions(pids))
+                    .send(Command::TerminateSessions(sessions))
                     .is_ok())
             && self.coordinator.send(Command::Reset).is_ok();
         if sent {

@@ -233,9 +233,10 @@ impl Dispatcher {
             return;
         };
         let (pid, stage) = (w.pid, std::mem::take(&mut w.stage));
+        let session = std::mem::take(&mut w.session);
         let slots: Vec<Slot> = w.queue.drain(..).collect();
         if !clean {
-            self.send(Command::TerminateSessions(vec![pid]));
+            self.send(Command::TerminateSessions(vec![session]));
         }
         // Capacity was freed (or a retired worker's slot): claim again.
         self.gate.want = true;
@@ -495,6 +496,9 @@ impl Dispatcher {
         let serial = self.next_serial;
         self.next_serial += 1;
         let tokens = self.next_tokens();
+        // Chosen before the fork, so that it can be handed to the worker in its
+        // environment (see `protocol::dispatched_session_name`).
+        let session = protocol::dispatched_session_name(self.session_tag, serial, stage);
         let program = self.stages[stage].section.program.clone();
         let launch = Launch {
             program: &program,
@@ -502,10 +506,17 @@ impl Dispatcher {
             inherited_config: &self.config.path,
             env: &self.account_env,
         };
-        match WorkerProc::spawn(serial, stage, &launch, self.poll.registry(), tokens) {
+        match WorkerProc::spawn(
+            serial,
+            stage,
+            &session,
+            &launch,
+            self.poll.registry(),
+            tokens,
+        ) {
             Ok(w) => {
                 log::debug!(
-                    "{stage}: started worker {serial} (pid {}): {program}",
+                    "{stage}: started worker {serial} (pid {}, database sessions {session:?}): {program}",
                     w.pid
                 );
                 self.ledger.worker_started();

@@ -48,11 +48,12 @@ fn started_for() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// The `application_name` of this worker's sessions: `pepsi-worker:PID:STAGE`, where
-/// STAGE is the section the dispatcher started it for, or the built-in's own name when
-/// started without one.
+/// The `application_name` of this worker's sessions: the name the dispatcher gave it
+/// in `PGAPPNAME`, by which it terminates them when it kills this worker; started by
+/// hand, `pepsi-worker:PID:STAGE`, where STAGE is the section named in
+/// `PEPSI_WORKER_STAGE`, or the built-in's own name without one.
 fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
-    protocol::worker_session_name(std::process::id(), stage.unwrap_or(own.name()))
+    protocol::own_session_name(stage.unwrap_or(own.name()))
 }
 
 /// Runs a worker for the built-in stage `own` until stdin ends.

@@ -1,9 +1,10 @@
 //! The guarantees that close the holes of SPEC §6 "Claim tokens" and §8.2 "Bounded
 //! waits" and "Batches": a stale write never lands on a later claim, one locked row
-//! stalls nothing else, a killed worker takes its database sessions and its helpers
-//! with it, a dead helper thread stops the dispatcher cleanly, a worker's REPORT cannot
-//! corrupt the statistics, a lost dispatcher lock kills every worker, and an upgrade
-//! keeps the rows in flight. End to end, against a real PostgreSQL and real processes.
+//! stalls nothing else, a killed worker (one written in Python on libpq too) takes its
+//! database sessions and its helpers with it, a dead helper thread stops the
+//! dispatcher cleanly, a worker's REPORT cannot corrupt the statistics, a lost
+//! dispatcher lock kills every worker, and an upgrade keeps the rows in flight. End to
+//! end, against a real PostgreSQL and real processes.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use postgres::{Client, GenericClient};
 
 use pepsi::db::sql;
-use pepsi::protocol::worker_session_pattern;
+use pepsi::protocol::session_pattern;
 
 use super::dispatch::{
     conf, count, inject_fault, inject_many, queue_len, record_pauses, wait_count, wait_empty,
@@ -207,17 +208,15 @@ fn a_hung_worker_inside_a_statement_is_killed_and_its_session_terminated() {
         },
     );
     let session = session.unwrap();
-    let worker: u32 = session
-        .split(':')
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in the session name {session:?}"));
+    let worker = d
+        .worker_named(&session)
+        .unwrap_or_else(|| panic!("no worker was given the session name {session:?}"));
     // Killed at MAX_RUNTIME and struck as a hang.
     wait_status(&mut c, id, ("s", "paused"), Duration::from_secs(60));
     let st = state_of(&mut c, id);
     assert_eq!(st["strikes"], 1, "{st}");
     // The server would run the sleeping statement for an hour: the dispatcher ends it.
-    let pattern = worker_session_pattern(worker);
+    let pattern = session_pattern(&session);
     wait_until(
         Duration::from_secs(1),
         "no session of the killed worker remains",
@@ -235,6 +234,108 @@ fn a_hung_worker_inside_a_statement_is_killed_and_its_session_terminated() {
         Duration::from_secs(10),
         "the worker process is gone",
         || !alive(worker),
+    );
+    drop(d);
+}
+
+/// The Python interpreter the foreign-worker test runs its worker with.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// A stage worker written in Python on psycopg2 (so on libpq), knowing nothing of
+/// Pepsi's session names: it connects with the conninfo in `$FOREIGN_WORKER_DB`, sets
+/// no `application_name`, says ready, and sleeps an hour inside a statement for every
+/// id it reads.
+const PSYCOPG2_WORKER: &str = r#"import os
+import sys
+
+import psycopg2
+
+conn = psycopg2.connect(os.environ["FOREIGN_WORKER_DB"])
+conn.autocommit = True
+print("ready", flush=True)
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_sleep(3600)")
+    print("0", flush=True)
+"#;
+
+/// Can [`PYTHON`] import psycopg2? Outside CI a missing module is a note and the test
+/// passes without running; under CI (`CI` set) it fails the test.
+fn psycopg2_available() -> bool {
+    let probe = std::process::Command::new(PYTHON)
+        .args(["-c", "import psycopg2"])
+        .output();
+    if probe.is_ok_and(|out| out.status.success()) {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none_or(|v| v.is_empty()),
+        "{PYTHON} cannot import psycopg2, and CI is set: the worker written in Python must run (apt-get install python3-psycopg2)"
+    );
+    eprintln!(
+        "note: {PYTHON} cannot import psycopg2; the worker written in Python was not run (apt-get install python3-psycopg2)"
+    );
+    false
+}
+
+#[test]
+fn a_python_worker_killed_at_max_runtime_leaves_no_database_session_behind() {
+    if !psycopg2_available() {
+        return;
+    }
+    let db = TestDb::new();
+    let dir = TempDir::new("g-psycopg2");
+    let script = dir.write("worker.py", &format!("#!{PYTHON}\n{PSYCOPG2_WORKER}"));
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let conf = conf(
+        &dir,
+        &db,
+        "MAX_RUNTIME = 2s",
+        &format!(
+            "[stage-s]\nPROGRAM = {}\nPARALLELISM = 1\n",
+            script.display()
+        ),
+    );
+    let mut c = db.client();
+    let id = inject(&mut c, "s", "a@x.example", &["r@y.example"]);
+    let d = Dispatcher::start(&conf, &[("FOREIGN_WORKER_DB", db.connection())]);
+    // The worker's session, found by what it runs (its name is the dispatcher's doing).
+    let sleeping = "SELECT application_name FROM pg_stat_activity \
+                    WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                      AND query = 'SELECT pg_sleep(3600)'";
+    let mut session = None;
+    wait_until(
+        Duration::from_secs(30),
+        "the Python worker sleeps inside a statement",
+        || {
+            session = c
+                .query(sleeping, &[])
+                .unwrap()
+                .first()
+                .map(|r| r.get::<_, String>(0));
+            session.is_some()
+        },
+    );
+    let session = session.unwrap();
+    // Killed at MAX_RUNTIME and struck as a hang; its sessions are terminated before
+    // the strike is written.
+    wait_status(&mut c, id, ("s", "paused"), Duration::from_secs(30));
+    let st = state_of(&mut c, id);
+    assert_eq!(st["strikes"], 1, "{st}");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("MAX_RUNTIME")),
+        "{st}"
+    );
+    // The server would run the statement for an hour: the dispatcher ends it too.
+    wait_until(
+        Duration::from_secs(2),
+        &format!("no session of the killed worker remains (it was named {session:?})"),
+        || c.query(sleeping, &[]).unwrap().is_empty(),
     );
     drop(d);
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pepsi::protocol::{WORKER_STAGE_ENV, worker_session_name, worker_session_pattern};
+use pepsi::protocol::{SESSION_NAME_ENV, WORKER_STAGE_ENV, session_pattern, worker_session_name};
 use postgres::Client;
 
 use crate::util::worker::{Worker, code, report_stages};
@@ -968,7 +968,8 @@ fn token_of(c: &mut Client, id: i64) -> i64 {
 /// Waits until a session of the worker with this pid waits for a lock.
 #[track_caller]
 fn wait_lock_wait(c: &mut Client, w: &Worker) {
-    let pattern = worker_session_pattern(w.pid());
+    // The pattern leaves the stage out.
+    let pattern = session_pattern(&worker_session_name(w.pid(), "any"));
     wait_until(
         Duration::from_secs(10),
         "the worker's write waits for the row lock",
@@ -1112,6 +1113,53 @@ fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says(
         .map(|r| r.get(0))
         .collect();
     assert_eq!(names, vec![worker_session_name(w.pid(), "relay")]);
+}
+
+#[test]
+fn a_worker_names_its_sessions_as_pgappname_says_when_the_dispatcher_set_it() {
+    let db = TestDb::new();
+    let dir = TempDir::new("w-appname");
+    let conf = config(&dir, &db, false, CHAIN);
+    let given = "pepsi-worker:0000beef-7:pass";
+    for (value, want) in [
+        // As the dispatcher names it.
+        (given, None),
+        // An operator's own PGAPPNAME is not a worker's name.
+        ("psql", Some("pass")),
+    ] {
+        let program = dir.write(
+            "named-worker",
+            &format!(
+                "#!/bin/sh\n{SESSION_NAME_ENV}='{value}' exec {} \"$@\"\n",
+                stage("pass").display()
+            ),
+        );
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&program)
+            .status()
+            .unwrap();
+        let mut w = Worker::ready(&program, &conf);
+        let mut c = db.client();
+        let others = "SELECT application_name FROM pg_stat_activity \
+                      WHERE datname = current_database() AND pid <> pg_backend_pid()";
+        let names: Vec<String> = c
+            .query(others, &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let expected = match want {
+            None => value.to_string(),
+            Some(stage) => worker_session_name(w.pid(), stage),
+        };
+        assert_eq!(names, vec![expected], "PGAPPNAME={value}");
+        let (status, err) = w.finish();
+        assert!(status.success(), "{status:?} {err}");
+        wait_until(Duration::from_secs(10), "the worker's session ends", || {
+            c.query(others, &[]).unwrap().is_empty()
+        });
+    }
 }
 
 /// Statements a metadata stage's worker runs for `n` buffered messages.

@@ -57,6 +57,13 @@ impl Dispatcher {
     pub fn children(&self) -> Vec<u32> {
         children_of(self.pid())
     }
+
+    /// The pid of the worker whose database sessions are named `session`.
+    pub fn worker_named(&self, session: &str) -> Option<u32> {
+        self.children()
+            .into_iter()
+            .find(|&pid| session_name_of(pid).as_deref() == Some(session))
+    }
 }
 
 impl Deref for Dispatcher {
@@ -95,6 +102,17 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// The name the dispatcher gave a worker's database sessions: `PGAPPNAME` in the
+/// environment it started the worker with (`/proc/PID/environ`, readable by its user).
+pub fn session_name_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let key = format!("{}=", pepsi::protocol::SESSION_NAME_ENV);
+    environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(key.as_bytes()))
+        .map(|value| String::from_utf8_lossy(value).into_owned())
 }
 
 /// Is a process alive (and not a zombie)?

@@ -26,6 +26,8 @@ impl Worker {
             .arg(conf)
             .arg("worker")
             .env_remove("PEPSI_CONFIG")
+            // Started by hand, so it names its sessions after its pid.
+            .env_remove(pepsi::protocol::SESSION_NAME_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
