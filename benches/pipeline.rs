@@ -540,7 +540,7 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
     let mut c = db.client();
     c.batch_execute(
         "CREATE TABLE latency (ms float8);
-         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000); RETURN NULL; END $$;
          CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION record_latency();",
     )
@@ -626,7 +626,7 @@ fn small_sender_waits(setup: &Setup, flood: i64) -> Vec<f64> {
     let mut c = db.client();
     c.batch_execute(
         "CREATE TABLE latency (ms float8);
-         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN IF OLD.sender_key = 'from:small.example' THEN
              INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000);
          END IF; RETURN NULL; END $$;

@@ -20,6 +20,10 @@
 //!   thread owning the LISTEN session; a small thread pool for statistics flushes and
 //!   the body GC. Threads talk over crossbeam channels and wake the loop with a
 //!   `mio::Waker`. Nothing here is async.
+//! - [`keeper`] runs an exec stage's command apart from its worker: as the stage's
+//!   `USER`, through a keeper process that the dispatcher's root-kept master forks per
+//!   worker (or that a worker starts for itself when nobody may switch accounts), with a
+//!   clean environment, and killing whatever the command leaves behind.
 //! - [`bouncer`] is `pepsi-failure-bouncer`: one thread and one connection that move
 //!   failed and timed-out rows to the bounce stage, as they fail (LISTEN) or in a
 //!   sweep.
@@ -34,6 +38,7 @@ pub mod config;
 pub mod db;
 pub mod dispatch;
 pub mod exit;
+pub mod keeper;
 pub mod logging;
 pub mod privilege;
 pub mod protocol;

@@ -35,6 +35,83 @@ impl Account {
     }
 }
 
+/// An account of the system's user database, as a process switching to it gets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Passwd {
+    /// Its name.
+    pub name: String,
+    /// Its user id.
+    pub uid: libc::uid_t,
+    /// Its primary group.
+    pub gid: libc::gid_t,
+    /// The primary group and every supplementary group (what `initgroups` gives it).
+    pub groups: Vec<libc::gid_t>,
+    /// Its home directory (`/` when it has none).
+    pub home: String,
+}
+
+/// Looks an account up in the system's user database (`getpwnam`, `getgrouplist`).
+/// Call it while no other thread reads the user database (it uses `getpwnam`'s static
+/// storage).
+pub fn lookup(name: &str) -> Result<Passwd, String> {
+    let c_name = CString::new(name).map_err(|_| format!("{name:?} is not a valid account name"))?;
+    // SAFETY: c_name is a valid C string; getpwnam returns NULL or a pointer to static
+    // storage, read at once.
+    let pw = unsafe { libc::getpwnam(c_name.as_ptr()) };
+    if pw.is_null() {
+        return Err(format!("the account {name:?} does not exist"));
+    }
+    // SAFETY: pw is non-null and points to a valid passwd entry; pw_dir is a valid C
+    // string (or NULL) copied before any other passwd call.
+    let (uid, gid, home) = unsafe {
+        let dir = (*pw).pw_dir;
+        let home = if dir.is_null() {
+            "/".to_string()
+        } else {
+            CStr::from_ptr(dir).to_string_lossy().into_owned()
+        };
+        ((*pw).pw_uid, (*pw).pw_gid, home)
+    };
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: groups has room for n entries; getgrouplist writes at most n and sets
+        // n to the number it has (or needs).
+        let r = unsafe { libc::getgrouplist(c_name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if r >= 0 {
+            groups.truncate(n.max(0) as usize);
+            break;
+        }
+        // Too small: n says how many are needed (grow at least twofold anyway).
+        let want = (n.max(0) as usize).max(groups.len() * 2);
+        groups.resize(want, 0);
+    }
+    if !groups.contains(&gid) {
+        groups.push(gid);
+    }
+    Ok(Passwd {
+        name: name.to_string(),
+        uid,
+        gid,
+        groups,
+        home,
+    })
+}
+
+/// The name of the account this process runs as (its effective user id), when the
+/// user database has one.
+pub fn current_account() -> Option<String> {
+    // SAFETY: geteuid has no preconditions; getpwuid returns NULL or a pointer to
+    // static storage, read at once.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() || (*pw).pw_name.is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr((*pw).pw_name).to_string_lossy().into_owned())
+    }
+}
+
 /// When running as root, switches to `account` (unless it is `root`, which keeps root
 /// with a warning) and returns it. Not root, or root kept: nothing to do, `None`.
 pub fn drop_to(account: &str) -> Result<Option<Account>, Failure> {
@@ -53,25 +130,11 @@ pub fn drop_to(account: &str) -> Result<Option<Account>, Failure> {
             "[pepsi] RUN_AS {account:?} is not a valid account name"
         ))
     })?;
-    // SAFETY: name is a valid C string; getpwnam returns NULL or a pointer to static
-    // storage that we read before any other passwd call.
-    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    if pw.is_null() {
-        return Err(Failure::general(format!(
+    let Passwd { uid, gid, home, .. } = lookup(account).map_err(|_| {
+        Failure::general(format!(
             "[pepsi] RUN_AS: the account {account:?} does not exist (create it, e.g. adduser --system --group {account})"
-        )));
-    }
-    // SAFETY: pw is non-null and points to a valid passwd entry; pw_dir is a valid C
-    // string (or NULL) copied before any other passwd call.
-    let (uid, gid, home) = unsafe {
-        let dir = (*pw).pw_dir;
-        let home = if dir.is_null() {
-            "/".to_string()
-        } else {
-            CStr::from_ptr(dir).to_string_lossy().into_owned()
-        };
-        ((*pw).pw_uid, (*pw).pw_gid, home)
-    };
+        ))
+    })?;
     let os = |what: &str| {
         Failure::general(format!(
             "cannot switch to the account {account:?}: {what} failed: {}",

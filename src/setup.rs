@@ -39,7 +39,57 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         schema::Installed::UpToDate(v) => log::info!("schema is up to date (version {v})"),
     }
     report_roles(&setup.roles);
+    report_public_schema(setup.public_schema);
+    write_inject_stages(&config, &mut client);
     Ok(())
+}
+
+/// Says what became of PUBLIC's right to create in the `public` schema (SPEC §4
+/// "Containment").
+fn report_public_schema(public: schema::PublicSchema) {
+    match public {
+        schema::PublicSchema::Closed => {}
+        schema::PublicSchema::Revoked => log::info!(
+            "revoked CREATE on schema public from PUBLIC: no role may plant objects where \
+             sessions with the default search_path would find them"
+        ),
+        schema::PublicSchema::StillOpen => log::warn!(
+            "every role may create objects in schema public, and this role may not revoke \
+             that; have a superuser run REVOKE CREATE ON SCHEMA public FROM PUBLIC in this \
+             database (pepsi-dispatch check reports it until then)"
+        ),
+    }
+}
+
+/// Writes `[pepsi] INJECT_STAGES` of the file's stage graph with the overlay, so that
+/// injecting roles may inject before the dispatcher first runs. The dispatcher writes it
+/// again at every start and reload; a graph that does not build is its to refuse, so
+/// here it is only a warning.
+fn write_inject_stages(config: &Config, client: &mut postgres::Client) {
+    let written = db::read_overlay(client)
+        .map_err(|e| db::describe(&e))
+        .and_then(|overlay| {
+            let graph = config
+                .graph(&overlay)
+                .map_err(|errors| crate::config::raw::join_errors(&errors))?;
+            let stages = config.inject_stages(&graph);
+            db::write_inject_stages(client, &stages)
+                .map(|_| stages)
+                .map_err(|e| db::describe(&e))
+        });
+    match written {
+        Ok(stages) => log::info!(
+            "stages an injecting role may inject into ([pepsi] INJECT_STAGES): {}",
+            if stages.is_empty() {
+                "none".to_string()
+            } else {
+                stages.join(", ")
+            }
+        ),
+        Err(e) => log::warn!(
+            "[pepsi] INJECT_STAGES not written (the dispatcher writes it when it starts): {e}"
+        ),
+    }
 }
 
 /// Says what became of the group roles: which were created, which hold their

@@ -93,7 +93,7 @@ CREATE TABLE public.fault_log (
     n bigserial PRIMARY KEY, id bigint NOT NULL, kind text NOT NULL, stage text NOT NULL,
     next text, prior text);
 CREATE INDEX ON public.fault_log (id);
-CREATE FUNCTION public.fault_log() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.fault_log() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO public.fault_log (id, kind, stage, prior)

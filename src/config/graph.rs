@@ -4,11 +4,12 @@
 //! `_STAGE`) names an existing section.
 //!
 //! The overlay is laid over the file in one place, [`lay_over`], which also applies the
-//! one rule about what an overlay may run (SPEC §4 "Least privilege", the rule itself in
-//! `program_path.rs`): an overlay `PROGRAM` must be an absolute path under `[pepsi]
-//! PROGRAM_PATH` ([`ProgramPath`]), unless a stage section of the file names that very
-//! program; any other overlay `PROGRAM` row is left out (and reported), the rest of the
-//! overlay still applies.
+//! one rule about what an overlay may run (SPEC §4 "Least privilege" and
+//! "Containment", the rule itself in `program_path.rs`): an overlay may never set
+//! `COMMAND` or `USER`, and an overlay `PROGRAM` must be a built-in stage program or an
+//! absolute path under `[pepsi] PROGRAM_PATH` ([`ProgramPath`]), unless a stage section
+//! of the file names that very program; any other such row is left out (and reported),
+//! the rest of the overlay still applies.
 //!
 //! Also here, pure: the cycles of the graph ([`StageGraph::cycles`]), a warning, never
 //! an error. The unknown keys of stage sections are [`super::keys::unknown_keys`]'s.
@@ -18,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-pub use super::program_path::{DEFAULT_PROGRAM_PATH, ProgramPath, overlay_program_refusal};
+pub use super::program_path::{DEFAULT_PROGRAM_PATH, FILE_ONLY_KEYS, ProgramPath, overlay_refusal};
 use super::raw::{ConfigError, Origin, Problems, Section};
 
 /// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
@@ -145,7 +146,7 @@ pub struct LaidOver {
     /// Overlay rows that are ignored (a section other than `[stage-*]`).
     pub warnings: Vec<ConfigError>,
     /// Overlay rows that are refused and left out, the rest of the overlay applying:
-    /// a `PROGRAM` that [`overlay_program_refusal`] refuses. The dispatcher logs them
+    /// a `COMMAND` or `USER`, or a `PROGRAM`, that [`overlay_refusal`] refuses. The dispatcher logs them
     /// as errors, `pepsi-dispatch check` reports them as errors, `pepsi-queue config
     /// set` refuses to write one.
     pub refused: Vec<ConfigError>,
@@ -153,7 +154,8 @@ pub struct LaidOver {
 
 /// Lays `overlay` over the file's stage sections (the first phase of
 /// [`StageGraph::build`]): a row sets its key, an empty value unsets it, and a
-/// `PROGRAM` row the overlay may not set (see [`overlay_program_refusal`]) is left out.
+/// row the overlay may not set (see [`overlay_refusal`]: `COMMAND`, `USER`, a `PROGRAM`
+/// outside `PROGRAM_PATH`) is left out.
 pub fn lay_over(file: &[Section], overlay: &[OverrideRow], programs: &ProgramPath) -> LaidOver {
     let mut sections: BTreeMap<String, Section> = file
         .iter()
@@ -194,15 +196,13 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow], programs: &ProgramPat
             });
             continue;
         }
-        if row.key == "PROGRAM" {
-            if let Some(why) = overlay_program_refusal(file, programs, &row.value) {
-                refused.push(ConfigError {
-                    section: Some(row.section.clone()),
-                    key: Some(row.key.clone()),
-                    ..ConfigError::at(Origin::Override, why)
-                });
-                continue;
-            }
+        if let Some(why) = overlay_refusal(file, programs, &row.key, &row.value) {
+            refused.push(ConfigError {
+                section: Some(row.section.clone()),
+                key: Some(row.key.clone()),
+                ..ConfigError::at(Origin::Override, why)
+            });
+            continue;
         }
         sections
             .entry(row.section.clone())
@@ -285,6 +285,22 @@ impl StageGraph {
     /// Is there a stage of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.stages.contains_key(name)
+    }
+
+    /// The entry stages: those no stage's reference (`NEXT` and every `*_STAGE` key)
+    /// names, by name. `[pepsi] INJECT_STAGES`'s default, less the failure bouncer's
+    /// target (see `Config::inject_stages`).
+    pub fn entry_stages(&self) -> Vec<&str> {
+        let named: BTreeSet<&str> = self
+            .stages
+            .values()
+            .flat_map(|s| s.references().map(|(_, target)| target))
+            .collect();
+        self.stages
+            .keys()
+            .map(String::as_str)
+            .filter(|name| !named.contains(name))
+            .collect()
     }
 
     /// The stages a stage's references (`NEXT` and every `*_STAGE` key) name.
@@ -413,6 +429,21 @@ mod tests {
     const PIPE: &str = "[stage-if]\nPROGRAM = pepsi-stage-if\nMATCH = sender is a@b\nNEXT = pass\nELSE_STAGE = discard\n\
                         [stage-pass]\nPROGRAM = pepsi-stage-pass\nNEXT = discard\nPARALLELISM = 2\n\
                         [stage-discard]\nPROGRAM = /usr/bin/pepsi-stage-discard\n[pepsi]\nALLOW_FUSION = no\n";
+
+    #[test]
+    fn entry_stages_are_those_no_stage_routes_to() {
+        let g = build(&sections(PIPE), &[]).unwrap();
+        assert_eq!(g.entry_stages(), ["if"]);
+        let looped = "[stage-a]\nPROGRAM = p\nNEXT = b\n[stage-b]\nPROGRAM = p\nNEXT = a\n\
+                      [stage-in]\nPROGRAM = p\nNEXT = a\nBOUNCE_STAGE = bounce\n\
+                      [stage-bounce]\nPROGRAM = p\n[stage-self]\nPROGRAM = p\nNEXT = self\n";
+        let g = build(&sections(looped), &[]).unwrap();
+        assert_eq!(
+            g.entry_stages(),
+            ["in"],
+            "a stage in a cycle, one a BOUNCE_STAGE names and one routing to itself are no entries"
+        );
+    }
 
     #[test]
     fn a_valid_graph_with_defaults() {
@@ -600,6 +631,46 @@ mod tests {
     }
 
     #[test]
+    fn an_overlay_command_or_user_is_left_out_and_an_overlay_exec_stage_has_no_command() {
+        let file = sections(
+            "[stage-deliver]\nPROGRAM = pepsi-stage-exec\nCOMMAND = /usr/lib/pepsi/deliver\n",
+        );
+        let laid = lay_over(
+            &file,
+            &[
+                row("stage-deliver", "COMMAND", "/bin/sh -c id"),
+                row("stage-deliver", "USER", "root"),
+                row("stage-new", "PROGRAM", "/usr/bin/pepsi-stage-exec"),
+                row("stage-new", "COMMAND", "/bin/sh -c id"),
+                row("stage-deliver", "TIMEOUT", "5s"),
+            ],
+            &ProgramPath::default(),
+        );
+        let refused: Vec<String> = laid.refused.iter().map(ToString::to_string).collect();
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(
+            refused[0].starts_with(
+                "pepsi.config_override: [stage-deliver] COMMAND: COMMAND is refused: the overlay may not set"
+            ),
+            "{}",
+            refused[0]
+        );
+        assert!(refused[1].contains("[stage-deliver] USER: USER is refused"));
+        assert!(refused[2].contains("[stage-new] COMMAND: COMMAND is refused"));
+        assert_eq!(
+            laid.sections["stage-deliver"].get("COMMAND"),
+            Some("/usr/lib/pepsi/deliver"),
+            "the file's command stays"
+        );
+        assert_eq!(laid.sections["stage-deliver"].get("TIMEOUT"), Some("5s"));
+        assert_eq!(
+            laid.sections["stage-new"].get("COMMAND"),
+            None,
+            "an overlay-only exec stage gets no command"
+        );
+    }
+
+    #[test]
     fn an_overlay_program_outside_program_path_is_left_out_unless_the_file_names_it() {
         let file = sections(
             "[stage-a]\nPROGRAM = /opt/site/relay\nNEXT = b\n[stage-b]\nPROGRAM = pepsi-stage-discard\n",
@@ -608,10 +679,11 @@ mod tests {
         // Refused: outside, relative, with "..", a prefix that is no directory.
         for value in [
             "/tmp/x",
-            "pepsi-stage-pass",
+            "/usr/bin/sh",
             "/usr/bin/../../tmp/x",
             "/usr/binx/foo",
             "/opt/site/relay2",
+            "/tmp/pepsi-stage-pass",
         ] {
             let laid = lay_over(&file, &[row("stage-a", "PROGRAM", value)], &default);
             assert_eq!(laid.refused.len(), 1, "{value}");
@@ -628,9 +700,11 @@ mod tests {
                 "the file's PROGRAM stays: {value}"
             );
         }
-        // Accepted: under PROGRAM_PATH, or exactly as the file names it (any stage).
+        // Accepted: a built-in stage program, under PROGRAM_PATH, or exactly as the file
+        // names it (any stage).
         for value in [
             "/usr/bin/pepsi-stage-pass",
+            "pepsi-stage-pass",
             "/usr/lib/pepsi/relay",
             "/opt/site/relay",
             "pepsi-stage-discard",

@@ -42,6 +42,10 @@ pub struct PepsiOptions {
     /// The directories an overlay `PROGRAM` may name a program under (SPEC §4 "Least
     /// privilege"); the file's own only, never the overlay's.
     pub program_path: ProgramPath,
+    /// `INJECT_STAGES`: the stages an injecting role may inject into (SPEC §4
+    /// "Containment"), with where it is set; `None` for the default, the graph's entry
+    /// stages.
+    pub inject_stages: Option<(Vec<String>, Origin)>,
 }
 
 /// The kinds of program that connect with a database role of their own (SPEC §4
@@ -192,6 +196,7 @@ const KNOWN: &[(&str, &[&str])] = &[
             "RUN_AS",
             "HOSTNAME",
             "PROGRAM_PATH",
+            "INJECT_STAGES",
         ],
     ),
     (
@@ -356,6 +361,15 @@ impl Config {
                     .unwrap_or_default(),
                 None => ProgramPath::default(),
             },
+            inject_stages: pe.value("INJECT_STAGES").map(|v| {
+                let names = v
+                    .text
+                    .split(|c: char| c == ',' || c.is_whitespace())
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                (names, v.origin.clone())
+            }),
         };
 
         let pg = find("pepsi-postgres");
@@ -447,9 +461,60 @@ impl Config {
 
     /// The stage graph of the file with `overlay` laid over it, under this file's
     /// `[pepsi] PROGRAM_PATH` (the refused overlay rows left out; see
-    /// [`graph::lay_over`]).
+    /// [`graph::lay_over`]). `[pepsi] INJECT_STAGES` must name stages of it.
     pub fn graph(&self, overlay: &[graph::OverrideRow]) -> Result<StageGraph, Vec<ConfigError>> {
-        StageGraph::build(&self.stage_sections, overlay, &self.pepsi.program_path)
+        let graph = StageGraph::build(&self.stage_sections, overlay, &self.pepsi.program_path)?;
+        let errors = self.inject_stage_errors(&graph);
+        if errors.is_empty() {
+            Ok(graph)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// `[pepsi] INJECT_STAGES` entries that name no stage of `graph`, each an error.
+    pub fn inject_stage_errors(&self, graph: &StageGraph) -> Vec<ConfigError> {
+        let Some((names, origin)) = &self.pepsi.inject_stages else {
+            return Vec::new();
+        };
+        let mut errors: Vec<ConfigError> = names
+            .iter()
+            .filter(|name| !graph.contains(name))
+            .map(|name| ConfigError {
+                section: Some("pepsi".into()),
+                key: Some("INJECT_STAGES".into()),
+                ..ConfigError::at(
+                    origin.clone(),
+                    format!("names stage {name:?}, which has no [stage-{name}] section"),
+                )
+            })
+            .collect();
+        if names.is_empty() {
+            errors.push(ConfigError {
+                section: Some("pepsi".into()),
+                key: Some("INJECT_STAGES".into()),
+                ..ConfigError::at(
+                    origin.clone(),
+                    "names no stage (leave it out for the stages no stage routes to)",
+                )
+            });
+        }
+        errors
+    }
+
+    /// The stages an injecting role may inject into with `graph` (SPEC §4
+    /// "Containment"): `[pepsi] INJECT_STAGES`, else the graph's entry stages but the
+    /// failure bouncer's `BOUNCE_STAGE` (a notification is made there, never injected).
+    pub fn inject_stages(&self, graph: &StageGraph) -> Vec<String> {
+        match &self.pepsi.inject_stages {
+            Some((names, _)) => names.clone(),
+            None => graph
+                .entry_stages()
+                .into_iter()
+                .filter(|s| Some(*s) != self.bouncer.bounce_stage.as_deref())
+                .map(str::to_string)
+                .collect(),
+        }
     }
 
     /// The file's stage sections with `overlay` laid over them, under this file's
@@ -489,7 +554,8 @@ mod tests {
         assert_eq!(c.bouncer.bounce_stage, None);
         assert_eq!(c.pepsi.hostname, host_name());
         assert!(!c.pepsi.hostname.is_empty());
-        assert_eq!(c.pepsi.program_path.to_string(), "/usr/bin:/usr/lib/pepsi");
+        assert_eq!(c.pepsi.program_path.to_string(), "builtin:/usr/lib/pepsi");
+        assert_eq!(c.pepsi.inject_stages, None);
     }
 
     #[test]
@@ -505,6 +571,24 @@ mod tests {
                 .starts_with("/t.conf:3: [pepsi] PROGRAM_PATH: \"bin\" is not a directory for it"),
             "{}",
             errs[0]
+        );
+    }
+
+    #[test]
+    fn inject_stages_default_to_the_entry_stages_but_the_bounce_stage() {
+        let pipe = "[pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\
+                    [stage-in]\nPROGRAM = p\nNEXT = out\n[stage-out]\nPROGRAM = p\n\
+                    [stage-bounce]\nPROGRAM = p\nNEXT = out\n[stage-side]\nPROGRAM = p\n";
+        let c = cfg(pipe).unwrap();
+        let g = c.file_graph().unwrap();
+        assert_eq!(c.inject_stages(&g), ["in", "side"]);
+        let c = cfg(&format!("[pepsi]\nINJECT_STAGES = in, out\n{pipe}")).unwrap();
+        assert_eq!(c.inject_stages(&c.file_graph().unwrap()), ["in", "out"]);
+        let c = cfg(&format!("[pepsi]\nINJECT_STAGES = in nowhere\n{pipe}")).unwrap();
+        let errs = c.file_graph().unwrap_err();
+        assert_eq!(
+            errs[0].to_string(),
+            "/t.conf:2: [pepsi] INJECT_STAGES: names stage \"nowhere\", which has no [stage-nowhere] section"
         );
     }
 

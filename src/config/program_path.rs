@@ -1,8 +1,10 @@
 //! `[pepsi] PROGRAM_PATH` and the one rule about what an overlay may run (SPEC §4
-//! "Least privilege"): an overlay `PROGRAM` must be an absolute path under one of its
-//! directories, unless a stage section of the file names that very program.
-//! [`super::graph::lay_over`] applies it; `pepsi-dispatch check` and `pepsi-queue
-//! config set` judge a row with it too.
+//! "Least privilege" and "Containment"): an overlay `PROGRAM` must be a built-in stage
+//! program or an absolute path under one of its directories, unless a stage section of
+//! the file names that very program; and the overlay may never set the keys that say
+//! what a program runs or as whom (`COMMAND`, `USER`). [`overlay_refusal`] is that
+//! rule; [`super::graph::lay_over`] applies it, and so `pepsi-dispatch check`, a
+//! reload and `pepsi-queue config set` judge a row with the same function.
 
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -10,14 +12,33 @@ use std::path::{Component, Path, PathBuf};
 use super::graph::STAGE_PREFIX;
 use super::raw::Section;
 
-/// `[pepsi] PROGRAM_PATH`'s default: where the package installs its programs and the
-/// `pepsi-stage-NAME` links (`/usr/bin`), and the place for a site's own stage programs
-/// (`/usr/lib/pepsi`).
-pub const DEFAULT_PROGRAM_PATH: &str = "/usr/bin:/usr/lib/pepsi";
+/// `[pepsi] PROGRAM_PATH`'s default: the built-in stage programs and the package's
+/// stage directory, the place for a site's own stage programs (`/usr/lib/pepsi`).
+pub const DEFAULT_PROGRAM_PATH: &str = "builtin:/usr/lib/pepsi";
+
+/// The entry of `PROGRAM_PATH` that stands for the built-in stage programs.
+pub const BUILTIN_ENTRY: &str = "builtin";
+
+/// The built-in stages' names (`pass` for `pepsi-stage-pass`): the programs the
+/// `builtin` entry of `PROGRAM_PATH` allows. The stage registry (`stages::BUILTINS`) is
+/// checked against this list by a test.
+pub const BUILTIN_STAGES: &[&str] = &["pass", "if", "discard", "exec", "bounce"];
+
+/// The file-name prefix of a stage program (`pepsi-stage-NAME`).
+pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";
+
+/// The keys an overlay row may never set, whatever the stage (SPEC §4 "Containment"):
+/// what an exec stage runs and the account it runs as. The file alone says those.
+pub const FILE_ONLY_KEYS: &[&str] = &["COMMAND", "USER"];
 
 /// `[pepsi] PROGRAM_PATH`: the directories an overlay `PROGRAM` may name a program
-/// under (at any depth), or none at all (`none`). Set in the file only: the overlay
-/// overrides `[stage-*]` sections alone, so it cannot widen this.
+/// under (at any depth) and, with the entry `builtin`, the built-in stage programs; or
+/// none at all (`none`). Set in the file only: the overlay overrides `[stage-*]`
+/// sections alone, so it cannot widen this.
+///
+/// A built-in stage program is `pepsi-stage-NAME` for a built-in NAME, by that bare
+/// name (the dispatcher finds it on its own `PATH`, `/usr/local/bin:/usr/bin:/bin`) or
+/// at an absolute path in one of those directories.
 ///
 /// The check is by text, never by the file system: an absolute path without `..`
 /// components, `.` components and repeated slashes normalised away, whose directory
@@ -28,6 +49,8 @@ pub const DEFAULT_PROGRAM_PATH: &str = "/usr/bin:/usr/lib/pepsi";
 pub struct ProgramPath {
     /// The directories, normalised; empty for `none`.
     dirs: Vec<PathBuf>,
+    /// Are the built-in stage programs allowed (the entry `builtin`)?
+    builtins: bool,
 }
 
 /// An absolute path with `.` components and repeated or trailing slashes normalised
@@ -50,18 +73,24 @@ fn normalised(path: &str) -> Result<PathBuf, &'static str> {
 }
 
 impl ProgramPath {
-    /// Reads a `PROGRAM_PATH` value: `none`, or absolute directories joined by `:`.
+    /// Reads a `PROGRAM_PATH` value: `none`, or `builtin` and absolute directories
+    /// joined by `:`.
     pub fn parse(text: &str) -> Result<ProgramPath, String> {
         let text = text.trim();
         if text.eq_ignore_ascii_case("none") {
-            return Ok(ProgramPath { dirs: Vec::new() });
+            return Ok(ProgramPath::none());
         }
         let mut dirs = Vec::new();
+        let mut builtins = false;
         for entry in text.split(':') {
             if entry.is_empty() {
                 return Err(format!(
                     "{text:?} has an empty entry (directories are joined by ':'; none for no directory)"
                 ));
+            }
+            if entry == BUILTIN_ENTRY {
+                builtins = true;
+                continue;
             }
             let dir = normalised(entry)
                 .map_err(|why| format!("{entry:?} is not a directory for it: {why}"))?;
@@ -74,12 +103,15 @@ impl ProgramPath {
                 dirs.push(dir);
             }
         }
-        Ok(ProgramPath { dirs })
+        Ok(ProgramPath { dirs, builtins })
     }
 
     /// No directory: the overlay may name only programs the file names.
     pub fn none() -> ProgramPath {
-        ProgramPath { dirs: Vec::new() }
+        ProgramPath {
+            dirs: Vec::new(),
+            builtins: false,
+        }
     }
 
     /// The directories, normalised, in order; empty for `none`.
@@ -87,10 +119,18 @@ impl ProgramPath {
         &self.dirs
     }
 
-    /// Is `program` an absolute path under one of the directories? `Err` says why not.
+    /// Is `program` a built-in stage program (when allowed) or an absolute path under
+    /// one of the directories? `Err` says why not.
     pub fn check(&self, program: &str) -> Result<(), String> {
+        if self.builtins && is_builtin_program(program) {
+            return Ok(());
+        }
         if self.dirs.is_empty() {
-            return Err("[pepsi] PROGRAM_PATH is none".into());
+            return Err(if self.builtins {
+                format!("it is not a built-in stage program ({self})")
+            } else {
+                "[pepsi] PROGRAM_PATH is none".into()
+            });
         }
         let path = normalised(program)?;
         if program.ends_with('/') {
@@ -117,23 +157,63 @@ impl Default for ProgramPath {
 impl fmt::Display for ProgramPath {
     /// As it would be written in the file.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.dirs.is_empty() {
+        if self.dirs.is_empty() && !self.builtins {
             return f.write_str("none");
         }
-        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
-        f.write_str(&dirs.join(":"))
+        let entries: Vec<String> = self
+            .builtins
+            .then(|| BUILTIN_ENTRY.to_string())
+            .into_iter()
+            .chain(self.dirs.iter().map(|d| d.display().to_string()))
+            .collect();
+        f.write_str(&entries.join(":"))
     }
 }
 
-/// Why the overlay may not set `PROGRAM` to `value`, or `None` when it may: an empty
-/// value (which unsets the key; the graph check decides about the section), a program
-/// a stage section of the file names exactly as written, or an absolute path under
-/// `programs` (SPEC §4 "Least privilege").
-pub fn overlay_program_refusal(
+/// Is `program` a built-in stage program: `pepsi-stage-NAME` for a built-in NAME, bare
+/// or in one of the directories of the dispatcher's own `PATH` (which only root may
+/// write)?
+pub fn is_builtin_program(program: &str) -> bool {
+    let (dir, name) = match program.rsplit_once('/') {
+        Some((dir, name)) => (Some(dir), name),
+        None => (None, program),
+    };
+    let builtin = name
+        .strip_prefix(STAGE_PROGRAM_PREFIX)
+        .is_some_and(|n| BUILTIN_STAGES.contains(&n));
+    let placed = match dir {
+        None => true,
+        Some(dir) => normalised(&format!("{dir}/")).is_ok_and(|d| {
+            crate::privilege::SERVICE_PATH
+                .split(':')
+                .any(|system| Path::new(system) == d)
+        }),
+    };
+    builtin && placed
+}
+
+/// Why the overlay may not set `key` to `value`, or `None` when it may (SPEC §4
+/// "Least privilege", "Containment"): never a [`FILE_ONLY_KEYS`] key (unsetting one
+/// included: the file's value stays what runs); a `PROGRAM` only when empty (which
+/// unsets it; the graph check decides about the section), a program a stage section of
+/// the file names exactly as written, or one `programs` allows. Every other key may be
+/// set.
+pub fn overlay_refusal(
     file: &[Section],
     programs: &ProgramPath,
+    key: &str,
     value: &str,
 ) -> Option<String> {
+    if FILE_ONLY_KEYS.contains(&key) {
+        return Some(format!(
+            "{key} is refused: the overlay may not set what a stage runs or as whom; \
+             only the file ({}) may",
+            FILE_ONLY_KEYS.join(", ")
+        ));
+    }
+    if key != "PROGRAM" {
+        return None;
+    }
     let value = value.trim();
     if value.is_empty() {
         return None;
@@ -147,8 +227,8 @@ pub fn overlay_program_refusal(
     }
     let why = programs.check(value).err()?;
     Some(format!(
-        "{value:?} is refused: {why}; an overlay PROGRAM must be an absolute path under \
-         [pepsi] PROGRAM_PATH ({programs}) or a program a [stage-*] section of the file names"
+        "{value:?} is refused: {why}; an overlay PROGRAM must be allowed by [pepsi] \
+         PROGRAM_PATH ({programs}) or be a program a [stage-*] section of the file names"
     ))
 }
 
@@ -170,6 +250,12 @@ mod tests {
         );
         assert_eq!(p.to_string(), "/usr/bin:/usr/lib/pepsi:/opt/pepsi/bin");
         assert_eq!(ProgramPath::default().to_string(), DEFAULT_PROGRAM_PATH);
+        let b = ProgramPath::parse("/srv/stages:builtin").unwrap();
+        assert_eq!(b.to_string(), "builtin:/srv/stages");
+        assert_eq!(
+            ProgramPath::parse("builtin").unwrap().to_string(),
+            "builtin"
+        );
         assert!(ProgramPath::parse("none").unwrap().dirs().is_empty());
         assert_eq!(ProgramPath::parse("NONE").unwrap(), ProgramPath::none());
         for (bad, says) in [
@@ -184,6 +270,64 @@ mod tests {
             let e = ProgramPath::parse(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_default_allows_the_built_in_stages_and_the_package_stage_directory_only() {
+        let p = ProgramPath::default();
+        for good in [
+            "pepsi-stage-pass",
+            "pepsi-stage-exec",
+            "/usr/bin/pepsi-stage-if",
+            "/usr/local/bin/pepsi-stage-bounce",
+            "/bin/pepsi-stage-discard",
+            "/usr/lib/pepsi/relay",
+        ] {
+            assert_eq!(p.check(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "/usr/bin/sh",
+            "/usr/bin/pepsi-stage-nosuch",
+            "pepsi-stage-nosuch",
+            "/tmp/pepsi-stage-pass",
+            "/usr/bin/../../tmp/pepsi-stage-pass",
+            "/usr/bin/x/pepsi-stage-pass",
+            "sh",
+        ] {
+            assert!(p.check(bad).is_err(), "{bad}");
+        }
+        let only = ProgramPath::parse("builtin").unwrap();
+        assert!(
+            only.check("/usr/lib/pepsi/relay")
+                .unwrap_err()
+                .contains("not a built-in stage program")
+        );
+        let none = ProgramPath::none();
+        assert!(none.check("pepsi-stage-pass").is_err());
+    }
+
+    #[test]
+    fn the_overlay_may_never_set_command_or_user_and_programs_only_as_allowed() {
+        let file = super::super::raw::parse(
+            Path::new("/f.conf"),
+            "[stage-x]\nPROGRAM = /opt/mine\nCOMMAND = /bin/true\n",
+        )
+        .unwrap();
+        let p = ProgramPath::default();
+        for key in ["COMMAND", "USER"] {
+            for value in ["/bin/sh -c id", "/bin/true", ""] {
+                let why = overlay_refusal(&file, &p, key, value).expect("refused");
+                assert!(why.starts_with(&format!("{key} is refused")), "{why}");
+            }
+        }
+        assert_eq!(overlay_refusal(&file, &p, "PROGRAM", "/opt/mine"), None);
+        assert_eq!(
+            overlay_refusal(&file, &p, "PROGRAM", "pepsi-stage-exec"),
+            None
+        );
+        assert_eq!(overlay_refusal(&file, &p, "PROGRAM", ""), None);
+        assert_eq!(overlay_refusal(&file, &p, "TIMEOUT", "5s"), None);
+        assert!(overlay_refusal(&file, &p, "PROGRAM", "/usr/bin/env").is_some());
     }
 
     #[test]

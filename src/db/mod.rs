@@ -103,8 +103,15 @@ const KEEPALIVES_RETRIES: u32 = 3;
 const SERVER_KEEPALIVES: &str =
     "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3";
 
+/// Every program session's `search_path` (SPEC §4 "Containment"): names resolve through
+/// the system catalog alone, so an operator or function another role created in a
+/// writable schema (`public` on PostgreSQL 14) is never found; the programs' SQL names
+/// the schema of everything else. Set after `CONNECTION`'s own options, so it wins.
+pub const SEARCH_PATH_OPTION: &str = "-c search_path=pg_catalog,pg_temp";
+
 /// Parses a conninfo string or URL, naming the program in `application_name`, with
-/// keepalives that notice a vanished peer within about a minute.
+/// keepalives that notice a vanished peer within about a minute and the fixed
+/// [`SEARCH_PATH_OPTION`].
 pub fn connection_config(
     conninfo: &str,
     application: &str,
@@ -132,10 +139,10 @@ pub fn connection_config(
         config.keepalives_retries(KEEPALIVES_RETRIES);
     }
     let options = format!(
-        "{SERVER_KEEPALIVES} {}",
+        "{SERVER_KEEPALIVES} {} {SEARCH_PATH_OPTION}",
         config.get_options().unwrap_or_default()
     );
-    config.options(options.trim_end());
+    config.options(&options.replace("  ", " "));
     Ok(config)
 }
 
@@ -176,6 +183,15 @@ pub fn connect(conninfo: &str, application: &str) -> Result<Client, ConnectError
         message: format!("[pepsi-postgres] CONNECTION: {}", describe(&e)),
     })?;
     open(&config)
+}
+
+/// Writes the stages an injecting role may inject into ([`sql::SET_INJECT_STAGES`],
+/// one round trip); returns whether the list changed.
+pub fn write_inject_stages(
+    client: &mut impl postgres::GenericClient,
+    stages: &[String],
+) -> Result<bool, postgres::Error> {
+    Ok(client.query_one(sql::SET_INJECT_STAGES, &[&stages])?.get(0))
 }
 
 /// Reads `pepsi.config_override`.
@@ -276,7 +292,7 @@ mod tests {
             c.get_options(),
             Some(
                 format!(
-                    "{SERVER_KEEPALIVES} -c work_mem=8MB {}",
+                    "{SERVER_KEEPALIVES} -c work_mem=8MB {SEARCH_PATH_OPTION} {}",
                     sql::ASYNC_COMMIT_OPTION
                 )
                 .as_str()
@@ -290,7 +306,10 @@ mod tests {
         assert_eq!(c.get_keepalives_idle(), KEEPALIVES_IDLE);
         assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVES_INTERVAL));
         assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVES_RETRIES));
-        assert_eq!(c.get_options(), Some(SERVER_KEEPALIVES));
+        assert_eq!(
+            c.get_options(),
+            Some(format!("{SERVER_KEEPALIVES} {SEARCH_PATH_OPTION}").as_str())
+        );
         let c = connection_config(
             "host=/tmp keepalives_idle=600 options='-c tcp_keepalives_idle=600'",
             "p",
@@ -300,7 +319,10 @@ mod tests {
         // Later -c settings override earlier ones on the server.
         assert_eq!(
             c.get_options(),
-            Some(format!("{SERVER_KEEPALIVES} -c tcp_keepalives_idle=600").as_str())
+            Some(
+                format!("{SERVER_KEEPALIVES} -c tcp_keepalives_idle=600 {SEARCH_PATH_OPTION}")
+                    .as_str()
+            )
         );
     }
 

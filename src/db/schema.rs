@@ -9,7 +9,8 @@
 //! The installer also sets up the database roles (SPEC §4 "Least privilege") on every
 //! run, after the files: roles are cluster-wide and may be created by an administrator
 //! after the schema, so that step is not a file applied once but `pepsi.setup_roles()`
-//! (schema 7), called each time in the same transaction.
+//! (schema 7), called each time in the same transaction; so is the revocation of
+//! PUBLIC's right to create in the `public` schema (SPEC §4 "Containment").
 
 use std::fmt;
 
@@ -75,6 +76,11 @@ pub const FILES: &[SchemaFile] = &[
         number: 9,
         name: "009_fair_claim_small_stages.sql",
         sql: include_str!("../../schema/009_fair_claim_small_stages.sql"),
+    },
+    SchemaFile {
+        number: 10,
+        name: "010_containment.sql",
+        sql: include_str!("../../schema/010_containment.sql"),
     },
 ];
 
@@ -245,6 +251,20 @@ impl RoleStatus {
     }
 }
 
+/// Whether PUBLIC may create objects in the database's `public` schema (the default of
+/// PostgreSQL 14 and older), where an operator or function planted by any role would be
+/// found by sessions that resolve names through the default `search_path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublicSchema {
+    /// PUBLIC may not create there (or there is no `public` schema).
+    Closed,
+    /// PUBLIC could; `pepsi-setup` revoked it in this run.
+    Revoked,
+    /// PUBLIC can, and this session may not revoke it (the schema belongs to another
+    /// role): a superuser must.
+    StillOpen,
+}
+
 /// What `pepsi-setup schema` did: the schema, then the roles.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Setup {
@@ -252,6 +272,8 @@ pub struct Setup {
     pub installed: Installed,
     /// Each group role, in the order `pepsi.setup_roles()` reports them.
     pub roles: Vec<RoleStatus>,
+    /// The `public` schema, after this run.
+    pub public_schema: PublicSchema,
 }
 
 /// Installs or upgrades the schema in one transaction under an advisory lock, then
@@ -290,6 +312,19 @@ pub fn install(client: &mut Client) -> Result<Setup, SchemaError> {
             status: r.get(1),
         })
         .collect();
+    // No role may create where every session would find its objects (SPEC §4
+    // "Containment"). A REVOKE the session has no right to is only a warning of the
+    // server's, so the state is read again afterwards.
+    let public_schema = if tx.query_one(sql::PUBLIC_SCHEMA_OPEN, &[])?.get(0) {
+        tx.batch_execute(sql::CLOSE_PUBLIC_SCHEMA)?;
+        if tx.query_one(sql::PUBLIC_SCHEMA_OPEN, &[])?.get(0) {
+            PublicSchema::StillOpen
+        } else {
+            PublicSchema::Revoked
+        }
+    } else {
+        PublicSchema::Closed
+    };
     tx.commit()?;
     let installed = if from == version() {
         Installed::UpToDate(version())
@@ -298,7 +333,11 @@ pub fn install(client: &mut Client) -> Result<Setup, SchemaError> {
     } else {
         Installed::Upgraded(from, version())
     };
-    Ok(Setup { installed, roles })
+    Ok(Setup {
+        installed,
+        roles,
+        public_schema,
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,20 @@ pub const WRITE_SCHEMA_VERSION: &str = "INSERT INTO pepsi.schema_version (one_ro
 /// role.
 pub const SETUP_ROLES: &str = "SELECT r.role, r.status FROM pepsi.setup_roles() r";
 
+/// Whether PUBLIC may create in the database's `public` schema (schema 10). No
+/// parameters. Returns one boolean.
+pub const PUBLIC_SCHEMA_OPEN: &str = "SELECT pepsi.public_schema_open()";
+
+/// Takes PUBLIC's right to create in the `public` schema (SPEC §4 "Containment"). No
+/// parameters. Without the right to (another role owns the schema) the server only
+/// warns; [`PUBLIC_SCHEMA_OPEN`] tells.
+pub const CLOSE_PUBLIC_SCHEMA: &str = "REVOKE CREATE ON SCHEMA public FROM PUBLIC";
+
+/// Replaces the stages an injecting role may inject into (`[pepsi] INJECT_STAGES`,
+/// schema 10). $1 the stages (text[]). Returns whether the list changed; writes
+/// nothing when it did not.
+pub const SET_INJECT_STAGES: &str = "SELECT pepsi.set_inject_stages($1::text[])";
+
 /// Serialises concurrent `pepsi-setup` runs until commit. $1 the key (int8).
 pub const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 

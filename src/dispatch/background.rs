@@ -1,6 +1,6 @@
 //! The small thread pool for work off the loop and off the queue-write path: statistics
-//! flushes, the body GC, reading the configuration overlay for a reload, and counting
-//! rows at unknown stages. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
+//! flushes, the body GC, reading the configuration overlay for a reload, counting rows
+//! at unknown stages, and writing the stages injecting roles may inject into. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
 
 use crossbeam_channel::{Receiver, Sender};
 use postgres::types::Type;
@@ -26,6 +26,9 @@ pub enum Job {
     ReadOverlay,
     /// Count pending rows at stages other than these.
     UnknownStages(Vec<String>),
+    /// Write the stages an injecting role may inject into (`[pepsi] INJECT_STAGES` of
+    /// the current graph).
+    InjectStages(Vec<String>),
 }
 
 /// Starts the pool; jobs sent to the returned sender run in order of arrival.
@@ -63,7 +66,7 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Job::BodyGc => {
                     events.send(Event::BodyGcDone { more: true });
                 }
-                Job::UnknownStages(_) => {}
+                Job::UnknownStages(_) | Job::InjectStages(_) => {}
             }
             return;
         }
@@ -103,6 +106,23 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Err(e) => log::warn!("cannot count rows at unknown stages: {}", db::describe(&e)),
             }
         }
+        // Idempotent and rewritten at every start and reload, a reconnect included (a
+        // reconnected LISTEN session reloads): a failure here is only a warning.
+        Job::InjectStages(stages) => match db::write_inject_stages(&mut **conn, &stages) {
+            Ok(true) => log::info!(
+                "stages an injecting role may inject into: {}",
+                if stages.is_empty() {
+                    "none".to_string()
+                } else {
+                    stages.join(", ")
+                }
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!(
+                "cannot write the stages an injecting role may inject into: {}",
+                db::describe(&e)
+            ),
+        },
     }
 }
 
@@ -112,5 +132,6 @@ fn name(job: &Job) -> &'static str {
         Job::BodyGc => "body GC",
         Job::ReadOverlay => "configuration reload",
         Job::UnknownStages(_) => "unknown-stage count",
+        Job::InjectStages(_) => "entry stages",
     }
 }

@@ -524,38 +524,11 @@ struct Account {
 impl Account {
     /// Looks an account up in the system's user database.
     fn lookup(name: &str) -> Result<Account, String> {
-        let c_name =
-            CString::new(name).map_err(|_| format!("{name:?} is not a valid account name"))?;
-        // SAFETY: c_name is a valid C string; getpwnam returns NULL or a pointer to
-        // static storage, read at once (this program has no other thread using it).
-        let pw = unsafe { libc::getpwnam(c_name.as_ptr()) };
-        if pw.is_null() {
-            return Err(format!("the account {name:?} does not exist"));
-        }
-        // SAFETY: pw is non-null and points to a valid passwd entry.
-        let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-        let mut groups: Vec<libc::gid_t> = vec![0; 64];
-        loop {
-            let mut n = groups.len() as libc::c_int;
-            // SAFETY: groups has room for n entries; getgrouplist writes at most n and
-            // sets n to the number it has (or needs).
-            let r =
-                unsafe { libc::getgrouplist(c_name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
-            if r >= 0 {
-                groups.truncate(n.max(0) as usize);
-                break;
-            }
-            // Too small: n says how many are needed (grow at least twofold anyway).
-            let want = (n.max(0) as usize).max(groups.len() * 2);
-            groups.resize(want, 0);
-        }
-        if !groups.contains(&gid) {
-            groups.push(gid);
-        }
+        let pw = crate::privilege::lookup(name)?;
         Ok(Account {
-            name: name.to_string(),
-            uid,
-            groups,
+            name: pw.name,
+            uid: pw.uid,
+            groups: pw.groups,
         })
     }
 

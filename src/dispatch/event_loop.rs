@@ -37,6 +37,7 @@ use super::verdict::End;
 use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
 use crate::exit::{self, Failure};
+use crate::keeper::master::Master;
 use crate::privilege::Account;
 
 /// Token of the shutdown-signal socket.
@@ -67,6 +68,9 @@ pub struct Dispatcher {
     jobs: Sender<Job>,
     pub(super) stopping: Arc<AtomicBool>,
     pub(super) account_env: Vec<(&'static str, String)>,
+    /// The keeper master, when the dispatcher was started as root: keepers for the
+    /// workers of stages that run a command.
+    pub(super) master: Option<Master>,
     pub(super) config: Config,
     pub(super) graph: StageGraph,
     pub(super) opts: DispatchOptions,
@@ -114,6 +118,8 @@ pub struct Parts {
     pub stopping: Arc<AtomicBool>,
     /// The service account the dispatcher switched to, for the workers' environment.
     pub account: Option<Account>,
+    /// The keeper master started before the switch, when started as root.
+    pub master: Option<Master>,
     /// The configuration read at start.
     pub config: Config,
     /// The stage graph at start.
@@ -154,6 +160,7 @@ impl Dispatcher {
             jobs: parts.jobs,
             stopping: parts.stopping,
             account_env: parts.account.map(|a| a.env()).unwrap_or_default(),
+            master: parts.master,
             next_stats_tick: now + opts.stats_interval,
             ledger: Ledger::new(scheduler::from_options(&opts)),
             config: parts.config,
@@ -247,6 +254,11 @@ impl Dispatcher {
         let tokens = (Token(self.next_token), Token(self.next_token + 1));
         self.next_token += 2;
         tokens
+    }
+
+    /// Hands a job to the thread pool (whose channel lives as long as the loop).
+    pub(super) fn send_job(&self, job: Job) {
+        let _ = self.jobs.send(job);
     }
 
     pub(super) fn send(&self, command: Command) {

@@ -74,6 +74,18 @@ const POOL_CHECKOUT: Duration = Duration::from_secs(10);
 pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["serve"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
+    // Started as root, the keeper master keeps root to run exec commands as their
+    // stages' USER (SPEC §4 "Containment"); it must be forked now, while this process
+    // is root and has one thread, and nothing else keeps root.
+    // SAFETY: geteuid has no preconditions.
+    let master = if unsafe { libc::geteuid() } == 0 {
+        Some(
+            crate::keeper::master::Master::start(&config.path)
+                .map_err(|e| Failure::general(format!("cannot start the keeper master: {e}")))?,
+        )
+    } else {
+        None
+    };
     let account = crate::privilege::drop_to(&config.pepsi.run_as)?;
     // Workers and reloads read the file as RUN_AS: a file only root can read would
     // only fail later, at the first worker or reload.
@@ -132,6 +144,9 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     })?;
     let pool = Pool::new(pg, config.dispatch.db_pool_size, POOL_CHECKOUT);
     let jobs = background::spawn(pool, events).map_err(thread_err)?;
+    // A send to the pool's own channel, which lives as long as the loop: it cannot fail
+    // while `jobs` is held.
+    let _ = jobs.send(background::Job::InjectStages(config.inject_stages(&graph)));
     log::info!(
         "pepsi-dispatch {} serving {} stages: {}",
         env!("CARGO_PKG_VERSION"),
@@ -150,6 +165,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         jobs,
         stopping,
         account,
+        master,
         config,
         graph,
     })?;

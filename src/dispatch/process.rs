@@ -63,6 +63,10 @@ pub struct Launch<'a> {
     /// Environment replacing what was inherited (the service account's HOME, USER,
     /// LOGNAME and PATH after a switch from root).
     pub env: &'a [(&'static str, String)],
+    /// The worker's end of its keeper's socket, for a stage that runs a `COMMAND`
+    /// (SPEC §4 "Containment"): handed over as descriptor 3, named by
+    /// `PEPSI_KEEPER_FD`, and closed here once the worker has it.
+    pub keeper: Option<std::os::fd::OwnedFd>,
 }
 
 /// One running worker process.
@@ -148,6 +152,16 @@ impl WorkerProc {
         // libpq takes PGAPPNAME as the default application_name, so the sessions of a
         // worker on any libpq-based library carry the name the dispatcher terminates
         // them by; the worker library reads it itself (§4 "Containment").
+        let keeper = launch.keeper.as_ref().map(|k| {
+            use std::os::fd::AsRawFd;
+            k.as_raw_fd()
+        });
+        if keeper.is_some() {
+            cmd.env(
+                crate::keeper::KEEPER_FD_ENV,
+                crate::keeper::KEEPER_FD.to_string(),
+            );
+        }
         cmd.arg("worker")
             .env(protocol::WORKER_STAGE_ENV, stage)
             .env(protocol::SESSION_NAME_ENV, session)
@@ -160,11 +174,22 @@ impl WorkerProc {
         // Ctrl-C at the dispatcher's terminal is the dispatcher's to handle. It dies
         // with the dispatcher, so a restarted dispatcher never races an orphaned worker.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::setsid() == -1 {
                     return Err(io::Error::last_os_error());
                 }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The keeper's socket as descriptor 3, without close-on-exec (dup2
+                // clears it; a socket that is 3 already keeps it, so clear it there).
+                let target = crate::keeper::KEEPER_FD;
+                let failed = match keeper {
+                    Some(fd) if fd == target => libc::fcntl(fd, libc::F_SETFD, 0) != 0,
+                    Some(fd) => libc::dup2(fd, target) < 0,
+                    None => false,
+                };
+                if failed {
                     return Err(io::Error::last_os_error());
                 }
                 Ok(())

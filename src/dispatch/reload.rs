@@ -99,6 +99,7 @@ impl Dispatcher {
             Ok(rows) => plan(&self.config, &self.graph, &rows),
             Err(e) => Plan::Retry(format!("cannot read pepsi.config_override ({e})")),
         };
+        let settled = matches!(plan, Plan::Unchanged | Plan::Apply(..));
         match plan {
             Plan::Retry(why) => {
                 log::warn!(
@@ -110,6 +111,12 @@ impl Dispatcher {
             Plan::Fatal(failure) => self.stop = Some(Stop::Fail(failure)),
             Plan::Unchanged => log::debug!("configuration re-read: unchanged"),
             Plan::Apply(config, graph) => self.apply_reload(*config, graph),
+        }
+        // Also when unchanged: a reload follows every reconnect of the LISTEN session,
+        // and the write a database outage lost is made good then.
+        if settled {
+            let stages = self.config.inject_stages(&self.graph);
+            self.send_job(super::background::Job::InjectStages(stages));
         }
     }
 

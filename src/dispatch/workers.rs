@@ -12,12 +12,13 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use super::coordinator::Command;
-use super::event_loop::Dispatcher;
+use super::event_loop::{Dispatcher, Stop};
 use super::ledger::{Claim, vet_report};
 use super::pool::{self, Cooldown, Pick, StagePool, WorkerView};
 use super::process::{Launch, Phase, Slot, WorkerProc, describe_exit};
 use super::signals;
 use super::verdict::{self, Death, End, Held, Verdict};
+use crate::exit::{self, Failure};
 use crate::protocol;
 
 /// How long a worker may take to exit after its stdout closed before it is killed.
@@ -500,11 +501,32 @@ impl Dispatcher {
         // environment (see `protocol::dispatched_session_name`).
         let session = protocol::dispatched_session_name(self.session_tag, serial, stage);
         let program = self.stages[stage].section.program.clone();
+        // A stage that runs a command gets a keeper of the master's, which runs it as
+        // the stage's USER (SPEC §4 "Containment"). Without the master (not started as
+        // root) the worker starts a keeper of its own.
+        let keeper = match &self.master {
+            Some(master) if self.stages[stage].section.section.get("COMMAND").is_some() => {
+                match master.keeper_for(stage) {
+                    Ok(fd) => Some(fd),
+                    Err(e) => {
+                        // The master is gone, and with it every exec stage: a
+                        // restart makes a new one.
+                        self.stop = Some(Stop::Fail(Failure::new(
+                            exit::EX_SOFTWARE,
+                            format!("the keeper master (pid {}) is gone: {e}", master.pid()),
+                        )));
+                        return None;
+                    }
+                }
+            }
+            _ => None,
+        };
         let launch = Launch {
             program: &program,
             config_file: self.opts.config_file.as_deref(),
             inherited_config: &self.config.path,
             env: &self.account_env,
+            keeper,
         };
         match WorkerProc::spawn(
             serial,

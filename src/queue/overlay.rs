@@ -10,9 +10,11 @@
 //! `config_changed` (the table's trigger) and the dispatcher reloads. `unset` removes
 //! the overlay's row, so the file's value (or the default) applies again; `set` with
 //! an empty VALUE overrides the file's key with nothing, which unsets it.
-//! A `PROGRAM` the overlay may not set (not an absolute path under `[pepsi]
-//! PROGRAM_PATH`, and not a program the file names; see `config::graph::lay_over`,
-//! which the dispatcher applies too) is refused the same way.
+//! A row the overlay may not set (`COMMAND`, `USER`, or a `PROGRAM` that `[pepsi]
+//! PROGRAM_PATH` does not allow and the file does not name; see
+//! `config::graph::lay_over`, which the dispatcher applies too) is refused the same
+//! way. The written change also rewrites the stages an injecting role may inject into
+//! (`[pepsi] INJECT_STAGES`), which may follow the graph.
 //! `config check` is `dispatch::check::check` itself.
 
 use crate::bouncer;
@@ -127,6 +129,9 @@ pub fn change(
         None => tx.execute(sql::UNSET_CONFIG_OVERRIDE, &[&section, &key]),
     }
     .map_err(failed)?;
+    // The entry stages may change with the graph; the dispatcher writes them again at
+    // its reload, but it may not be running.
+    db::write_inject_stages(&mut tx, &session.config.inject_stages(&graph)).map_err(failed)?;
     tx.commit().map_err(failed)?;
     for w in check::graph_warnings(stage_sections, programs, &overlay, Some(&graph)) {
         log::warn!("{w}");

@@ -3,19 +3,25 @@
 //!
 //! `COMMAND` is split on whitespace into argv (no shell). The command's stdin is the
 //! header block, a blank line if the block lacks its own, then the body; its environment
-//! carries `PEPSI_ID`, `PEPSI_STAGE`, `PEPSI_SENDER`, `PEPSI_RECIPIENTS`
-//! (comma-separated) and `PEPSI_SENDER_KEY`; its stdout is discarded. `TIMEOUT` (default
-//! 60s) bounds it, after which its whole process group is killed. Exit 0 advances to
-//! `NEXT` (or finishes the message without one); 64–78 except 75 is a permanent error;
-//! anything else, a signal or the timeout is a host error. At most the last 1 KiB of its
-//! stderr goes into `state.last_error`.
+//! is only `PEPSI_ID`, `PEPSI_STAGE`, `PEPSI_SENDER`, `PEPSI_RECIPIENTS`
+//! (comma-separated), `PEPSI_SENDER_KEY`, `PATH`, `HOME` and `LANG`; its stdout is
+//! discarded. It runs through the worker's keeper (`crate::keeper`): as the stage's
+//! `USER` (by default `pepsi-exec`) when the dispatcher was started as root, with no
+//! descriptor of the worker's, and whatever it leaves behind is killed when it ends.
+//! `TIMEOUT` (default 60s) bounds it, after which it and everything it started are
+//! killed. Exit 0 advances to `NEXT` (or finishes the message without one); 64–78
+//! except 75 is a permanent error; anything else, a signal or the timeout is a host
+//! error. At most the last 1 KiB of its stderr goes into `state.last_error`.
 
 use std::io::{Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::config::{ConfigError, StageSection};
+use crate::config::{Config, ConfigError, StageSection};
+use crate::keeper::client::{Keeper, RunError};
+use crate::keeper::wire;
 use crate::worker::{Configured, Context, Load, Message, Outcome, Stage, StageError};
 
 /// The stage.
@@ -30,6 +36,50 @@ struct ConfiguredExec {
     argv: Vec<String>,
     timeout: Duration,
     next: Option<String>,
+    /// `USER`, when the section sets it.
+    user: Option<String>,
+}
+
+/// This worker's keeper, made at start (or at the first command of a worker that runs
+/// this stage fused into another's pass).
+static KEEPER: Mutex<Option<Keeper>> = Mutex::new(None);
+
+/// Is this process root?
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The account a private keeper (one this worker started, running as the worker) is
+/// asked to run the command as: `USER` (by default `pepsi-exec`) held to the rules of
+/// [`crate::keeper::exec_account`] when the worker is root; else nothing to switch to,
+/// so `USER` must be absent or the worker's own account. Empty: stay.
+fn private_user(user: Option<&str>, run_as: &str) -> Result<String, String> {
+    if is_root() {
+        return crate::keeper::exec_account(user, run_as).map(|a| a.name);
+    }
+    match user {
+        None => Ok(String::new()),
+        Some(u) if crate::privilege::current_account().as_deref() == Some(u) => Ok(String::new()),
+        Some(u) => Err(format!(
+            "USER {u}: the worker runs as {} and not as root, so its command can run only as \
+             that account (started without root, USER must be absent or the current account)",
+            crate::privilege::current_account().unwrap_or_else(|| "another account".into())
+        )),
+    }
+}
+
+/// The keeper to run through: the process's, made now if it has none (a keeper handed
+/// over by the dispatcher is adopted; otherwise one of the worker's own is started).
+fn with_keeper<T>(run: impl FnOnce(&Keeper) -> T) -> Result<T, String> {
+    let mut keeper = KEEPER.lock().unwrap_or_else(|p| p.into_inner());
+    if keeper.is_none() {
+        *keeper = Some(match Keeper::inherited()? {
+            Some(k) => k,
+            None => Keeper::private()?,
+        });
+    }
+    Ok(run(keeper.as_ref().expect("made above")))
 }
 
 impl Stage for Exec {
@@ -46,7 +96,7 @@ impl Stage for Exec {
     }
 
     fn keys(&self) -> &'static [&'static str] {
-        &["COMMAND", "TIMEOUT"]
+        &["COMMAND", "TIMEOUT", "USER"]
     }
 
     fn overridable(&self) -> &'static [&'static str] {
@@ -67,11 +117,37 @@ impl Stage for Exec {
         if timeout.is_zero() {
             return Err(s.error("TIMEOUT", "must be greater than zero"));
         }
+        let user = s.get("USER").map(str::to_string);
+        if let Some(u) = &user {
+            // An account name as adduser takes it; root never.
+            let name_ok = u.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && u.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c));
+            if !name_ok || u.len() > 32 {
+                return Err(s.error("USER", format!("{u:?} is not an account name")));
+            }
+            if u == "root" {
+                return Err(s.error("USER", "root is refused: a command never runs as root"));
+            }
+        }
         Ok(Box::new(ConfiguredExec {
             argv,
             timeout,
             next: section.next.clone(),
+            user,
         }))
+    }
+
+    /// Makes the worker's keeper now, so that a keeper that refuses (the stage's `USER`
+    /// does not exist, or is `RUN_AS`) or a `USER` this worker cannot switch to stops
+    /// the stage at start, with the reason, rather than failing every message.
+    fn start(&self, config: &Config, section: &StageSection) -> Result<(), String> {
+        let user = section.section.get("USER");
+        let fixed = with_keeper(|k| k.fixed)?;
+        if !fixed {
+            private_user(user, &config.pepsi.run_as)?;
+        }
+        Ok(())
     }
 }
 
@@ -124,82 +200,80 @@ fn message_text(message: &Message) -> Vec<u8> {
 }
 
 impl ConfiguredExec {
+    /// Runs the command on `message` through the keeper: its exit status (`None` when
+    /// it was killed at `TIMEOUT`) and the tail of its stderr.
     fn execute(
         &self,
         message: &Message,
         stage: &str,
+        run_as: &str,
     ) -> Result<(Option<ExitStatus>, String), StageError> {
-        let mut cmd = Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
-            .env("PEPSI_ID", message.id.to_string())
-            .env("PEPSI_STAGE", stage)
-            .env("PEPSI_SENDER", message.mail_from())
-            .env("PEPSI_RECIPIENTS", message.rcpt_to().join(","))
-            .env("PEPSI_SENDER_KEY", &message.sender_key)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            // Its own process group, so a timeout kills its helpers too.
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; the command dies with this worker.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| StageError::host(format!("cannot start {}: {e}", self.argv[0])))?;
-        let pid = child.id() as libc::pid_t;
-        let mut stdin = child.stdin.take().expect("stdin was piped");
-        let text = message_text(message);
+        let env: Vec<(&str, String)> = [
+            ("PEPSI_ID", message.id.to_string()),
+            ("PEPSI_STAGE", stage.to_string()),
+            ("PEPSI_SENDER", message.mail_from().to_string()),
+            ("PEPSI_RECIPIENTS", message.rcpt_to().join(",")),
+            ("PEPSI_SENDER_KEY", message.sender_key.clone()),
+        ]
+        .into_iter()
+        .chain(std::env::var("LANG").ok().map(|l| ("LANG", l)))
+        .collect();
+        let program = &self.argv[0];
+        let host = |e: std::io::Error| StageError::host(format!("cannot start {program}: {e}"));
+        let (command_in, to_command) = wire::pipe().map_err(host)?;
+        let (from_command, command_err) = wire::pipe().map_err(host)?;
+        let (mut to_command, mut from_command) = (
+            std::fs::File::from(to_command),
+            std::fs::File::from(from_command),
+        );
         // Written from a thread so a command that does not read cannot deadlock us;
-        // a command that exits early makes the write fail, which is fine.
+        // a command that exits early (or never starts: the reading end goes with the
+        // request) makes the write fail, which is fine.
+        let text = message_text(message);
         std::thread::spawn(move || {
-            let _ = stdin.write_all(&text);
+            let _ = to_command.write_all(&text);
         });
-        let mut stderr = child.stderr.take().expect("stderr was piped");
         let (err_tx, err_rx) = crossbeam_channel::bounded(1);
         std::thread::spawn(move || {
-            let _ = err_tx.send(read_tail(&mut stderr));
+            let _ = err_tx.send(read_tail(&mut from_command));
         });
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        std::thread::spawn(move || {
-            let _ = done_tx.send(child.wait());
-        });
-        let (status, timed_out) = match done_rx.recv_timeout(self.timeout) {
-            Ok(status) => (status, false),
-            Err(_) => {
-                // SAFETY: signalling the command's own process group.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
-                (
-                    done_rx
-                        .recv()
-                        .unwrap_or_else(|_| Err(std::io::Error::other("lost"))),
-                    true,
-                )
+        let waited = with_keeper(|keeper| -> Result<Option<i32>, RunError> {
+            let user = if keeper.fixed {
+                String::new()
+            } else {
+                private_user(self.user.as_deref(), run_as).map_err(|e| RunError::Start {
+                    errno: 0,
+                    message: e,
+                })?
+            };
+            keeper.run(&user, &self.argv, &env, command_in, command_err)?;
+            if let Some(status) = keeper.wait(Some(self.timeout))? {
+                return Ok(Some(status));
             }
-        };
+            keeper.kill()?;
+            // Killed: the keeper reports the end, which comes at once.
+            keeper.wait(None)?;
+            Ok(None)
+        })
+        .map_err(|e| StageError::host(format!("cannot start {program}: {e}")))?;
         let err_text = err_rx
             .recv_timeout(STDERR_GRACE)
             .map(|b| tail(&b))
             .unwrap_or_default();
-        let status = status
-            .map_err(|e| StageError::host(format!("cannot wait for {}: {e}", self.argv[0])))?;
-        if timed_out {
-            return Err(StageError::host(with_stderr(
+        match waited {
+            Ok(Some(raw)) => Ok((Some(ExitStatus::from_raw(raw)), err_text)),
+            Ok(None) => Err(StageError::host(with_stderr(
                 format!(
-                    "{} timed out after {}s and was killed",
-                    self.argv[0],
+                    "{program} timed out after {}s and was killed",
                     self.timeout.as_secs()
                 ),
                 &err_text,
-            )));
+            ))),
+            Err(RunError::Start { message, .. }) => {
+                Err(StageError::host(with_stderr(message, &err_text)))
+            }
+            Err(e @ RunError::Lost(_)) => Err(StageError::host(format!("{program}: {e}"))),
         }
-        Ok((Some(status), err_text))
     }
 }
 
@@ -213,7 +287,7 @@ fn with_stderr(what: String, stderr: &str) -> String {
 
 impl Configured for ConfiguredExec {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        let (status, stderr) = self.execute(message, &cx.section.name)?;
+        let (status, stderr) = self.execute(message, &cx.section.name, &cx.pepsi.run_as)?;
         let Some(status) = status else {
             return Err(StageError::host(format!("{} did not run", self.argv[0])));
         };

@@ -89,6 +89,11 @@ fn program(name: &'static str, synopsis: &'static str) -> crate::cli::Program {
 /// The entry point of the unified stage binary: picks the stage from argv[0]
 /// (`pepsi-stage-NAME`) or from the first argument after the global options.
 pub fn main() -> std::process::ExitCode {
+    // Started by a worker of this binary as its keeper (SPEC §4 "Containment"), not as
+    // a stage.
+    if let Some(code) = crate::keeper::client::serve_if_asked() {
+        return std::process::ExitCode::from(code.clamp(0, 255) as u8);
+    }
     let argv0 = std::env::args().next().unwrap_or_default();
     let invoked = argv0.rsplit('/').next().unwrap_or(&argv0).to_string();
     let prefix = crate::worker::runtime::PROGRAM_PREFIX;
@@ -135,4 +140,17 @@ pub fn main() -> std::process::ExitCode {
         crate::worker::runtime::run(&inv.globals, stage)
     });
     crate::exit::finish(program.name, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::program_path::{BUILTIN_STAGES, STAGE_PROGRAM_PREFIX};
+
+    #[test]
+    fn program_path_knows_every_built_in_stage_by_its_program_name() {
+        let names: Vec<&str> = BUILTINS.iter().map(|s| s.name()).collect();
+        assert_eq!(names, BUILTIN_STAGES);
+        assert_eq!(STAGE_PROGRAM_PREFIX, crate::worker::runtime::PROGRAM_PREFIX);
+    }
 }

@@ -172,6 +172,16 @@ pub trait Stage: Sync {
     /// by `pepsi-dispatch check`) and by the worker (its own section at start, a
     /// successor before fusing into it, a section with per-address overrides).
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError>;
+    /// Prepares this process to run `section`, a stage it was started for, once: after
+    /// the section is checked and before `ready`. An error refuses to run (exit 78,
+    /// with the error as the cause). Most stages need nothing.
+    fn start(
+        &self,
+        _config: &crate::config::Config,
+        _section: &StageSection,
+    ) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// A stage configured by one (effective) section.

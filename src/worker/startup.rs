@@ -102,7 +102,14 @@ pub fn run(globals: &Globals, own: &'static dyn Stage) -> Result<(), Failure> {
         log::debug!("[pepsi] SHARE_TELEMETRY is on");
     }
     let mut worker = Worker::new(config, graph, pool, own);
-    worker.check_sections(stage.as_deref())?;
+    for (section, builtin) in worker.check_sections(stage.as_deref())? {
+        builtin.start(&worker.config, &section).map_err(|e| {
+            Failure::config(format!(
+                "[stage-{}] cannot be run, refusing to run: {e}",
+                section.name
+            ))
+        })?;
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     writeln!(out, "{}", protocol::READY)
@@ -118,8 +125,12 @@ impl Worker {
     /// section whose `PROGRAM` is this built-in. Never the whole file: one bad section
     /// stops only its own stage. The sections it may fuse into are checked too, but a
     /// bad one only stops fusion into it (`can_fuse` refuses a successor whose
-    /// configuration fails), so it is a warning.
-    fn check_sections(&mut self, started_for: Option<&str>) -> Result<(), Failure> {
+    /// configuration fails), so it is a warning. Returns the own sections with the
+    /// built-in each runs as.
+    fn check_sections(
+        &mut self,
+        started_for: Option<&str>,
+    ) -> Result<Vec<(StageSection, &'static dyn Stage)>, Failure> {
         let own: Vec<StageSection> = match started_for {
             Some(name) => match self.graph.get(name) {
                 Some(section) => vec![section.clone()],
@@ -140,12 +151,14 @@ impl Worker {
                 .collect(),
         };
         let mut problems = Vec::new();
+        let mut checked = Vec::new();
         for section in &own {
             // The claimed stage runs as the built-in its PROGRAM names; a program that is
             // not a built-in (a wrapper the stage was started through) is this one.
             let builtin = builtin_by_name(&section.program).unwrap_or(self.own);
-            if let Err(e) = builtin.configure(section) {
-                problems.push(e.to_string());
+            match builtin.configure(section) {
+                Ok(_) => checked.push((section.clone(), builtin)),
+                Err(e) => problems.push(e.to_string()),
             }
         }
         if !problems.is_empty() {
@@ -162,7 +175,7 @@ impl Worker {
                 );
             }
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// The stages reachable from `from` through references that this worker may fuse

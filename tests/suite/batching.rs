@@ -54,7 +54,7 @@ fn under_a_deep_backlog_every_claim_and_every_worker_batch_is_full() {
     // Every claim of a row at s, by its token.
     c.batch_execute(
         "CREATE TABLE claimed (token int8, stage text);
-         CREATE FUNCTION record_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION record_claim() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO claimed VALUES (NEW.claim, NEW.stage); RETURN NULL; END $$;
          CREATE TRIGGER record_claim AFTER UPDATE OF claim ON pepsi.workqueue FOR EACH ROW
              WHEN (NEW.claim IS DISTINCT FROM OLD.claim AND NEW.status = 'running')

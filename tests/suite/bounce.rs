@@ -898,8 +898,8 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
     let dir = TempDir::new("bounce-e2e");
     let mail = dir.path("mail");
     let bounces = dir.path("bounces");
-    std::fs::create_dir_all(&mail).unwrap();
-    std::fs::create_dir_all(&bounces).unwrap();
+    crate::util::shared_dir(&mail);
+    crate::util::shared_dir(&bounces);
     let relay = dir.write(
         "relay",
         &format!(

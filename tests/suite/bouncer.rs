@@ -413,7 +413,7 @@ fn bouncers_at_once_never_move_a_row_twice() {
     // Every move to the bounce stage, as the database sees it.
     c.batch_execute(
         "CREATE TABLE public.moves (id bigint NOT NULL);
-         CREATE FUNCTION public.log_move() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION public.log_move() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN
              INSERT INTO public.moves VALUES (NEW.workqueue_id);
              RETURN NULL;

@@ -113,7 +113,7 @@ fn a_pipeline_drains_1000_messages_and_every_row_ends_where_its_stages_say() {
     let db = TestDb::new();
     let dir = TempDir::new("d-drain");
     let out = dir.path("delivered");
-    std::fs::create_dir(&out).unwrap();
+    crate::util::shared_dir(&out);
     let script = dir.write(
         "deliver.sh",
         &format!("#!/bin/sh\ncat > {}/$PEPSI_ID\n", out.display()),
@@ -329,7 +329,7 @@ fn a_crash_strikes_the_front_message_and_requeues_its_siblings() {
 pub(super) fn record_pauses(c: &mut Client) {
     c.batch_execute(
         "CREATE TABLE public.pauses (n serial, id bigint);
-         CREATE FUNCTION public.record_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION public.record_pause() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO public.pauses (id) VALUES (NEW.workqueue_id); RETURN NULL; END $$;
          CREATE TRIGGER record_pause AFTER UPDATE ON pepsi.workqueue FOR EACH ROW
            WHEN (NEW.status = 'paused' AND OLD.status IS DISTINCT FROM 'paused')
@@ -945,7 +945,7 @@ fn statistics_are_one_transaction_per_flush_and_nothing_is_written_while_idle() 
     let mut c = db.client();
     c.batch_execute(
         "CREATE TABLE stats_writes (txid bigint, tbl text);
-         CREATE FUNCTION stats_write() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION stats_write() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO stats_writes VALUES (txid_current(), TG_TABLE_NAME); RETURN NULL; END $$;
          CREATE TRIGGER w AFTER INSERT OR UPDATE ON pepsi.stage_stats FOR EACH STATEMENT EXECUTE FUNCTION stats_write();
          CREATE TRIGGER w AFTER INSERT OR UPDATE ON pepsi.dispatch_stats FOR EACH STATEMENT EXECUTE FUNCTION stats_write();",

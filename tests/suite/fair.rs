@@ -18,7 +18,7 @@ const SEC: Duration = Duration::from_secs(1);
 fn record_finishes(c: &mut Client) {
     c.batch_execute(
         "CREATE TABLE finished (n bigserial, workqueue_id bigint, sender text);
-         CREATE FUNCTION finished() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION finished() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO finished (workqueue_id, sender) VALUES (OLD.workqueue_id, OLD.sender_key);
                RETURN NULL; END $$;
          CREATE TRIGGER finished AFTER DELETE ON pepsi.workqueue FOR EACH ROW

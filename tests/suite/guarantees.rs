@@ -439,6 +439,8 @@ fn a_report_naming_an_unknown_stage_or_absurd_microseconds_changes_no_statistics
 /// writes its pid to `grandchild.ID` and its own to `command.ID`, reads the message and
 /// becomes a `sleep` itself. Returns the configuration.
 fn exec_with_grandchild(dir: &TempDir, db: &TestDb, dispatch: &str) -> PathBuf {
+    // The command (running as the tests' exec account) writes its pids there.
+    crate::util::shared_dir(&dir.0);
     let d = dir.0.display();
     let script = dir.write(
         "grandchild.sh",

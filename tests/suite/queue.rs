@@ -1263,11 +1263,12 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
     assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
 
     // A new stage in two steps is refused at the first (no PROGRAM); a PROGRAM first
-    // works (one under [pepsi] PROGRAM_PATH), then its NEXT.
+    // works (a built-in stage program, which [pepsi] PROGRAM_PATH allows), then its
+    // NEXT.
     expect(
         &queue(
             &conf,
-            &["config", "set", "stage-new", "PROGRAM", "/usr/bin/true"],
+            &["config", "set", "stage-new", "PROGRAM", "pepsi-stage-pass"],
         ),
         0,
     );
@@ -1284,7 +1285,11 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
         overlay(&mut c),
         [
             ("stage-new".into(), "NEXT".into(), "out".into()),
-            ("stage-new".into(), "PROGRAM".into(), "/usr/bin/true".into()),
+            (
+                "stage-new".into(),
+                "PROGRAM".into(),
+                "pepsi-stage-pass".into()
+            ),
         ]
     );
     // Unsetting the new stage's PROGRAM would leave a section without one.

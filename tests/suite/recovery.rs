@@ -30,7 +30,7 @@ fn occurrences(log: &str, text: &str) -> usize {
 fn record_claims(c: &mut Client) {
     c.batch_execute(
         "CREATE TABLE claims_seen (workqueue_id bigint, at timestamptz DEFAULT clock_timestamp());
-         CREATE FUNCTION claim_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION claim_seen() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO claims_seen (workqueue_id) VALUES (NEW.workqueue_id); RETURN NULL; END $$;
          CREATE TRIGGER claim_seen AFTER UPDATE OF status ON pepsi.workqueue FOR EACH ROW
              WHEN (NEW.status = 'running' AND OLD.status IS DISTINCT FROM NEW.status)
@@ -54,7 +54,7 @@ fn a_loop_between_two_stages_fails_the_message_as_looped_at_max_hops() {
     let mut c = db.client();
     c.batch_execute(
         "CREATE TABLE hops_at_end (workqueue_id bigint, hops int);
-         CREATE FUNCTION hops_at_end() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION hops_at_end() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN INSERT INTO hops_at_end VALUES (OLD.workqueue_id, OLD.hops); RETURN NULL; END $$;
          CREATE TRIGGER hops_at_end AFTER DELETE ON pepsi.workqueue FOR EACH ROW
              EXECUTE FUNCTION hops_at_end();",
@@ -510,7 +510,8 @@ fn a_second_dispatcher_names_the_holder_of_the_lock() {
 }
 
 #[test]
-fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment() {
+fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment_and_commands_a_clean_one()
+ {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("not root: no account switch to test");
@@ -534,7 +535,7 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment()
     let script = dir.write(
         "env.sh",
         &format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"HOME=$HOME\" \"USER=$USER\" \"LOGNAME=$LOGNAME\" \"PATH=$PATH\" > {}/env\n",
+            "#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"HOME=$HOME\" \"USER=$USER\" \"LOGNAME=$LOGNAME\" \"PATH=$PATH\" > {}/env\nsleep 2\n",
             out.display()
         ),
     );
@@ -544,7 +545,7 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment()
         &db,
         "",
         &format!(
-            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\n",
+            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\nUSER = daemon\n",
             program.display(),
             script.display()
         ),
@@ -560,11 +561,41 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment()
         &conf,
         &[("HOME", "/root"), ("PATH", "/root/bin:/usr/bin:/bin")],
     );
+    // The worker, while its command sleeps: the account's environment, not root's.
+    let deadline = Instant::now() + 30 * SEC;
+    while !out.join("env").exists() {
+        if Instant::now() > deadline {
+            let states: Vec<String> = c
+                .query("SELECT state::text FROM pepsi.workqueue", &[])
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            panic!("the command did not run: {states:?}\n{}", d.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let workers = d.children();
+    assert_eq!(workers.len(), 1, "{}", d.log());
+    let worker = std::fs::read(format!("/proc/{}/environ", workers[0])).unwrap();
+    let worker: Vec<String> = worker
+        .split(|&b| b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    for want in [
+        "HOME=/nonexistent",
+        "USER=nobody",
+        "LOGNAME=nobody",
+        "PATH=/usr/local/bin:/usr/bin:/bin",
+    ] {
+        assert!(worker.iter().any(|v| v == want), "{want}: {worker:?}");
+    }
     wait_empty(&mut c, 30 * SEC);
     assert!(d.terminate().success(), "{}", d.log());
+    // The command: its USER's home and the system's PATH, nothing of the worker's.
     let env = std::fs::read_to_string(out.join("env")).unwrap();
-    assert!(env.contains("HOME=/nonexistent"), "{env}");
-    assert!(env.contains("USER=nobody\n"), "{env}");
-    assert!(env.contains("LOGNAME=nobody\n"), "{env}");
-    assert!(env.contains("PATH=/usr/local/bin:/usr/bin:/bin\n"), "{env}");
+    assert_eq!(
+        env,
+        "HOME=/usr/sbin\nUSER=\nLOGNAME=\nPATH=/usr/local/bin:/usr/bin:/bin\n"
+    );
 }

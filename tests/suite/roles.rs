@@ -639,7 +639,7 @@ fn split_config(dir: &TempDir, db: &TestDb, owner: &str, mail: &Path, bounces: &
         relay = relay.display(),
         deliver = deliver.display(),
     );
-    dir.write("pepsi.conf", &text)
+    dir.write("pepsi.conf", &crate::util::with_exec_user(&text))
 }
 
 fn files_in(dir: &Path) -> usize {
@@ -659,8 +659,8 @@ fn every_program_on_its_own_role_drains_a_pipeline() {
     let dir = TempDir::new("roles-e2e");
     let mail = dir.path("mail");
     let bounces = dir.path("bounces");
-    std::fs::create_dir_all(&mail).unwrap();
-    std::fs::create_dir_all(&bounces).unwrap();
+    crate::util::shared_dir(&mail);
+    crate::util::shared_dir(&bounces);
     let conf = split_config(&dir, &db, &owner, &mail, &bounces);
     let out = setup(&conf);
     assert!(out.status.success(), "{}", stderr(&out));

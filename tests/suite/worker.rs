@@ -43,7 +43,7 @@ const CHAIN: &str = "[stage-pass]\nPROGRAM = {pass}\nNEXT = if\n\n\
 fn audit(c: &mut Client) {
     c.batch_execute(
         "CREATE TABLE audit (n serial, id bigint, op text, stage text, status text);
-         CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN
            IF TG_OP = 'DELETE' THEN
              INSERT INTO audit (id, op, stage, status) VALUES (OLD.workqueue_id, 'delete', OLD.stage, OLD.status);
@@ -320,7 +320,7 @@ impl ExecSetup {
 fn exec_setup(db: &TestDb, extra: &str) -> ExecSetup {
     let dir = TempDir::new("w-exec");
     let out = dir.path("out");
-    std::fs::create_dir(&out).unwrap();
+    crate::util::shared_dir(&out);
     let control = dir.path("control");
     std::fs::write(&control, "0").unwrap();
     let script = dir.write(

@@ -53,9 +53,16 @@ impl Dispatcher {
         self.wait(Duration::from_secs(30))
     }
 
-    /// The dispatcher's child processes (its workers).
+    /// The dispatcher's workers: its child processes but the keeper master it starts
+    /// when it runs as root (`pepsi-keepers`).
     pub fn children(&self) -> Vec<u32> {
         children_of(self.pid())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map_or(true, |comm| comm.trim_end() != "pepsi-keepers")
+            })
+            .collect()
     }
 
     /// The pid of the worker whose database sessions are named `session`.

@@ -60,15 +60,69 @@ impl Drop for TempDir {
 }
 
 /// A configuration file for a test database: `[pepsi] RUN_AS = root`, the connection,
-/// then `extra`.
+/// then `extra` (its exec commands run as [`exec_user`], see [`with_exec_user`]).
 pub fn write_config(dir: &TempDir, db: &TestDb, extra: &str) -> PathBuf {
     dir.write(
         "pepsi.conf",
-        &format!(
+        &with_exec_user(&format!(
             "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {}\n\n{extra}",
             db.connection()
-        ),
+        )),
     )
+}
+
+/// The account the tests' exec commands run as: `nobody` when the tests run as root
+/// (a command never runs as root, nor as `RUN_AS`, which the tests set to root), else
+/// the tests' own account (a worker that is not root cannot switch).
+pub fn exec_user() -> String {
+    if is_root() {
+        "nobody".to_string()
+    } else {
+        pepsi::privilege::current_account().expect("the tests' account has a name")
+    }
+}
+
+/// Is this test process root?
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `text` with `USER = ` [`exec_user`] after every `COMMAND = …` line of a section
+/// that names no `USER` of its own: the tests' exec stages run their commands as that
+/// account.
+pub fn with_exec_user(text: &str) -> String {
+    let mut out = String::new();
+    let sections = text
+        .split_inclusive('\n')
+        .fold(Vec::<String>::new(), |mut acc, line| {
+            if line.trim_start().starts_with('[') || acc.is_empty() {
+                acc.push(String::new());
+            }
+            acc.last_mut().unwrap().push_str(line);
+            acc
+        });
+    for section in sections {
+        let has_user = section.lines().any(|l| l.trim_start().starts_with("USER"));
+        for line in section.split_inclusive('\n') {
+            out.push_str(line);
+            if !has_user && line.trim_start().starts_with("COMMAND") {
+                if !line.ends_with('\n') {
+                    out.push('\n');
+                }
+                out.push_str(&format!("USER = {}\n", exec_user()));
+            }
+        }
+    }
+    out
+}
+
+/// Creates `path` (and its parents) writable by everyone: a folder the tests' exec
+/// commands, running as [`exec_user`], write into.
+pub fn shared_dir(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();
 }
 
 /// Runs a program to completion with a config file and arguments.

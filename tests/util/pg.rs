@@ -155,6 +155,15 @@ fn start_cluster() -> Result<(String, PathBuf), String> {
         run(Command::new("chown")
             .args(["-R", "postgres:postgres"])
             .arg(&dir))?;
+        // The socket's directory admits the cluster's owner, root and the group
+        // `nogroup` (the account `nobody`, which tests use as a service account), and
+        // nobody else: an exec command running as another account (`daemon`) cannot
+        // reach the database even though the cluster trusts local connections.
+        if run(Command::new("chgrp").arg("nogroup").arg(&sock)).is_ok() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o750))
+                .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
+        }
     }
     run(as_owner(&bindir.join("initdb")).arg("-D").arg(&data).args([
         "-U",

@@ -1,0 +1,114 @@
+//! The keeper: how an exec stage's command runs apart from the worker that handles the
+//! message (SPEC §4 "Containment", §12.7), as Postfix's `pipe(8)` runs its command as
+//! the `user=` of `master.cf`.
+//!
+//! A worker never starts its command itself. It asks its keeper, over a Unix socket,
+//! to run the command with the message's `PEPSI_*` variables, passing the command's
+//! stdin and stderr pipes along; the keeper starts it in a process group of its own,
+//! with a clean environment (those variables, `PATH`, `HOME`, `LANG`), no descriptor
+//! but the three, as the stage's `USER` when it may switch accounts, reports its start
+//! and its exit status, kills it when the worker's `TIMEOUT` runs out, and kills
+//! whatever it left behind when it ends, detached or not ([`serve`]).
+//!
+//! Where the keeper comes from:
+//! - **The dispatcher started as root** forks a master ([`master`]) before it drops
+//!   its privileges. The master keeps root and does one thing: for every worker of a
+//!   stage whose section sets `COMMAND`, it forks a keeper for that stage, which runs
+//!   exactly the configuration file's `COMMAND` as the account its `USER` names (never
+//!   root, never `RUN_AS`), read from the file itself. The worker gets its end of the
+//!   keeper's socket as descriptor 3 (`PEPSI_KEEPER_FD`). So the worker, which handles
+//!   message data and holds the database role, cannot choose what runs or as whom, and
+//!   the command, running as another account without the worker's environment or
+//!   descriptors, reaches neither the configuration nor the database.
+//! - **Otherwise** (a dispatcher not started as root, a worker started by hand) the
+//!   worker starts a keeper of its own ([`client::Keeper::private`]), running as the
+//!   worker: it can switch to `USER` only when the worker is root; else `USER` must be
+//!   absent or the worker's own account.
+//!
+//! The messages ([`wire`]) are NUL-separated fields, the first naming the message.
+
+pub mod client;
+pub mod master;
+pub mod serve;
+pub mod wire;
+
+/// A worker's request: run a command (fields: user, argc, argv…, `NAME=value`…; with
+/// its stdin and stderr descriptors).
+pub const RUN: &[u8] = b"RUN";
+/// A worker's request: kill the running command (its `TIMEOUT` ran out).
+pub const KILL: &[u8] = b"KILL";
+/// The keeper's greeting: it serves.
+pub const READY: &[u8] = b"READY";
+/// The keeper's greeting: it will not serve, and why (the worker refuses to run).
+pub const REFUSED: &[u8] = b"REFUSED";
+/// The command started (field: its pid).
+pub const STARTED: &[u8] = b"STARTED";
+/// The command could not start (fields: an errno or 0, the reason).
+pub const START_ERROR: &[u8] = b"ERROR";
+/// The command ended (field: its raw wait status).
+pub const EXIT: &[u8] = b"EXIT";
+/// The dispatcher's request to the master: a keeper for a stage (field: the stage;
+/// with the keeper's end of the worker's socket).
+pub const KEEP: &[u8] = b"KEEP";
+
+/// The environment variables a command gets from the worker's request; the keeper adds
+/// `PATH` and `HOME`, and drops everything else a request names.
+pub const ALLOWED_ENV: &[&str] = &[
+    "PEPSI_ID",
+    "PEPSI_STAGE",
+    "PEPSI_SENDER",
+    "PEPSI_RECIPIENTS",
+    "PEPSI_SENDER_KEY",
+    "LANG",
+];
+
+/// The environment variable that gives a worker its keeper's descriptor.
+pub const KEEPER_FD_ENV: &str = "PEPSI_KEEPER_FD";
+
+/// The descriptor a worker finds its keeper on.
+pub const KEEPER_FD: i32 = 3;
+
+/// The environment variable that starts the stage binary as a worker's private keeper
+/// serving the descriptor it names (set by [`client::Keeper::private`] only).
+pub const SERVE_FD_ENV: &str = "PEPSI_KEEPER_SERVE_FD";
+
+/// The account an exec command runs as when its section sets no `USER` and the keeper
+/// may switch accounts: the package creates it, with no login, no home and no group
+/// but its own.
+pub const DEFAULT_USER: &str = "pepsi-exec";
+
+/// The account an exec command runs as when the keeper may switch accounts: the
+/// section's `USER`, else [`DEFAULT_USER`]; never root and never `[pepsi] RUN_AS` (the
+/// account that reads the configuration and reaches the database), and it must exist.
+pub fn exec_account(user: Option<&str>, run_as: &str) -> Result<crate::privilege::Passwd, String> {
+    let name = user.unwrap_or(DEFAULT_USER);
+    if name == "root" {
+        return Err("USER root is refused: a command never runs as root".into());
+    }
+    if name == run_as {
+        return Err(format!(
+            "USER {name} is refused: it is [pepsi] RUN_AS, the account that reads the \
+             configuration and reaches the database; a command runs as an account of its own"
+        ));
+    }
+    let account = crate::privilege::lookup(name).map_err(|e| {
+        if user.is_none() {
+            format!(
+                "{e}: a command runs as USER, by default {DEFAULT_USER} (the package creates \
+                 it: adduser --system --group --no-create-home --home /nonexistent {DEFAULT_USER}); \
+                 or set USER to an existing unprivileged account"
+            )
+        } else {
+            format!("USER {name}: {e}")
+        }
+    })?;
+    if account.uid == 0 {
+        return Err(format!("USER {name} is refused: it has user id 0, root's"));
+    }
+    if crate::privilege::lookup(run_as).is_ok_and(|r| r.uid == account.uid) {
+        return Err(format!(
+            "USER {name} is refused: it has the user id of [pepsi] RUN_AS {run_as}"
+        ));
+    }
+    Ok(account)
+}
