@@ -20,6 +20,7 @@ use super::runtime::Worker;
 use super::{Message, Notification};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
+use crate::escape::Visible;
 use crate::protocol::{self, StageTime};
 
 /// What a batch entry writes.
@@ -203,7 +204,7 @@ impl Worker {
                     "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
                     plan.claimed,
                     plan.id,
-                    n.recipient,
+                    Visible(&n.recipient),
                     n.stage
                 );
                 plan.write = Write::Nothing;
