@@ -6,11 +6,11 @@
 //! The characters escaped are those that can rewrite or hide what a person reads: the C0
 //! controls U+0000–U+001F (ESC starts terminal sequences, CR and LF forge log lines),
 //! DEL U+007F, the C1 controls U+0080–U+009F, and the invisible formatting characters
-//! that reorder or hide text: U+061C, U+200B–U+200F, U+202A–U+202E, U+2060–U+2064,
-//! U+2066–U+2069 (bidirectional controls, zero-width characters), U+2028 and U+2029
-//! (line and paragraph separators), U+FEFF (zero-width no-break space) and U+FFF9–U+FFFB
-//! (interlinear annotations). Everything else, ordinary non-ASCII such as `é` included,
-//! is written as it is.
+//! that reorder or hide text: the bidirectional controls U+061C, U+200E, U+200F,
+//! U+202A–U+202E and U+2066–U+2069; the zero-width and invisible characters
+//! U+200B–U+200D, U+2060–U+2064 and U+FEFF; the line and paragraph separators U+2028 and
+//! U+2029; the interlinear annotations U+FFF9–U+FFFB. Everything else, ordinary
+//! non-ASCII such as `é` included, is written as it is.
 //!
 //! The escaped form, one for all: `\t`, `\n` and `\r` for TAB, LF and CR, and `\u{X}`
 //! with the code point in lower-case hexadecimal, without leading zeros, for every other
@@ -18,9 +18,9 @@
 //! byte that is not part of valid UTF-8 is written `\xNN` ([`VisibleBytes`]). A
 //! backslash is left alone: the escaped text is for eyes and cannot be read back.
 //!
-//! Pure: no I/O. [`Visible`] is for one value on one line; [`VisibleLines`] and
-//! [`VisibleBytes`] keep line ends (LF, CRLF) for a block shown as lines (a header block,
-//! a pretty-printed state, a log message of several lines).
+//! Pure: no I/O. [`Visible`] is for one value on one line; [`VisibleLines`] keeps the
+//! line feeds of text the program wrote in lines (a log message, pretty JSON), and
+//! [`VisibleBytes`] the line ends (LF, CRLF) of stored content (a header block, a body).
 
 use std::fmt;
 
@@ -68,11 +68,26 @@ fn write_char(f: &mut dyn fmt::Write, c: char) -> fmt::Result {
     }
 }
 
-/// Writes text escaped; with `lines`, LF and a CR right before an LF stay as they are.
-fn write_text(f: &mut dyn fmt::Write, text: &str, lines: bool) -> fmt::Result {
+/// Which line ends stay as they are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// None: a value on one line.
+    Nothing,
+    /// LF: a text of lines the program wrote (a log message).
+    LineFeeds,
+    /// LF, and CR right before LF: stored content (a header block, a body).
+    LineEnds,
+}
+
+/// Writes text escaped, but for the line ends `keep` names.
+fn write_text(f: &mut dyn fmt::Write, text: &str, keep: Keep) -> fmt::Result {
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
-        let line_end = lines && (c == '\n' || (c == '\r' && chars.peek() == Some(&'\n')));
+        let line_end = match c {
+            '\n' => keep != Keep::Nothing,
+            '\r' => keep == Keep::LineEnds && chars.peek() == Some(&'\n'),
+            _ => false,
+        };
         if line_end {
             f.write_char(c)?;
         } else {
@@ -90,23 +105,24 @@ pub struct Visible<'a>(pub &'a str);
 
 impl fmt::Display for Visible<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_text(f, self.0, false)
+        write_text(f, self.0, Keep::Nothing)
     }
 }
 
-/// A block of lines shown as lines: like [`Visible`], but its line ends (LF, and CRLF)
-/// stay as they are.
+/// Lines the program wrote (a log message, a failure, pretty JSON) shown as lines: like
+/// [`Visible`], but a line feed stays a line feed. A carriage return is escaped.
 #[derive(Clone, Copy, Debug)]
 pub struct VisibleLines<'a>(pub &'a str);
 
 impl fmt::Display for VisibleLines<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_text(f, self.0, true)
+        write_text(f, self.0, Keep::LineFeeds)
     }
 }
 
-/// Bytes shown as lines: their UTF-8 as [`VisibleLines`], each byte that is not part of
-/// valid UTF-8 as `\xNN`.
+/// Stored content (a header block, a body) shown as lines: like [`Visible`], but its
+/// line ends, LF and CRLF, stay as they are, and each byte that is not part of valid
+/// UTF-8 is written `\xNN`.
 #[derive(Clone, Copy, Debug)]
 pub struct VisibleBytes<'a>(pub &'a [u8]);
 
@@ -115,7 +131,7 @@ impl fmt::Display for VisibleBytes<'_> {
         for chunk in self.0.utf8_chunks() {
             // A chunk's valid part ends before an invalid byte or at the end, so a CR
             // it ends in comes before no LF and is escaped, as it should be.
-            write_text(f, chunk.valid(), true)?;
+            write_text(f, chunk.valid(), Keep::LineEnds)?;
             for b in chunk.invalid() {
                 write!(f, "\\x{b:02x}")?;
             }
@@ -176,7 +192,7 @@ mod tests {
     fn lines_keep_their_ends_and_nothing_else() {
         assert_eq!(
             VisibleLines("a\r\nb\nc\rd\u{1b}\n").to_string(),
-            "a\r\nb\nc\\rd\\u{1b}\n"
+            "a\\r\nb\nc\\rd\\u{1b}\n"
         );
         assert_eq!(
             VisibleBytes(b"Subject: caf\xe9\r\nX: \x1b\xff\n").to_string(),

@@ -76,7 +76,7 @@ impl fmt::Display for Failure {
 
 /// Turns a program's result into its exit code, logging the failure (or printing it
 /// when logging is not yet set up). A failure can quote the database or a message, so
-/// it is shown escaped but for its line breaks ([`VisibleLines`]).
+/// it is shown escaped but for its line feeds ([`VisibleLines`]).
 pub fn finish(program: &str, result: Result<(), Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(OK),

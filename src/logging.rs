@@ -9,7 +9,7 @@
 //! Values from messages and the database are escaped where a line is written
 //! ([`crate::escape::Visible`]: a sender's line break shows as `\n`). Behind that, this
 //! formatter shows every control and invisible formatting character of a message
-//! escaped but its line breaks ([`VisibleLines`]), so nothing a log line carries can
+//! escaped but its line feeds ([`VisibleLines`]), so nothing a log line carries can
 //! drive a terminal or hide text.
 
 use std::io::Write;

@@ -232,8 +232,8 @@ pub fn show(
         out.extend_from_slice(format!("{name:<12} {value}\n").as_bytes());
     };
     // Every value is shown escaped on its line; the state as pretty JSON (whose strings
-    // serde escapes but for the invisible formatting characters) and the content keep
-    // their line ends and have everything else escaped.
+    // serde escapes but for the invisible formatting characters) keeps its line feeds,
+    // the content its line ends, and everything else is escaped.
     let text = |v: &Value| match v {
         Value::Null => "-".to_string(),
         Value::String(s) => format::shown(s, 200),
