@@ -30,6 +30,7 @@ use crate::cli::{Invocation, Program};
 use crate::config::graph::{self, ProgramPath, STAGE_PREFIX};
 use crate::config::{Config, ConfigError, DbRole, Origin, Section};
 use crate::db::{self, ErrorKind, schema, sql};
+use crate::escape::Visible;
 use crate::exit::Failure;
 
 mod service;
@@ -268,11 +269,13 @@ pub fn sweep(
     loop {
         let moved = move_batch(client, bounce_stage, scope, BATCH)?;
         for row in &moved {
+            // The stage is the row's own: any text a writer of the queue put there.
             log::info!(
-                "message {} (failed at stage {}, {}) moved to bounce stage {bounce_stage}",
+                "message {} (failed at stage {}, {}) moved to bounce stage {}",
                 row.id,
-                row.stage,
-                row.status
+                Visible(&row.stage),
+                row.status,
+                Visible(bounce_stage)
             );
             totals.add(row);
         }

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::process::ExitCode;
 
+use crate::escape::VisibleLines;
+
 /// Clean exit.
 pub const OK: u8 = 0;
 /// A general error (bad configuration at start, database unreachable, lock held).
@@ -73,15 +75,17 @@ impl fmt::Display for Failure {
 }
 
 /// Turns a program's result into its exit code, logging the failure (or printing it
-/// when logging is not yet set up).
+/// when logging is not yet set up). A failure can quote the database or a message, so
+/// it is shown escaped but for its line feeds ([`VisibleLines`]).
 pub fn finish(program: &str, result: Result<(), Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(OK),
         Err(failure) => {
+            let message = VisibleLines(&failure.message);
             if log::log_enabled!(log::Level::Error) {
-                log::error!("{}", failure.message);
+                log::error!("{message}");
             } else {
-                eprintln!("{program}: {}", failure.message);
+                eprintln!("{program}: {message}");
             }
             ExitCode::from(failure.code)
         }

@@ -30,6 +30,11 @@
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
+//! Two small pure modules are shared by all of them: [`mailbox`] judges an envelope
+//! address (the one rule for `inject` and for whom a bounce may go to), and [`escape`]
+//! shows text from messages and the database in log lines, on terminals and in metrics
+//! labels with its control and invisible formatting characters escaped.
+//!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 
 pub mod bouncer;
@@ -37,9 +42,11 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod dispatch;
+pub mod escape;
 pub mod exit;
 pub mod keeper;
 pub mod logging;
+pub mod mailbox;
 pub mod privilege;
 pub mod protocol;
 pub mod queue;

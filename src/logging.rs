@@ -5,6 +5,12 @@
 //! set) the journal stamps the time itself, so the line carries none; instead it starts
 //! with the syslog priority `<N>` (so `journalctl -p err` filters), and a message of
 //! several lines is kept on one (the journal makes an entry of every line).
+//!
+//! Values from messages and the database are escaped where a line is written
+//! ([`crate::escape::Visible`]: a sender's line break shows as `\n`). Behind that, this
+//! formatter shows every control and invisible formatting character of a message
+//! escaped but its line feeds ([`VisibleLines`]), so nothing a log line carries can
+//! drive a terminal or hide text.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -60,6 +66,7 @@ fn journal_line(program: &str, pid: u32, level: log::Level, message: &str) -> St
 }
 
 use crate::cli::Globals;
+use crate::escape::VisibleLines;
 
 /// Installs the logger. Safe to call once per process; later calls are ignored.
 pub fn init(globals: &Globals) {
@@ -82,20 +89,20 @@ pub fn init(globals: &Globals) {
     let pid = std::process::id();
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     builder.format(move |buf, record| {
+        let message = record.args().to_string();
+        let message = VisibleLines(&message);
         if journal {
-            let message = record.args().to_string();
             writeln!(
                 buf,
                 "{}",
-                journal_line(&program, pid, record.level(), &message)
+                journal_line(&program, pid, record.level(), &message.to_string())
             )
         } else {
             writeln!(
                 buf,
-                "{} {program}[{pid}] {}: {}",
+                "{} {program}[{pid}] {}: {message}",
                 buf.timestamp_millis(),
                 record.level(),
-                record.args()
             )
         }
     });

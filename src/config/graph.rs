@@ -25,6 +25,17 @@ use super::raw::{ConfigError, Origin, Problems, Section};
 /// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
 pub const STAGE_PREFIX: &str = "stage-";
 
+/// Is this a valid stage name: one or more ASCII letters, digits, `.`, `_` and `-`, the
+/// characters a section name of the file may hold. Stage names reach logs, terminals and
+/// metrics labels as they are, so nothing else is taken, from the file or the overlay.
+pub fn valid_stage_name(name: &str) -> bool {
+    super::raw::valid_section(name)
+}
+
+/// Why a stage name is refused, for a message.
+pub const STAGE_NAME_RULE: &str =
+    "a stage name is one or more ASCII letters, digits, '.', '_' and '-'";
+
 /// The most worker processes a stage may run (each holds a database connection).
 pub const MAX_PARALLELISM: u32 = 10_000;
 /// The most ids pipelined to one worker.
@@ -141,7 +152,7 @@ impl StageSection {
 pub struct LaidOver {
     /// Every `[stage-*]` section, by section name.
     pub sections: BTreeMap<String, Section>,
-    /// Overlay rows that cannot be laid over (an invalid key).
+    /// Overlay rows that cannot be laid over (an invalid stage name or key).
     pub errors: Vec<ConfigError>,
     /// Overlay rows that are ignored (a section other than `[stage-*]`).
     pub warnings: Vec<ConfigError>,
@@ -173,6 +184,18 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow], programs: &ProgramPat
                 ..ConfigError::at(
                     Origin::Override,
                     "only [stage-*] sections can be overridden; ignored",
+                )
+            });
+            continue;
+        }
+        let name = &row.section[STAGE_PREFIX.len()..];
+        if !valid_stage_name(name) {
+            errors.push(ConfigError {
+                section: Some(row.section.clone()),
+                key: Some(row.key.clone()),
+                ..ConfigError::at(
+                    Origin::Override,
+                    format!("the stage name {name:?} is not valid ({STAGE_NAME_RULE})"),
                 )
             });
             continue;
@@ -239,11 +262,24 @@ impl StageGraph {
         } = lay_over(file, overlay, programs);
         let mut stages = BTreeMap::new();
         for section in sections.values() {
-            if section.name.len() == STAGE_PREFIX.len() {
+            let name = &section.name[STAGE_PREFIX.len()..];
+            if name.is_empty() {
                 errors.push(ConfigError::at(
                     section.origin.clone(),
                     "[stage-] has no stage name",
                 ));
+                continue;
+            }
+            // The file's parse refuses such a section already; a section made by other
+            // code is held to the same rule.
+            if !valid_stage_name(name) {
+                errors.push(ConfigError {
+                    section: Some(section.name.clone()),
+                    ..ConfigError::at(
+                        section.origin.clone(),
+                        format!("the stage name {name:?} is not valid ({STAGE_NAME_RULE})"),
+                    )
+                });
                 continue;
             }
             match StageSection::check(section) {
@@ -545,6 +581,80 @@ mod tests {
             errs[0]
                 .to_string()
                 .starts_with("pepsi.config_override: [stage-pass] \"next\"")
+        );
+    }
+
+    #[test]
+    fn a_stage_name_is_letters_digits_dots_underscores_and_hyphens() {
+        for good in ["a", "relay-2", "dkim.sign", "in_1", "A-Z.0_9"] {
+            assert!(valid_stage_name(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "a/b",
+            "a\u{1b}[31m",
+            "a\r\nb",
+            "a\u{202e}b",
+            "a\u{2028}b",
+            "é",
+            "a\"b",
+            "a{b}",
+            "a=b",
+        ] {
+            assert!(!valid_stage_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_overlay_stage_with_a_bad_name_is_an_error_naming_the_row() {
+        let errs = build(
+            &sections(PIPE),
+            &[
+                row("stage-ev\u{1b}[2Jil", "PROGRAM", "pepsi-stage-pass"),
+                row("stage-a b", "NEXT", "pass"),
+            ],
+        )
+        .unwrap_err();
+        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "pepsi.config_override: [stage-ev\\u{1b}[2Jil] PROGRAM: the stage name \
+                 \"ev\\u{1b}[2Jil\" is not valid (a stage name is one or more ASCII letters, \
+                 digits, '.', '_' and '-')",
+                "pepsi.config_override: [stage-a b] NEXT: the stage name \"a b\" is not valid \
+                 (a stage name is one or more ASCII letters, digits, '.', '_' and '-')",
+            ],
+            "in the overlay's order, shown escaped"
+        );
+        let laid = lay_over(
+            &sections(PIPE),
+            &[row("stage-a b", "PROGRAM", "pepsi-stage-pass")],
+            &ProgramPath::default(),
+        );
+        assert!(!laid.sections.contains_key("stage-a b"), "left out");
+        assert_eq!(laid.errors.len(), 1);
+    }
+
+    #[test]
+    fn a_section_with_a_bad_stage_name_is_refused_at_its_line() {
+        let mut file = sections("[stage-a]\nPROGRAM = p\n");
+        file[0].name = "stage-a\u{202e}b".into();
+        let errs = build(&file, &[]).unwrap_err();
+        assert_eq!(
+            errs[0].to_string(),
+            "/g.conf:1: [stage-a\\u{202e}b] the stage name \"a\\u{202e}b\" is not valid \
+             (a stage name is one or more ASCII letters, digits, '.', '_' and '-')"
+        );
+        let errs =
+            raw::parse(std::path::Path::new("/g.conf"), "[pepsi]\n[stage-a b]\n").unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("/g.conf:2: section name \"stage-a b\""),
+            "{}",
+            errs[0]
         );
     }
 

@@ -12,6 +12,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::escape::Visible;
+
 /// Where a configuration value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {
@@ -35,7 +37,7 @@ impl fmt::Display for Origin {
         match self {
             Origin::File { path, line } => write!(f, "{}:{line}", path.display()),
             Origin::Override => f.write_str("pepsi.config_override"),
-            Origin::Address(a) => write!(f, "pepsi.settings for {a}"),
+            Origin::Address(a) => write!(f, "pepsi.settings for {}", Visible(a)),
             Origin::Default => f.write_str("default"),
         }
     }
@@ -66,16 +68,18 @@ impl ConfigError {
     }
 }
 
+/// A problem as one line. Overlay rows and per-address settings come from the
+/// database, so every part is shown escaped ([`Visible`]).
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:", self.origin)?;
         if let Some(section) = &self.section {
-            write!(f, " [{section}]")?;
+            write!(f, " [{}]", Visible(section))?;
         }
         if let Some(key) = &self.key {
-            write!(f, " {key}:")?;
+            write!(f, " {}:", Visible(key))?;
         }
-        write!(f, " {}", self.message)
+        write!(f, " {}", Visible(&self.message))
     }
 }
 
@@ -291,8 +295,8 @@ fn valid_key(key: &str) -> bool {
         && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// Is this a valid section name: letters, digits, `-`, `_`, `.`.
-fn valid_section(name: &str) -> bool {
+/// Is this a valid section name: one or more ASCII letters, digits, `-`, `_`, `.`.
+pub fn valid_section(name: &str) -> bool {
     !name.is_empty()
         && name
             .chars()

@@ -16,6 +16,7 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
 use crate::config::graph::OverrideRow;
+use crate::escape::Visible;
 
 /// How a database error should be handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,10 +230,12 @@ pub fn read_unlisted_settings(
 
 /// A one-line description of a database error: the server's message with its
 /// SQLSTATE, or the client's error with its causes ("error connecting to server: No
-/// such file or directory (os error 2)").
+/// such file or directory (os error 2)"), escaped ([`Visible`]).
 pub fn describe(err: &postgres::Error) -> String {
+    // The server's message can quote a value of a row (a stage, an address): shown
+    // escaped, like everything from the database.
     if let Some(db) = err.as_db_error() {
-        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        return format!("{} (SQLSTATE {})", Visible(db.message()), db.code().code());
     }
     let mut text = err.to_string();
     let mut source = err.source();
@@ -244,7 +247,7 @@ pub fn describe(err: &postgres::Error) -> String {
         }
         source = s.source();
     }
-    text
+    Visible(&text).to_string()
 }
 
 /// Where a connection goes, for messages: each host as `socket DIR/.s.PGSQL.PORT` or

@@ -36,6 +36,7 @@ use super::timers::{self, Clocks, Due, StageClock, WorkerClock};
 use super::verdict::End;
 use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
+use crate::escape::Visible;
 use crate::exit::{self, Failure};
 use crate::keeper::master::Master;
 use crate::privilege::Account;
@@ -334,9 +335,11 @@ impl Dispatcher {
                 }
             }
             Event::UnknownStages(list) => {
+                // These stage names come from rows, not from the configuration.
                 for (stage, count) in list {
+                    let stage = Visible(&stage);
                     log::warn!(
-                        "{count} pending rows are at stage {stage:?}, which has no [stage-{stage}] section; they are not claimed"
+                        "{count} pending rows are at stage \"{stage}\", which has no [stage-{stage}] section; they are not claimed"
                     );
                 }
             }

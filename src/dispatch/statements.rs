@@ -13,6 +13,7 @@ use super::ledger::Claim;
 use super::scheduler::ClaimRequest;
 use crate::db::pool::Connection;
 use crate::db::{self, sql};
+use crate::escape::Visible;
 
 /// Runs a guarded write over claims, one round trip: `statement` takes their ids,
 /// claimed stages and tokens as `$1`–`$3` and returns the rows it wrote.
@@ -92,7 +93,7 @@ pub fn claim(
     {
         log::warn!(
             "{}: message {} looped: claimed at a changed stage more than MAX_HOPS ({max_hops}) times; failed instead of run",
-            r.get::<_, String>(1),
+            Visible(&r.get::<_, String>(1)),
             r.get::<_, i64>(0)
         );
     }

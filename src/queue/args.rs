@@ -10,6 +10,7 @@ use std::ffi::{OsStr, OsString};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use crate::config::graph;
 use crate::exit::{EX_DATAERR, Failure};
 
 use super::PROGRAM;
@@ -273,6 +274,22 @@ fn address(what: &str, value: OsString) -> Result<String, Failure> {
     })
 }
 
+/// The stage a command moves or puts messages at (`--stage` of `requeue` and
+/// `inject`): a stage name the configuration could have a section for, else a usage
+/// error (64).
+fn stage_name(command: &str, stage: Option<String>) -> Result<String, Failure> {
+    let stage = stage
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| usage(format!("{command} needs --stage STAGE")))?;
+    if !graph::valid_stage_name(&stage) {
+        return Err(usage(format!(
+            "--stage {stage:?}: {}",
+            graph::STAGE_NAME_RULE
+        )));
+    }
+    Ok(stage)
+}
+
 /// A message id.
 fn id(value: &OsStr) -> Result<i64, Failure> {
     let text = value.to_string_lossy();
@@ -344,9 +361,7 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
                     Ok(false)
                 }
             })?;
-            let stage = stage
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| usage("requeue needs --stage STAGE"))?;
+            let stage = stage_name("requeue", stage)?;
             Ok(Command::Requeue { stage, ids, json })
         }
         "metrics" => {
@@ -478,9 +493,7 @@ fn parse_inject(args: &mut Args) -> Result<Command, Failure> {
             other => return Err(unexpected("inject", other)),
         }
     }
-    let stage = stage
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| usage("inject needs --stage STAGE"))?;
+    let stage = stage_name("inject", stage)?;
     let from = from.ok_or_else(|| {
         usage("inject needs the envelope sender: --from ADDRESS or -f ADDRESS ('' for the null sender)")
     })?;
@@ -757,6 +770,36 @@ mod tests {
         let err = parse(words, &[]).unwrap_err();
         assert_eq!(err.code, 65);
         assert!(err.message.starts_with("--from:"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_stage_to_move_or_inject_to_must_be_a_stage_name() {
+        for stage in [
+            "a b",
+            "x\u{1b}[2J",
+            "a\r\nb",
+            "a\u{202e}b",
+            "a\u{2028}b",
+            "é",
+        ] {
+            let err = parse(args(&["requeue", "--stage", stage, "5"]), &[]).unwrap_err();
+            assert_eq!(err.code, 64, "{stage:?}");
+            assert!(
+                err.message
+                    .contains("a stage name is one or more ASCII letters"),
+                "{}",
+                err.message
+            );
+            assert!(
+                !err.message
+                    .contains(['\u{1b}', '\r', '\u{202e}', '\u{2028}'])
+            );
+            let err =
+                parse(args(&["inject", "--stage", stage, "-f", "a@x", "r@y"]), &[]).unwrap_err();
+            assert_eq!(err.code, 64, "{stage:?}");
+        }
+        assert_eq!(code(&["requeue", "--stage", "", "5"]), 64);
+        assert!(parse(args(&["requeue", "--stage", "dkim.sign-2_b", "5"]), &[]).is_ok());
     }
 
     #[test]

@@ -1,5 +1,11 @@
 //! Text for people: ages, shortened values and aligned tables. Pure; used by the
 //! reading and repair commands of `pepsi-queue` when `--json` is not given.
+//!
+//! Values come from messages and the database, so whatever reaches the terminal through
+//! here is escaped ([`crate::escape`]): [`shown`] and [`one_line`] escape the values they
+//! shorten, and a [`Table`] escapes every cell it is given.
+
+use crate::escape::Visible;
 
 /// An age in seconds, short: `42s`, `12m05s`, `3h05m`, `2d04h`; `-` when unknown.
 pub fn age(seconds: f64) -> String {
@@ -15,28 +21,40 @@ pub fn age(seconds: f64) -> String {
     }
 }
 
-/// A value on one line, at most `max` characters: line breaks and tabs as spaces,
-/// other control characters dropped, and an ellipsis where it was cut.
-pub fn one_line(text: &str, max: usize) -> String {
-    let flat: String = text
-        .chars()
-        .filter_map(|c| match c {
-            '\n' | '\r' | '\t' => Some(' '),
-            c if c.is_control() => None,
-            c => Some(c),
-        })
-        .collect();
-    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-        cut.push('…');
-        cut
+/// A value on one line, at most `max` characters: escaped ([`Visible`]: line breaks as
+/// `\n`, ESC as `\u{1b}`), and cut with an ellipsis where it is longer, never inside
+/// an escape.
+pub fn shown(text: &str, max: usize) -> String {
+    let all = Visible(text).to_string();
+    if all.chars().count() <= max {
+        return all;
     }
+    let mut cut = String::new();
+    let mut used = 0;
+    let mut one = String::new();
+    for c in text.chars() {
+        one.clear();
+        let mut buf = [0; 4];
+        one.push_str(&Visible(c.encode_utf8(&mut buf)).to_string());
+        let width = one.chars().count();
+        if used + width > max.saturating_sub(1) {
+            break;
+        }
+        cut.push_str(&one);
+        used += width;
+    }
+    cut.push('…');
+    cut
 }
 
-/// An envelope sender for people: the null sender as `<>`.
+/// Free text on one line, at most `max` characters: each run of white space (line
+/// breaks and tabs included) as one space, then as [`shown`].
+pub fn one_line(text: &str, max: usize) -> String {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    shown(&flat, max)
+}
+
+/// An envelope sender for people: the null sender as `<>` (to be [`shown`]).
 pub fn sender(mail_from: &str) -> String {
     if mail_from.is_empty() {
         "<>".to_string()
@@ -70,10 +88,12 @@ impl Table {
         }
     }
 
-    /// Adds a row (as many cells as columns).
+    /// Adds a row (as many cells as columns), each cell escaped ([`Visible`]; a cell
+    /// escaped already stays as it is).
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.align.len());
-        self.rows.push(cells);
+        self.rows
+            .push(cells.iter().map(|c| Visible(c).to_string()).collect());
     }
 
     /// The number of rows without the header.
@@ -142,8 +162,22 @@ mod tests {
 
     #[test]
     fn one_line_flattens_and_cuts() {
-        assert_eq!(one_line("a\nb\tc\u{7}", 10), "a b c");
+        assert_eq!(one_line("a\nb\tc", 10), "a b c");
         assert_eq!(one_line("abcdefghijkl", 5), "abcd…");
+    }
+
+    #[test]
+    fn values_are_shown_escaped_and_cut_between_escapes() {
+        assert_eq!(one_line("a\nb\tc\u{7}", 10), "a b c\\u{7}");
+        assert_eq!(
+            shown("a\u{1b}[2J\r\nb\u{202e}c\u{2028}", 80),
+            "a\\u{1b}[2J\\r\\nb\\u{202e}c\\u{2028}"
+        );
+        assert_eq!(shown("ab\u{1b}cd", 7), "ab…", "the escape does not fit");
+        assert_eq!(shown("ab\u{1b}cde", 10), "ab\\u{1b}c…");
+        assert_eq!(shown("jörg", 4), "jörg");
+        assert_eq!(shown(&sender(""), 40), "<>");
+        assert_eq!(shown(&sender("a\r\n@x"), 40), "a\\r\\n@x");
     }
 
     #[test]
@@ -157,5 +191,11 @@ mod tests {
         t.row(vec!["in".into(), "3".into(), "".into()]);
         assert_eq!(t.render(), "NAME    N  NOTE\nrelay  12  x\nin      3\n");
         assert_eq!(t.len(), 2);
+        t.row(vec!["a\u{1b}".into(), "1".into(), "\n".into()]);
+        assert!(
+            t.render().ends_with("a\\u{1b}   1  \\n\n"),
+            "{}",
+            t.render()
+        );
     }
 }

@@ -1,12 +1,14 @@
 //! `pepsi-queue list` (one line per message, oldest first, like `mailq`) and
 //! `pepsi-queue show ID` (a message's columns and its state; the header block and body
-//! only when asked). Reads only.
+//! only when asked). Reads only. The text shows every value escaped
+//! ([`crate::escape`]); `--json` gives them exactly.
 
 use serde_json::{Value, json};
 
 use super::format::{self, Align, Table};
 use super::{Session, db_failure, emit, emit_json};
 use crate::db::sql;
+use crate::escape::{Visible, VisibleBytes, VisibleLines};
 use crate::exit::{EX_DATAERR, Failure};
 
 /// `list`'s filters.
@@ -94,19 +96,22 @@ pub fn list(session: &mut Session, filter: &Filter, json: bool) -> Result<(), Fa
         ("RECIPIENT", Align::Left),
         ("LAST ERROR", Align::Left),
     ]);
+    // Every value is shown escaped (the table escapes its cells, `shown` the values it
+    // shortens): a sender or stage name may hold terminal controls or line breaks.
     for l in &lines {
+        let first = format::shown(&l.first_rcpt, 50);
         let rcpt = if l.rcpts > 1 {
-            format!("{} (+{} more)", l.first_rcpt, l.rcpts - 1)
+            format!("{first} (+{} more)", l.rcpts - 1)
         } else {
-            l.first_rcpt.clone()
+            first
         };
         table.row(vec![
             l.id.to_string(),
             l.stage.clone(),
             l.status.clone(),
             format::age(l.age),
-            format::one_line(&format::sender(&l.mail_from), 40),
-            format::one_line(&rcpt, 50),
+            format::shown(&format::sender(&l.mail_from), 40),
+            rcpt,
             format::one_line(l.last_error.as_deref().unwrap_or(""), 60),
         ]);
     }
@@ -226,9 +231,12 @@ pub fn show(
     let field = |out: &mut Vec<u8>, name: &str, value: String| {
         out.extend_from_slice(format!("{name:<12} {value}\n").as_bytes());
     };
+    // Every value is shown escaped on its line; the state as pretty JSON (whose strings
+    // serde escapes but for the invisible formatting characters) keeps its line feeds,
+    // the content its line ends, and everything else is escaped.
     let text = |v: &Value| match v {
         Value::Null => "-".to_string(),
-        Value::String(s) => format::one_line(s, 200),
+        Value::String(s) => format::shown(s, 200),
         other => other.to_string(),
     };
     for (name, key) in [
@@ -244,9 +252,10 @@ pub fn show(
     field(
         &mut out,
         "sender",
-        format::sender(o["mail_from"].as_str().unwrap_or("")),
+        format::shown(&format::sender(o["mail_from"].as_str().unwrap_or("")), 200),
     );
-    field(&mut out, "recipients", rcpt_to.join(", "));
+    let recipients: Vec<String> = rcpt_to.iter().map(|r| Visible(r).to_string()).collect();
+    field(&mut out, "recipients", recipients.join(", "));
     for (name, key) in [
         ("auth user", "auth_user"),
         ("client ip", "client_ip"),
@@ -263,14 +272,16 @@ pub fn show(
         field(&mut out, name, text(&o[key]));
     }
     let pretty = serde_json::to_string_pretty(&state).unwrap_or_default();
-    out.extend_from_slice(format!("state\n{pretty}\n").as_bytes());
+    out.extend_from_slice(format!("state\n{}\n", VisibleLines(&pretty)).as_bytes());
     if with_headers {
         out.extend_from_slice(b"\nheader block:\n");
-        out.extend_from_slice(headers.as_deref().unwrap_or(b"(none)\n"));
+        let shown = headers.as_deref().map(|h| VisibleBytes(h).to_string());
+        out.extend_from_slice(shown.as_deref().unwrap_or("(none)\n").as_bytes());
     }
     if with_body {
         out.extend_from_slice(b"\nbody:\n");
-        out.extend_from_slice(body.as_deref().unwrap_or(b"(none)\n"));
+        let shown = body.as_deref().map(|b| VisibleBytes(b).to_string());
+        out.extend_from_slice(shown.as_deref().unwrap_or("(none)\n").as_bytes());
     }
     emit(&out)
 }

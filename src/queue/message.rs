@@ -1,15 +1,12 @@
 //! What `pepsi-queue inject` makes of its input before anything is written: the header
 //! block split from the body at the first empty line, the header block checked to be
 //! header fields, the `From:` address and the `Subject:` (RFC 2047 words decoded, with
-//! `mailparse`) extracted, and the envelope addresses checked.
+//! `mailparse`) extracted, and the envelope addresses checked (by [`crate::mailbox`]).
 //!
 //! Pure: bytes in, values or a reason out. The caller (`inject.rs`) refuses the
 //! message with exit 65 on any reason and writes nothing.
 
-use crate::db;
-
-/// The longest envelope address taken (RFC 5321's path limit, without the brackets).
-pub const MAX_ADDRESS: usize = 254;
+use crate::{db, mailbox};
 
 /// A message split and read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,85 +118,10 @@ pub fn read(message: &[u8]) -> Result<Message, String> {
     })
 }
 
-/// The characters of an unquoted local part besides letters and digits (RFC 5322
-/// `atext`); any non-ASCII character is taken too (RFC 6531).
-const ATEXT: &str = "!#$%&'*+-/=?^_`{|}~";
-
-fn check_local(local: &str) -> Result<(), String> {
-    if local.is_empty() {
-        return Err("the local part before @ is empty".into());
-    }
-    if let Some(inner) = local.strip_prefix('"') {
-        let Some(inner) = inner.strip_suffix('"') else {
-            return Err("a quoted local part must end with a double quote".into());
-        };
-        let mut escaped = false;
-        for c in inner.chars() {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => return Err("an unescaped double quote in the local part".into()),
-                _ => {}
-            }
-        }
-        return if escaped {
-            Err("the quoted local part ends in a backslash".into())
-        } else {
-            Ok(())
-        };
-    }
-    if local.starts_with('.') || local.ends_with('.') || local.contains("..") {
-        return Err("the local part has a misplaced dot".into());
-    }
-    match local
-        .chars()
-        .find(|&c| !(c.is_alphanumeric() || c == '.' || ATEXT.contains(c) || !c.is_ascii()))
-    {
-        Some(c) => Err(format!("{c:?} is not allowed in an unquoted local part")),
-        None => Ok(()),
-    }
-}
-
-fn check_domain(domain: &str) -> Result<(), String> {
-    if domain.is_empty() {
-        return Err("the domain after @ is empty".into());
-    }
-    if let Some(literal) = domain.strip_prefix('[') {
-        let ok = literal.strip_suffix(']').is_some_and(|inner| {
-            !inner.is_empty()
-                && inner
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':'))
-        });
-        return if ok {
-            Ok(())
-        } else {
-            Err(format!("{domain:?} is not an address literal"))
-        };
-    }
-    for label in domain.split('.') {
-        if label.is_empty() {
-            return Err(format!("the domain {domain:?} has an empty label"));
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err(format!(
-                "the domain {domain:?} has a label that starts or ends with a hyphen"
-            ));
-        }
-        if let Some(c) = label
-            .chars()
-            .find(|&c| !(c.is_alphanumeric() || c == '-' || !c.is_ascii()))
-        {
-            return Err(format!("{c:?} is not allowed in the domain {domain:?}"));
-        }
-    }
-    Ok(())
-}
-
 /// Checks an envelope address as given on the command line and returns it as stored:
-/// one pair of angle brackets removed; the empty address is the null sender, allowed
-/// only when `null_ok`. An address is `local@domain` or a bare local name (`root`);
-/// SMTPUTF8 (non-ASCII) addresses are taken.
+/// one pair of angle brackets removed, then judged by [`mailbox`] (`local@domain`,
+/// SMTPUTF8 non-ASCII taken); the empty address is the null sender, allowed only when
+/// `null_ok`.
 pub fn envelope_address(raw: &str, null_ok: bool) -> Result<String, String> {
     let address = raw
         .strip_prefix('<')
@@ -212,18 +134,7 @@ pub fn envelope_address(raw: &str, null_ok: bool) -> Result<String, String> {
             Err("a recipient cannot be empty".into())
         };
     }
-    if address.chars().count() > MAX_ADDRESS {
-        return Err(format!("longer than {MAX_ADDRESS} characters"));
-    }
-    if let Some(c) = address.chars().find(|c| c.is_control()) {
-        return Err(format!("contains the control character {c:?}"));
-    }
-    // The last @ ends the local part: a quoted local part may hold one itself.
-    let checked = match address.rfind('@') {
-        Some(at) => check_local(&address[..at]).and_then(|()| check_domain(&address[at + 1..])),
-        None => check_local(address),
-    };
-    checked.map(|()| address.to_string())
+    mailbox::check(address).map(|()| address.to_string())
 }
 
 #[cfg(test)]
@@ -294,7 +205,6 @@ mod tests {
         );
         assert_eq!(envelope_address("", true).unwrap(), "");
         assert_eq!(envelope_address("<>", true).unwrap(), "");
-        assert_eq!(envelope_address("root", false).unwrap(), "root");
         assert_eq!(
             envelope_address("jörg@bücher.example", false).unwrap(),
             "jörg@bücher.example"
@@ -318,5 +228,21 @@ mod tests {
             assert!(envelope_address(bad, false).is_err(), "{bad:?} passed");
         }
         assert!(envelope_address(&format!("{}@x", "a".repeat(260)), false).is_err());
+        // A mailbox has a domain: a bare local name is no envelope address.
+        assert!(
+            envelope_address("root", false)
+                .unwrap_err()
+                .contains("no @")
+        );
+        for (bad, why) in [
+            ("<a@x>, <evil@y>", "more than one @"),
+            ("a@x>, <evil@y", "more than one @"),
+            ("a\u{202e}b@x", "U+202E, a bidirectional control character"),
+            ("a@x\u{2028}y", "U+2028, a line or paragraph separator"),
+            ("<a@x\r\n>", "U+000D, a control character"),
+        ] {
+            let err = envelope_address(bad, true).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
     }
 }

@@ -8,6 +8,10 @@
 //! dispatcher holds its lock, and when it last flushed its statistics. `--output`
 //! writes a temporary file beside FILE, syncs it and renames it over FILE, so the
 //! collector never reads half a file.
+//!
+//! Label values are escaped as the format requires and, beyond it, their control and
+//! invisible formatting characters written out ([`crate::escape`]): a stage name read
+//! from a row may hold anything.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -15,14 +19,29 @@ use std::path::Path;
 
 use super::status::{DISPATCH_COUNTERS, STAGE_COUNTERS, Snapshot};
 use super::{Session, emit};
+use crate::escape::{self, Visible};
 use crate::exit::{EX_CANTCREAT, Failure};
 
-/// A label value escaped for the text format: backslash, double quote, line feed.
+/// A label value escaped for the text format: backslash, double quote and line feed
+/// as the format escapes them (`\\`, `\"`, `\n`), and every other character
+/// [`escape::must_escape`] marks in its escaped form ([`Visible`]) with that form's
+/// backslash escaped, so the value Prometheus reads shows `\u{1b}` where the stage
+/// name had ESC.
 fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if escape::must_escape(c) => {
+                out.push('\\');
+                out.push_str(&Visible(c.encode_utf8(&mut [0; 4])).to_string());
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A sample value: integers as such, floats in Rust's shortest form, non-finite ones
@@ -294,6 +313,16 @@ mod tests {
                 "{name} has no TYPE"
             );
         }
+    }
+
+    #[test]
+    fn label_values_show_controls_and_invisible_characters_escaped() {
+        assert_eq!(label("in"), "in");
+        assert_eq!(label("we\"ird\\\n"), "we\\\"ird\\\\\\n");
+        assert_eq!(
+            label("a\u{1b}[2J\r\u{202e}\u{2028}é"),
+            "a\\\\u{1b}[2J\\\\r\\\\u{202e}\\\\u{2028}é"
+        );
     }
 
     #[test]

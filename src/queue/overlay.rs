@@ -23,6 +23,7 @@ use crate::config::raw::join_errors;
 use crate::config::{Config, ConfigError, Origin};
 use crate::db::{self, sql};
 use crate::dispatch::check;
+use crate::escape::Visible;
 use crate::exit::{EX_DATAERR, Failure};
 
 use super::args::usage;
@@ -35,6 +36,12 @@ fn check_names(section: &str, key: &str) -> Result<(), Failure> {
     if name.is_empty() {
         return Err(usage(format!(
             "config: {section:?} is not a stage section; only [stage-NAME] sections can be set in the overlay"
+        )));
+    }
+    if !graph::valid_stage_name(name) {
+        return Err(usage(format!(
+            "config: {section:?}: {}",
+            graph::STAGE_NAME_RULE
         )));
     }
     let key_ok = key.starts_with(|c: char| c.is_ascii_uppercase())
@@ -138,7 +145,7 @@ pub fn change(
     }
     let what = match value {
         Some("") => format!("[{section}] {key} unset over the file (empty value in the overlay)"),
-        Some(v) => format!("[{section}] {key} = {v}"),
+        Some(v) => format!("[{section}] {key} = {}", Visible(v)),
         None => format!("[{section}] {key} removed from the overlay"),
     };
     emit(format!("{what}; the dispatcher reloads\n").as_bytes())
@@ -154,6 +161,8 @@ mod tests {
         assert!(check_names("stage-a", "FAIR_2").is_ok());
         assert_eq!(check_names("pepsi", "RUN_AS").unwrap_err().code, 64);
         assert_eq!(check_names("stage-", "NEXT").unwrap_err().code, 64);
+        assert_eq!(check_names("stage-a b", "NEXT").unwrap_err().code, 64);
+        assert_eq!(check_names("stage-a\u{1b}", "NEXT").unwrap_err().code, 64);
         assert_eq!(check_names("stage-a", "next").unwrap_err().code, 64);
         assert_eq!(check_names("stage-a", "").unwrap_err().code, 64);
     }

@@ -4,6 +4,8 @@
 //! its lock — all read in one read-only transaction, so the numbers agree.
 //!
 //! [`Snapshot::read`] is the only database access; everything else here is rendering.
+//! Stage names come from rows as well as from the configuration: the text shows them
+//! escaped (its tables escape every cell, [`crate::escape`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,6 +15,7 @@ use serde_json::{Value, json};
 use super::format::{Align, Table, age};
 use super::{Session, configured_stages, db_failure, emit, emit_json};
 use crate::db::{self, sql};
+use crate::escape::Visible;
 use crate::exit::Failure;
 
 /// The age buckets' lower bounds in seconds (the first bucket starts at 0).
@@ -360,7 +363,7 @@ pub fn to_text(s: &Snapshot) -> String {
     if !unknown.is_empty() {
         let list: Vec<String> = unknown
             .iter()
-            .map(|(stage, rows)| format!("{stage} ({rows})"))
+            .map(|(stage, rows)| format!("{} ({rows})", Visible(stage)))
             .collect();
         out.push_str(&format!(
             "\nrows at stages without a [stage-NAME] section are never claimed: {}\n",

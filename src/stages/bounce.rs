@@ -5,7 +5,9 @@
 //! no `RET`.
 //!
 //! A bounce is never bounced: a message from the null sender (a notification that
-//! could not be delivered) or a mailing-list copy is deleted. Otherwise the recipients
+//! could not be delivered) or a mailing-list copy is deleted, and so is one whose sender
+//! is not a single valid mailbox ([`crate::mailbox`]): the report goes to that sender
+//! alone, or to nobody. Otherwise the recipients
 //! whose RFC 3461 `NOTIFY` asks for failures (no `NOTIFY` asks for them; `NEVER` never
 //! does) get one report; none left, the message is deleted without one. The report and
 //! the deletion are one write ([`Outcome::Bounce`]).
@@ -22,6 +24,8 @@ use serde_json::{Map, Value};
 
 use super::dsn::{self, FailedRecipient, Report, Ret};
 use crate::config::{ConfigError, StageSection};
+use crate::escape::Visible;
+use crate::mailbox;
 use crate::worker::{
     Configured, Context, Load, Message, Notification, Outcome, Stage, StageError, required_next,
 };
@@ -82,6 +86,16 @@ impl Configured for ConfiguredBounce {
         }
         if message.list_copy() {
             log::info!("{stage}: message {id} is a mailing-list copy; discarded, never bounced");
+            return Ok(Outcome::Finish);
+        }
+        // The report goes to the sender alone: a sender that is not one mailbox (a
+        // list smuggled in with `>, <`, a line break, a bidirectional control) could
+        // address it to others, or forge its header, so it gets none.
+        if let Err(why) = mailbox::check(message.mail_from()) {
+            log::warn!(
+                "{stage}: message {id}: its sender <{}> is not a valid mailbox ({why}); discarded, never bounced",
+                Visible(message.mail_from())
+            );
             return Ok(Outcome::Finish);
         }
         let params = DsnParams::of(message);

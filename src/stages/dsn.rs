@@ -22,6 +22,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::escape;
+
 /// The longest line RFC 5322 allows, without its CRLF.
 const MAX_LINE: usize = 998;
 /// Field values taken from the message or its state are cut to this many bytes, so a
@@ -110,8 +112,8 @@ pub struct Written {
 
 /// The original, as far as it can be carried.
 struct Original {
-    /// The header block with CRLF line ends, without its blank line; `None` when it is
-    /// missing or not RFC 5322.
+    /// The header block with CRLF line ends, its last line's included, without its
+    /// blank line; `None` when it is missing or not RFC 5322.
     headers: Option<Vec<u8>>,
     /// The header block holds UTF-8 beyond ASCII (RFC 6532).
     utf8_headers: bool,
@@ -197,6 +199,12 @@ impl Original {
         let block = headers.and_then(crlf).map(|mut h| {
             while h.ends_with(b"\r\n\r\n") {
                 h.truncate(h.len() - 2);
+            }
+            // The block's last line keeps its line end, stored or not: the blank line
+            // written after it must end the header block, or the body's first lines
+            // would be read as fields of the attached message.
+            if !h.is_empty() && !h.ends_with(b"\r\n") {
+                h.extend_from_slice(b"\r\n");
             }
             h
         });
@@ -304,12 +312,19 @@ impl Lines {
 }
 
 /// A value from the message or its state, fit for one field or text line: control
-/// characters become spaces, the ends are trimmed and the length is cut to
-/// [`MAX_VALUE`] bytes on a character boundary.
+/// characters and the invisible formatting characters ([`escape::must_escape`]: line
+/// separators, bidirectional controls) become spaces, the ends are trimmed and the
+/// length is cut to [`MAX_VALUE`] bytes on a character boundary.
 fn clean(value: &str) -> String {
     let mut out: String = value
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || escape::must_escape(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect::<String>()
         .trim()
         .to_string();
@@ -550,9 +565,72 @@ mod tests {
     #[test]
     fn values_lose_control_characters_and_excess_length() {
         assert_eq!(clean(" a\r\nBcc: x\t"), "a  Bcc: x");
+        assert_eq!(
+            clean("a\u{2028}Bcc: x\u{202e}y\u{85}z\u{feff}"),
+            "a Bcc: x y z"
+        );
+        assert_eq!(clean("jörg@bücher.example"), "jörg@bücher.example");
         let long = "é".repeat(MAX_VALUE);
         let cut = clean(&long);
         assert!(cut.len() <= MAX_VALUE && cut.len() >= MAX_VALUE - 1);
+    }
+
+    /// A report on one recipient of an original with these headers and body.
+    fn report_of(headers: &[u8], body: &[u8], ret: Ret) -> Written {
+        let recipients = [FailedRecipient {
+            address: "bob@dest.example".into(),
+            original: None,
+            status: "5.0.0".into(),
+            diagnostic: None,
+        }];
+        write(&Report {
+            hostname: "mx.example",
+            sender: "alice@origin.example",
+            recipients: &recipients,
+            envid: None,
+            ret,
+            size_limit: 50_000,
+            arrived: None,
+            now: UNIX_EPOCH,
+            reason: "Delivery failed.",
+            unique: "1.2",
+            headers: Some(headers),
+            body: Some(body),
+        })
+    }
+
+    /// The third part's content (after its own header block) of a written report.
+    fn attached(written: &Written) -> Vec<u8> {
+        let body = &written.body;
+        let boundary = b"\r\n--=_pepsi-report-1.2-0\r\n";
+        let start = body
+            .windows(boundary.len())
+            .enumerate()
+            .filter(|(_, w)| *w == boundary)
+            .nth(2)
+            .map(|(i, _)| i + boundary.len())
+            .expect("a third part");
+        let end = body.len() - b"\r\n--=_pepsi-report-1.2-0--\r\n".len();
+        let part = &body[start..end];
+        let blank = part.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        part[blank + 4..].to_vec()
+    }
+
+    #[test]
+    fn a_header_block_without_its_last_line_end_still_ends_before_the_body() {
+        for stored in [&b"Subject: x\r\nFrom: a@b"[..], b"Subject: x\nFrom: a@b"] {
+            let whole = report_of(stored, b"Bcc: evil@y\r\nbody\r\n", Ret::Full);
+            assert_eq!(whole.attached, Attached::Message);
+            assert_eq!(
+                attached(&whole),
+                b"Subject: x\r\nFrom: a@b\r\n\r\nBcc: evil@y\r\nbody\r\n"
+            );
+            let headers = report_of(stored, b"Bcc: evil@y\r\n", Ret::Headers);
+            assert_eq!(headers.attached, Attached::Headers);
+            assert_eq!(attached(&headers), b"Subject: x\r\nFrom: a@b\r\n");
+        }
+        let complete = report_of(b"Subject: x\r\n", b"body\r\n", Ret::Full);
+        assert_eq!(attached(&complete), b"Subject: x\r\n\r\nbody\r\n");
     }
 
     #[test]

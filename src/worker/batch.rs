@@ -27,6 +27,7 @@ use super::writes::{Plan, Write};
 use super::{Load, Message};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
+use crate::escape::Visible;
 use crate::exit::{self, Failure};
 use crate::protocol;
 
@@ -203,7 +204,9 @@ impl Worker {
     fn plan_row(&mut self, conn: &mut PgConn, id: i64, row: &postgres::Row, loaded: Load) -> Plan {
         let status: String = row.get(col::STATUS);
         if status != "running" {
+            // The row's stage, as any writer of the queue left it.
             let stage: String = row.get(col::STAGE);
+            let stage = Visible(&stage);
             log::warn!("{stage}: message {id} is {status}, not running; left alone");
             return Plan::answer_only(id, protocol::STATUS_OK);
         }
@@ -227,13 +230,19 @@ impl Worker {
             Ok(claim) => claim,
             Err(e) => {
                 log::warn!(
-                    "{stage}: message {id} cannot be read ({why}), nor can its claim token ({e}); \
-                     nothing written, the row is left running"
+                    "{}: message {id} cannot be read ({}), nor can its claim token ({e}); \
+                     nothing written, the row is left running",
+                    Visible(&stage),
+                    Visible(&why)
                 );
                 return Plan::answer_only(id, protocol::STATUS_OK);
             }
         };
-        log::warn!("{stage}: message {id}: permanent error, failing it: {why}");
+        log::warn!(
+            "{}: message {id}: permanent error, failing it: {}",
+            Visible(&stage),
+            Visible(&why)
+        );
         failing_plan(id, stage, claim, "permanent", why)
     }
 }
@@ -329,16 +338,25 @@ fn unloadable(conn: &mut PgConn, id: i64, err: &postgres::Error) -> Plan {
             let stage: String = row.get(0);
             let status: String = row.get(1);
             if status != "running" {
-                log::warn!("{stage}: message {id} is {status}, not running; left alone ({why})");
+                log::warn!(
+                    "{}: message {id} is {status}, not running; left alone ({})",
+                    Visible(&stage),
+                    Visible(&why)
+                );
                 return Plan::answer_only(id, protocol::STATUS_OK);
             }
-            log::warn!("{stage}: message {id}: {why}; failing it as unreadable");
+            log::warn!(
+                "{}: message {id}: {}; failing it as unreadable",
+                Visible(&stage),
+                Visible(&why)
+            );
             failing_plan(id, stage, row.get(2), "unreadable", why)
         }
         Err(e) => {
             let answer = status_for(db::classify(&e));
             log::warn!(
-                "message {id}: {why}; nor can its claim be read: {}; answering {answer}",
+                "message {id}: {}; nor can its claim be read: {}; answering {answer}",
+                Visible(&why),
                 db::describe(&e)
             );
             Plan::answer_only(id, answer)

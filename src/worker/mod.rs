@@ -27,6 +27,7 @@ pub use message::Message;
 
 use crate::config::{ConfigError, PepsiOptions, StageSection};
 use crate::db::{self, ErrorKind};
+use crate::escape::Visible;
 
 /// What a stage needs loaded besides the row's metadata (envelope, From:, Subject:,
 /// state). Ordered: a stage may run on a row loaded with at least what it needs.
@@ -132,9 +133,11 @@ impl StageError {
     }
 }
 
+/// The message for a log line: escaped ([`Visible`]), since it can quote a program's
+/// output or a correspondent's setting.
 impl fmt::Display for StageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        Visible(&self.message).fmt(f)
     }
 }
 

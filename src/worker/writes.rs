@@ -20,6 +20,7 @@ use super::runtime::Worker;
 use super::{Message, Notification};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
+use crate::escape::Visible;
 use crate::protocol::{self, StageTime};
 
 /// What a batch entry writes.
@@ -203,7 +204,7 @@ impl Worker {
                     "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
                     plan.claimed,
                     plan.id,
-                    n.recipient,
+                    Visible(&n.recipient),
                     n.stage
                 );
                 plan.write = Write::Nothing;
@@ -301,17 +302,19 @@ fn pause_or_fail_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error
             match row.get::<_, Option<i64>>(1) {
                 Some(minutes) => {
                     log::warn!(
-                        "{}: message {}: {error}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, paused for {minutes} min",
+                        "{}: message {}: {}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, paused for {minutes} min",
                         plan.claimed,
-                        plan.id
+                        plan.id,
+                        Visible(&error)
                     );
                     protocol::STATUS_OK
                 }
                 None => {
                     log::warn!(
-                        "{}: message {}: {error}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, failing it as unwritable",
+                        "{}: message {}: {}; attempt {attempt} of {UNWRITABLE_ATTEMPTS}, failing it as unwritable",
                         plan.claimed,
-                        plan.id
+                        plan.id,
+                        Visible(&error)
                     );
                     protocol::STATUS_EXHAUSTED
                 }
@@ -319,17 +322,19 @@ fn pause_or_fail_unwritten(conn: &mut PgConn, plan: &Plan, err: &postgres::Error
         }
         Ok(None) => {
             log::warn!(
-                "{}: message {}: {error}; it was no longer running there",
+                "{}: message {}: {}; it was no longer running there",
                 plan.claimed,
-                plan.id
+                plan.id,
+                Visible(&error)
             );
             protocol::STATUS_OK
         }
         Err(e) => {
             log::warn!(
-                "{}: message {}: {error}; cannot pause it either: {}",
+                "{}: message {}: {}; cannot pause it either: {}",
                 plan.claimed,
                 plan.id,
+                Visible(&error),
                 db::describe(&e)
             );
             status_for(db::classify(&e))
@@ -368,9 +373,10 @@ fn fail_in_place(conn: &mut PgConn, plan: &mut Plan, class: &str, error: &str) {
             // Nothing was written; the dispatcher defers the row and it is loaded again.
             let answer = status_for(db::classify(&e));
             log::warn!(
-                "{}: message {}: cannot fail it ({class}: {error}): {}; answering {answer}",
+                "{}: message {}: cannot fail it ({class}: {}): {}; answering {answer}",
                 plan.claimed,
                 plan.id,
+                Visible(&error),
                 db::describe(&e)
             );
             plan.answer = answer;

@@ -534,6 +534,118 @@ fn a_bounce_or_a_list_copy_is_never_bounced() {
 }
 
 #[test]
+fn a_sender_that_is_not_one_valid_mailbox_gets_no_report_and_its_row_is_deleted() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-sender");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    let senders = [
+        // A second recipient smuggled into the report's To:.
+        "a@x>, <evil@y.example",
+        // A header line of its own.
+        "a@x.example\r\nBcc: evil@y.example",
+        // Text that reads backwards, and a line separator.
+        "a\u{202e}moc.elpmaxe@x.example",
+        "a@x.example\u{2028}Bcc: evil@y.example",
+        "a\u{1b}[2J@x.example",
+        "root",
+    ];
+    let mut ids = Vec::new();
+    for from in senders {
+        let id = at_bounce(
+            &mut c,
+            &Original::simple(json!({"failure_class": "permanent"})),
+        );
+        // Set afterwards, as any writer of the queue could have left it.
+        c.execute(
+            "UPDATE pepsi.workqueue SET mail_from = $2 WHERE workqueue_id = $1",
+            &[&id, &from],
+        )
+        .unwrap();
+        ids.push(id);
+    }
+    let mut w = Worker::ready(&stage("bounce"), &conf);
+    for line in w.run(&ids) {
+        assert_eq!(code(&line), 0, "{line}");
+    }
+    let (status, log) = w.finish();
+    assert!(status.success(), "{log}");
+    for (id, from) in ids.iter().zip(senders) {
+        assert_eq!(row_at(&mut c, *id), None, "{from:?}: the row is gone");
+        assert!(dsn_of(&mut c, *id).is_none(), "{from:?}: no report");
+        let said = log
+            .lines()
+            .find(|l| l.contains(&format!("message {id}: its sender <")))
+            .unwrap_or_else(|| panic!("no line for message {id} ({from:?}):\n{log}"));
+        assert!(said.contains("not a valid mailbox"), "{said}");
+    }
+    assert_eq!(queue_len(&mut c), 0, "nothing was queued");
+    for shown in [
+        "<a@x>, <evil@y.example>",
+        "<a@x.example\\r\\nBcc: evil@y.example>",
+        "<a\\u{202e}moc.elpmaxe@x.example>",
+        "<a@x.example\\u{2028}Bcc: evil@y.example>",
+        "<a\\u{1b}[2J@x.example>",
+    ] {
+        assert!(log.contains(shown), "{shown} in:\n{log}");
+    }
+    assert!(
+        !log.contains(['\r', '\u{1b}', '\u{202e}', '\u{2028}']),
+        "the log shows the senders escaped:\n{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("Bcc:")),
+        "no forged log line:\n{log}"
+    );
+}
+
+#[test]
+fn a_header_block_without_its_last_line_end_keeps_the_body_out_of_the_attached_headers() {
+    let db = TestDb::new();
+    let dir = TempDir::new("bounce-block-end");
+    let conf = config(&dir, &db, "");
+    let mut c = db.client();
+    // Stored without the line end of its last line; the body's first lines look like
+    // header fields.
+    let headers = b"From: Alice <alice@origin.example>\r\nSubject: Quarterly figures";
+    let body = b"Bcc: evil@elsewhere.example\r\nX-Injected: yes\r\n\r\nThe figures.\r\n";
+    for (ret, kind) in [("FULL", "message/rfc822"), ("HDRS", "text/rfc822-headers")] {
+        let id = at_bounce(
+            &mut c,
+            &Original {
+                headers: Some(headers),
+                body: Some(body),
+                ..Original::simple(json!({"failure_class": "permanent", "dsn": {"ret": ret}}))
+            },
+        );
+        bounce(&conf, &[id]);
+        let p = parse(&dsn_of(&mut c, id).expect("a report").raw);
+        assert_eq!(p.parts[2].0, kind, "RET={ret}");
+        let attached = &p.parts[2].2;
+        let fields = if kind == "message/rfc822" {
+            let original = MessageParser::default().parse(attached).unwrap();
+            assert_eq!(original.subject(), Some("Quarterly figures"));
+            let text = original.body_text(0).expect("a body");
+            assert!(
+                text.starts_with("Bcc: evil@elsewhere.example\r\nX-Injected: yes"),
+                "the body stays the body: {text:?}"
+            );
+            original
+                .headers_raw()
+                .map(|(n, _)| n.to_string())
+                .collect::<Vec<_>>()
+        } else {
+            assert!(
+                !String::from_utf8_lossy(attached).contains("evil"),
+                "no body in the header part"
+            );
+            fields_of(attached).into_iter().map(|(n, _)| n).collect()
+        };
+        assert_eq!(fields, ["From", "Subject"], "RET={ret}");
+    }
+}
+
+#[test]
 fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
     let db = TestDb::new();
     let dir = TempDir::new("bounce-again");

@@ -255,6 +255,39 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
 }
 
 #[test]
+fn the_move_line_shows_the_rows_stage_escaped() {
+    let db = TestDb::new();
+    let dir = TempDir::new("fb-escaped");
+    let conf = config(&dir, &db);
+    let mut c = db.client();
+    let id = failed_at(&mut c, "a", "failed");
+    // A stage that a writer of the queue set: a terminal control, a forged log line, a
+    // right-to-left override and a line separator.
+    let odd = "a\u{1b}[2J\r\n2026-12-03 INFO forged\u{202e}x\u{2028}y";
+    c.execute(
+        "UPDATE pepsi.workqueue SET stage = $2 WHERE workqueue_id = $1",
+        &[&id, &odd],
+    )
+    .unwrap();
+    let log = sweep(&conf, &[]);
+    assert_eq!(row_at(&mut c, id), at("bounce", "pending"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "message {id} (failed at stage a\\u{{1b}}[2J\\r\\n2026-12-03 INFO forged\\u{{202e}}x\\u{{2028}}y, failed) moved to bounce stage bounce"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains(['\u{1b}', '\r', '\u{202e}', '\u{2028}']),
+        "{log:?}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-12-03 INFO forged")),
+        "{log}"
+    );
+}
+
+#[test]
 fn a_sweep_sends_one_notification_per_batch_and_none_when_nothing_moved() {
     let db = TestDb::new();
     let dir = TempDir::new("fb-notify");

@@ -388,6 +388,60 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
 }
 
 #[test]
+fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-stage-name");
+    let conf = config(
+        &dir,
+        &db,
+        &format!("{GOOD}\n[stage-re lay]\nPROGRAM = {{discard}}\n"),
+    );
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let line = line_of(&conf, "[stage-re lay]");
+    assert!(
+        stdout(&out).contains(&format!(
+            "error: {}:{line}: section name \"stage-re lay\" is not valid",
+            conf.display()
+        )),
+        "{}",
+        both(&out)
+    );
+
+    // The overlay's rows: a stage whose name would drive a terminal, and one with a
+    // line break, each refused naming its row, shown escaped.
+    let conf = config(&dir, &db, GOOD);
+    let pass = stage("pass");
+    let mut c = db.client();
+    for section in ["stage-ev\u{1b}[2Jil", "stage-a\r\nfake"] {
+        c.execute(
+            "INSERT INTO pepsi.config_override VALUES ($1, 'PROGRAM', $2)",
+            &[&section, &pass.to_str().unwrap()],
+        )
+        .unwrap();
+    }
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    for (section, name) in [
+        ("stage-ev\\u{1b}[2Jil", "\"ev\\u{1b}[2Jil\""),
+        ("stage-a\\r\\nfake", "\"a\\r\\nfake\""),
+    ] {
+        assert!(
+            text.contains(&format!(
+                "error: pepsi.config_override: [{section}] PROGRAM: the stage name {name} is not \
+                 valid (a stage name is one or more ASCII letters, digits, '.', '_' and '-')"
+            )),
+            "{section}: {}",
+            both(&out)
+        );
+    }
+    assert!(!text.contains(['\u{1b}', '\r']), "{}", both(&out));
+    let status = serve_at_start(&conf).status;
+    assert_eq!(status.code(), Some(1), "an invalid graph at start");
+}
+
+#[test]
 fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
     let db = TestDb::new();
     let dir = TempDir::new("c-reload");

@@ -703,6 +703,144 @@ fn list_is_oldest_first_and_filters_and_limits() {
     expect(&queue(&conf, &["list", "--status", "stuck"]), 64);
 }
 
+/// A stage name and a sender that hold a terminal control (ESC), a line break, a
+/// right-to-left override and a line separator, and how the text output shows them.
+const ODD_STAGE: &str = "ev\u{1b}[2J\r\nil\u{202e}x\u{2028}y";
+const ODD_STAGE_SHOWN: &str = "ev\\u{1b}[2J\\r\\nil\\u{202e}x\\u{2028}y";
+const ODD_SENDER: &str = "a\u{1b}[1m\r\n\u{202e}\u{2028}@x";
+const ODD_SENDER_SHOWN: &str = "a\\u{1b}[1m\\r\\n\\u{202e}\\u{2028}@x";
+
+/// A row at [`ODD_STAGE`] from [`ODD_SENDER`], set by SQL as any writer of the queue
+/// could.
+fn odd_row(c: &mut Client) -> i64 {
+    let id = inject(c, "in", "a@x.example", &["r@y.example"]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET stage = $2, mail_from = $3, \
+                state = jsonb_build_object('last_error', $4::text) WHERE workqueue_id = $1",
+        &[&id, &ODD_STAGE, &ODD_SENDER, &"boom\u{1b}]0;owned\u{7}"],
+    )
+    .unwrap();
+    id
+}
+
+/// Asserts that `text` holds none of the characters the odd values hold raw.
+#[track_caller]
+fn nothing_raw(text: &str) {
+    for c in ['\u{1b}', '\r', '\u{202e}', '\u{2028}', '\u{7}'] {
+        assert!(!text.contains(c), "{c:?} raw in:\n{text}");
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("il")),
+        "a line break of a value made a line:\n{text}"
+    );
+}
+
+#[test]
+fn list_status_and_show_print_senders_and_stages_escaped() {
+    let db = TestDb::new();
+    let dir = TempDir::new("q-escaped");
+    let conf = config(&dir, &db);
+    let mut c = db.client();
+    let id = odd_row(&mut c);
+
+    let out = queue(&conf, &["list"]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    nothing_raw(&text);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&id.to_string()))
+        .unwrap_or_else(|| panic!("no line for {id}:\n{text}"));
+    assert!(line.contains(ODD_STAGE_SHOWN), "{line}");
+    assert!(line.contains(ODD_SENDER_SHOWN), "{line}");
+    assert!(line.contains("boom\\u{1b}]0;owned\\u{7}"), "{line}");
+
+    let out = queue(&conf, &["status"]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    nothing_raw(&text);
+    assert!(
+        text.contains(&format!("{ODD_STAGE_SHOWN} (no section)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("are never claimed: {ODD_STAGE_SHOWN} (1)")),
+        "{text}"
+    );
+
+    let out = queue(&conf, &["show", &id.to_string()]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    nothing_raw(&text);
+    assert!(
+        text.contains(&format!("stage        {ODD_STAGE_SHOWN}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("sender       {ODD_SENDER_SHOWN}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"last_error\": \"boom\\u001b]0;owned\\u0007\""),
+        "{text}"
+    );
+    // The header block keeps its line ends (CRLF here) and nothing else raw.
+    c.execute(
+        "UPDATE pepsi.workqueue_body b SET body = convert_to(E'Hi\\x1b[2J\\r\\nthere\\u202e\\r\\n', 'UTF8') \
+           FROM pepsi.workqueue q WHERE q.workqueue_id = $1 AND b.body_id = q.body_id",
+        &[&id],
+    )
+    .unwrap();
+    let out = queue(&conf, &["show", &id.to_string(), "--headers", "--body"]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    assert!(text.contains("header block:\nSubject: test\r\n"), "{text}");
+    assert!(
+        text.contains("body:\nHi\\u{1b}[2J\r\nthere\\u{202e}\r\n"),
+        "{text}"
+    );
+    nothing_raw(&text.replace("\r\n", "\n"));
+
+    // The JSON gives the values exactly.
+    let j = json(&queue(&conf, &["list", "--json"]));
+    assert_eq!(j["messages"][0]["stage"], ODD_STAGE);
+    assert_eq!(j["messages"][0]["mail_from"], ODD_SENDER);
+}
+
+#[test]
+fn requeue_and_inject_refuse_a_stage_that_is_no_stage_name() {
+    let db = TestDb::new();
+    let dir = TempDir::new("q-stage-name");
+    let conf = config(&dir, &db);
+    let mut c = db.client();
+    let id = inject(&mut c, "in", "a@x.example", &["r@y.example"]);
+    for stage in ["re\u{1b}[2Jlay", "relay\r\nfake", "a b"] {
+        let out = queue(&conf, &["requeue", "--stage", stage, &id.to_string()]);
+        expect(&out, 64);
+        assert!(
+            stderr(&out).contains("a stage name is one or more ASCII letters"),
+            "{}",
+            both(&out)
+        );
+        nothing_raw(&stderr(&out));
+        let out = queue_in(
+            &conf,
+            &os(&[
+                "inject",
+                "--stage",
+                stage,
+                "-f",
+                "a@x.example",
+                "r@y.example",
+            ]),
+            b"Subject: x\n\nbody\n",
+        );
+        expect(&out, 64);
+    }
+    assert_eq!(row_at(&mut c, id), Some(("in".into(), "pending".into())));
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pepsi.workqueue"), 1);
+}
+
 #[test]
 fn show_gives_the_row_and_its_state_and_the_content_only_on_request() {
     let db = TestDb::new();
@@ -1141,6 +1279,45 @@ fn metrics_pass_promtool_and_match_the_tables() {
     assert_eq!(m["pepsi_dispatch_stats_updated_timestamp_seconds"], updated);
     assert!(m["pepsi_dispatch_stats_age_seconds"] >= 29.0);
     assert_eq!(m["pepsi_dispatcher_up"], 0.0);
+}
+
+#[test]
+fn metrics_show_a_stage_name_escaped_and_pass_promtool() {
+    let db = TestDb::new();
+    let dir = TempDir::new("q-metrics-escaped");
+    let conf = config(&dir, &db);
+    let mut c = db.client();
+    odd_row(&mut c);
+    let out = queue(&conf, &["metrics"]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    if let Some(check) = promtool_check(&text) {
+        assert!(
+            check.status.success() && check.stdout.is_empty() && check.stderr.is_empty(),
+            "promtool check metrics:\n{}\n{}\n---\n{text}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    // Backslash, double quote and line feed as the format escapes them; the others
+    // written out, their backslash escaped, so Prometheus reads `\u{1b}` and so on.
+    let label = "stage=\"ev\\\\u{1b}[2J\\\\r\\nil\\\\u{202e}x\\\\u{2028}y\"";
+    let m = samples(&text);
+    assert_eq!(
+        m.get(&format!(
+            "pepsi_queue_messages{{{label},status=\"pending\"}}"
+        )),
+        Some(&1.0),
+        "{text}"
+    );
+    for c in ['\u{1b}', '\r', '\u{202e}', '\u{2028}'] {
+        assert!(!text.contains(c), "{c:?} raw in:\n{text}");
+    }
+    assert!(
+        text.lines()
+            .all(|l| l.starts_with("# ") || l.starts_with("pepsi_")),
+        "every line a comment or a sample:\n{text}"
+    );
 }
 
 #[test]
