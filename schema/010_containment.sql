@@ -60,7 +60,7 @@ COMMENT ON FUNCTION pepsi.set_inject_stages(text[]) IS
 --     " and \, or non-ASCII, with \ before a printable ASCII character as a quoted pair);
 --   Domain: labels of 1 to 63 octets of letters, digits, hyphens or non-ASCII
 --     characters, neither starting nor ending with a hyphen, joined by dots; or an
---     address literal [d.d.d.d] or [IPv6:…];
+--     address literal [d.d.d.d] (each 0 to 255) or [IPv6: hex digits, ':' and '.'];
 --   nowhere a control character (C0, DEL, C1), a bidirectional or invisible formatting
 --   character (U+061C, U+200B–U+200F, U+202A–U+202E, U+2060–U+2064, U+2066–U+2069,
 --   U+FEFF, U+FFF9–U+FFFB) or a line or paragraph separator (U+2028, U+2029).
@@ -106,14 +106,8 @@ BEGIN
             END IF;
             RETURN NULL;
         END IF;
-        IF v_domain ~* '^\[IPv6:[0-9a-f:.]+\]$' THEN
-            BEGIN
-                IF family(substr(v_domain, 7, length(v_domain) - 7)::inet) = 6 THEN
-                    RETURN NULL;
-                END IF;
-            EXCEPTION WHEN invalid_text_representation THEN
-                NULL;
-            END;
+        IF v_domain ~ '^\[IPv6:[0-9A-Fa-f:.]+\]$' THEN
+            RETURN NULL;
         END IF;
         RETURN 'has an address literal that is neither [d.d.d.d] nor [IPv6:…]';
     END IF;

@@ -41,6 +41,20 @@ pub const CLOSE_PUBLIC_SCHEMA: &str = "REVOKE CREATE ON SCHEMA public FROM PUBLI
 /// nothing when it did not.
 pub const SET_INJECT_STAGES: &str = "SELECT pepsi.set_inject_stages($1::text[])";
 
+/// The schemas a Pepsi session resolves names through — `pepsi`, `pg_catalog`, and
+/// those of the default `search_path` (`public`, and the session user's own) that a
+/// session of a foreign worker or of `psql` would use — in which a role other than the
+/// schema's owner and the superusers may create objects: each (schema, role). The
+/// roles judged are $1 (text[]: the group roles) and the session's own. Reads only.
+pub const CREATABLE_SCHEMAS: &str = "SELECT n.nspname::text, r.rolname::text \
+       FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r \
+      WHERE (r.rolname = ANY ($1::text[]) OR r.rolname = session_user) \
+        AND (n.nspname IN ('pepsi', 'pg_catalog', 'public') OR n.nspname = session_user) \
+        AND NOT r.rolsuper \
+        AND r.oid <> (SELECT p.nspowner FROM pg_catalog.pg_namespace p WHERE p.nspname = 'pepsi') \
+        AND pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE') \
+      ORDER BY 1, 2";
+
 /// Serialises concurrent `pepsi-setup` runs until commit. $1 the key (int8).
 pub const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 

@@ -294,6 +294,10 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         .cloned()
         .collect();
 
+    // Started as root, the dispatcher runs exec commands as their stages' USER through
+    // its keeper master; otherwise as its own account (SPEC §4 "Containment").
+    // SAFETY: geteuid has no preconditions.
+    let as_root = unsafe { libc::geteuid() } == 0;
     let account = match Account::lookup(&run_as) {
         Ok(a) => Some(a),
         Err(e) => {
@@ -321,11 +325,17 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     }
 
     let (overlay, mut client) = read_database(&dispatch, &mut found);
+    if let Some(c) = client.as_mut() {
+        check_schemas(c, &mut found);
+    }
     if worker.1 != dispatch.1 {
         // The workers connect as another role: they must reach the database, see the
         // schema and read the overlay too, or every stage would refuse to start. The
         // settings are the workers' to read: checked on their connection.
-        let (_, workers) = read_database(&worker, &mut found);
+        let (_, mut workers) = read_database(&worker, &mut found);
+        if let Some(c) = workers.as_mut() {
+            check_schemas(c, &mut found);
+        }
         client = workers;
     }
     let overlay = with_rows(overlay, extra);
@@ -375,6 +385,11 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     for stage in &checked {
         if let Err(e) = program_runs(&stage.program, account.as_ref()) {
             found.add_errors([stage.section.error("PROGRAM", e)]);
+        }
+        if stage.section.get("COMMAND").is_some() {
+            if let Err(e) = command_account(stage.section.get("USER"), &run_as, as_root) {
+                found.add_errors([stage.section.error("USER", e)]);
+            }
         }
     }
     if let Some(mut client) = client {
@@ -444,6 +459,53 @@ fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, fou
         found.warnings.push(format!(
             "pepsi.settings: {more} more rows are ignored likewise (not listed)"
         ));
+    }
+}
+
+/// Whether a stage's command can run as its `USER`: started as root, the account
+/// [`crate::keeper::exec_account`] accepts (it exists, and is neither root nor
+/// `RUN_AS`); otherwise `USER` absent or the current account, since nothing may switch.
+fn command_account(user: Option<&str>, run_as: &str, as_root: bool) -> Result<(), String> {
+    if as_root {
+        return crate::keeper::exec_account(user, run_as).map(drop);
+    }
+    match (user, crate::privilege::current_account()) {
+        (None, _) => Ok(()),
+        (Some(u), Some(me)) if u == me => Ok(()),
+        (Some(u), me) => Err(format!(
+            "{u} cannot be switched to: not started as root, the dispatcher runs commands as \
+             its own account ({}); leave USER out or name that account",
+            me.unwrap_or_else(|| "unnamed".into())
+        )),
+    }
+}
+
+/// Reports every schema a Pepsi session resolves names through in which a Pepsi role
+/// (a group role, or the session's own login) other than the schema's owner may create
+/// objects (SPEC §4 "Containment"): an operator or function planted there would run in
+/// other roles' sessions. Each is an error with the statement that closes it.
+fn check_schemas(client: &mut Client, found: &mut Findings) {
+    let roles: Vec<&str> = DbRole::ALL.iter().map(|r| r.group_role()).collect();
+    match client.query(db::sql::CREATABLE_SCHEMAS, &[&roles]) {
+        Ok(rows) => {
+            for row in rows {
+                let (schema, role): (String, String) = (row.get(0), row.get(1));
+                let text = format!(
+                    "database: role {role} may create objects in schema {schema}, which \
+                     sessions resolve names through (an operator or function planted \
+                     there would run in other roles' sessions); run REVOKE CREATE ON \
+                     SCHEMA {schema} FROM {} as its owner or a superuser",
+                    if schema == "public" { "PUBLIC" } else { &role }
+                );
+                if !found.errors.contains(&text) {
+                    found.errors.push(text);
+                }
+            }
+        }
+        Err(e) => found.errors.push(format!(
+            "database: cannot check who may create in the schemas sessions use: {}",
+            db::describe(&e)
+        )),
     }
 }
 

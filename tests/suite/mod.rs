@@ -4,6 +4,7 @@ mod batching;
 mod bounce;
 mod bouncer;
 mod config_check;
+mod containment;
 mod dispatch;
 mod fair;
 mod fair_sql;

@@ -1445,7 +1445,13 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
     expect(
         &queue(
             &conf,
-            &["config", "set", "stage-new", "PROGRAM", "pepsi-stage-pass"],
+            &[
+                "config",
+                "set",
+                "stage-new",
+                "PROGRAM",
+                "pepsi-stage-discard",
+            ],
         ),
         0,
     );
@@ -1465,7 +1471,7 @@ fn config_set_and_unset_check_the_resulting_graph_before_writing() {
             (
                 "stage-new".into(),
                 "PROGRAM".into(),
-                "pepsi-stage-pass".into()
+                "pepsi-stage-discard".into()
             ),
         ]
     );

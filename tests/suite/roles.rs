@@ -26,16 +26,16 @@ use crate::util::{
 };
 
 /// The login roles of the tests, one per group role.
-fn dispatch_login() -> String {
+pub(super) fn dispatch_login() -> String {
     login_role("pepsi_t_dispatch", &["pepsi_dispatch"])
 }
-fn worker_login() -> String {
+pub(super) fn worker_login() -> String {
     login_role("pepsi_t_worker", &["pepsi_worker"])
 }
-fn admin_login() -> String {
+pub(super) fn admin_login() -> String {
     login_role("pepsi_t_admin", &["pepsi_admin"])
 }
-fn inject_login() -> String {
+pub(super) fn inject_login() -> String {
     login_role("pepsi_t_inject", &["pepsi_inject"])
 }
 
@@ -325,6 +325,10 @@ fn an_injector_may_only_inject() {
     let db = TestDb::new();
     let mut owner = db.client();
     let existing = inject(&mut owner, "s", "a@x.example", &["r@y.example"]);
+    // An entry stage (schema 10): injectors may inject there only.
+    owner
+        .execute(sql::SET_INJECT_STAGES, &[&vec!["s".to_string()]])
+        .unwrap();
     let mut i = db.client_as(&inject_login());
     let id: i64 = i
         .query_one(
@@ -530,7 +534,7 @@ fn the_dispatcher_terminates_worker_sessions_and_nothing_else() {
 }
 
 /// `pepsi-setup -c conf schema`.
-fn setup(conf: &Path) -> Output {
+pub(super) fn setup(conf: &Path) -> Output {
     run(
         &bin("pepsi-setup"),
         &["-c", conf.to_str().unwrap(), "schema"],
@@ -595,7 +599,13 @@ fn pepsi_setup_grants_the_roles_every_run_and_upgrades_schema_6_with_rows() {
 
 /// Writes the pipeline's configuration: the owner's CONNECTION and each program's own
 /// connection key.
-fn split_config(dir: &TempDir, db: &TestDb, owner: &str, mail: &Path, bounces: &Path) -> PathBuf {
+pub(super) fn split_config(
+    dir: &TempDir,
+    db: &TestDb,
+    owner: &str,
+    mail: &Path,
+    bounces: &Path,
+) -> PathBuf {
     let relay = dir.write(
         "relay",
         &format!(
@@ -642,7 +652,7 @@ fn split_config(dir: &TempDir, db: &TestDb, owner: &str, mail: &Path, bounces: &
     dir.write("pepsi.conf", &crate::util::with_exec_user(&text))
 }
 
-fn files_in(dir: &Path) -> usize {
+pub(super) fn files_in(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().count()
 }
 
@@ -654,9 +664,16 @@ fn files_in(dir: &Path) -> usize {
 /// dispatcher's statistics land.
 #[test]
 fn every_program_on_its_own_role_drains_a_pipeline() {
+    drain_with_split_roles("roles-e2e", |_| {});
+}
+
+/// The pipeline of [`every_program_on_its_own_role_drains_a_pipeline`], with `before`
+/// called once the configuration has been checked and before any mail is queued;
+/// returns the database, drained.
+pub(super) fn drain_with_split_roles(tag: &str, before: impl FnOnce(&TestDb)) -> TestDb {
     let owner = login_role("pepsi_t_owner", &[]);
     let db = TestDb::empty_owned_by(&owner);
-    let dir = TempDir::new("roles-e2e");
+    let dir = TempDir::new(tag);
     let mail = dir.path("mail");
     let bounces = dir.path("bounces");
     crate::util::shared_dir(&mail);
@@ -684,6 +701,7 @@ fn every_program_on_its_own_role_drains_a_pipeline() {
         String::from_utf8_lossy(&check.stdout),
         stderr(&check)
     );
+    before(&db);
 
     // The administrator's role writes the overlay (through pepsi-queue) and a
     // per-address setting; the workers read both.
@@ -777,6 +795,15 @@ fn every_program_on_its_own_role_drains_a_pipeline() {
     assert_eq!(files_in(&bounces), 1, "one report for the refused message");
     let out = queue(&["status"], b"");
     assert!(out.status.success(), "{}", stderr(&out));
+    // The repair functions (invoker's rights) run in the administrator's session too.
+    let held = queue(&["hold", "-"], b"1\n");
+    assert!(
+        !stderr(&held).contains("permission denied"),
+        "{}",
+        stderr(&held)
+    );
+    drop(o);
+    db
 }
 
 #[test]
