@@ -20,7 +20,7 @@
 mod util;
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -138,21 +138,26 @@ fn dpkg(args: &[&str]) -> Output {
     }
 }
 
-/// Purges the package when dropped, and removes the `pepsi` account if the test
-/// created it: the machine is left as it was found, whatever failed.
+/// The accounts the package creates, each with its group of the same name.
+const ACCOUNTS: [&str; 2] = ["pepsi", "pepsi-exec"];
+
+/// Purges the package when dropped, and removes the accounts and groups the test
+/// created: the machine is left as it was found, whatever failed.
 struct Installation {
-    account_existed: bool,
-    group_existed: bool,
+    /// For each of [`ACCOUNTS`]: did the account, and its group, exist before?
+    existed: Vec<(bool, bool)>,
 }
 
 impl Drop for Installation {
     fn drop(&mut self) {
         let _ = dpkg(&["--purge", "pepsi"]);
-        if !self.account_existed && account("pepsi").is_some() {
-            let _ = output(Command::new("userdel").arg("pepsi"));
-        }
-        if !self.group_existed && group("pepsi").is_some() {
-            let _ = output(Command::new("groupdel").arg("pepsi"));
+        for (name, (account_existed, group_existed)) in ACCOUNTS.iter().zip(&self.existed) {
+            if !account_existed && account(name).is_some() {
+                let _ = output(Command::new("userdel").arg(name));
+            }
+            if !group_existed && group(name).is_some() {
+                let _ = output(Command::new("groupdel").arg(name));
+            }
         }
     }
 }
@@ -219,6 +224,15 @@ fn as_pepsi(db: &TestDb) -> String {
     let Some(data) = util::pg::data_dir() else {
         return db.connection().to_string();
     };
+    // The cluster is this test binary's own: its socket's directory admits the pepsi
+    // account too (the harness admits only root, postgres and nogroup).
+    if let Some(sock) = db
+        .connection()
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("host="))
+    {
+        std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let mut admin = util::pg::admin();
     admin
         .batch_execute(
@@ -318,8 +332,10 @@ fn the_package_installs_runs_and_purges_cleanly() {
     );
 
     let _installation = Installation {
-        account_existed: account("pepsi").is_some(),
-        group_existed: group("pepsi").is_some(),
+        existed: ACCOUNTS
+            .iter()
+            .map(|name| (account(name).is_some(), group(name).is_some()))
+            .collect(),
     };
     let installed = dpkg(&["-i", deb]);
     assert!(
@@ -335,6 +351,16 @@ fn the_package_installs_runs_and_purges_cleanly() {
     assert_eq!(group("pepsi"), Some(gid), "pepsi's primary group is pepsi");
     assert_eq!(home, "/var/lib/pepsi");
     assert_eq!(shell, "/usr/sbin/nologin");
+    // The account exec commands run as: no login, no home, outside the pepsi group.
+    let (exec_uid, exec_gid, exec_home, exec_shell) =
+        account("pepsi-exec").expect("postinst created the pepsi-exec account");
+    assert!(
+        exec_uid < 1000 && exec_uid != uid,
+        "pepsi-exec is a system account of its own"
+    );
+    assert_eq!(group("pepsi-exec"), Some(exec_gid));
+    assert_eq!(exec_home, "/nonexistent");
+    assert_eq!(exec_shell, "/usr/sbin/nologin");
 
     // Programs and stage links.
     for name in programs() {
@@ -493,14 +519,31 @@ fn the_package_installs_runs_and_purges_cleanly() {
     let db = TestDb::empty();
     let connection = as_pepsi(&db);
     let dir = TempDir::new("package");
+    // An exec stage delivering into a folder of pepsi-exec's: the command runs as the
+    // default USER, through the installed dispatcher's keeper.
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let delivered = dir.path("delivered");
+    std::fs::create_dir(&delivered).unwrap();
+    succeed(
+        Command::new("chown")
+            .arg("pepsi-exec:pepsi-exec")
+            .arg(&delivered),
+    );
+    let deliver = dir.write(
+        "deliver",
+        &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", delivered.display()),
+    );
+    std::fs::set_permissions(&deliver, std::fs::Permissions::from_mode(0o755)).unwrap();
     let conf = dir.write(
         "pepsi.conf",
         &format!(
             "[pepsi-postgres]\nCONNECTION = {connection}\n\n\
              [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n\
-             [stage-in]\nPROGRAM = pepsi-stage-pass\nNEXT = out\n\n\
+             [stage-in]\nPROGRAM = pepsi-stage-pass\nNEXT = deliver\n\n\
+             [stage-deliver]\nPROGRAM = pepsi-stage-exec\nCOMMAND = {}\nNEXT = out\n\n\
              [stage-out]\nPROGRAM = pepsi-stage-discard\n\n\
-             [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n"
+             [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n",
+            deliver.display()
         ),
     );
     let conf = conf.to_str().unwrap();
@@ -542,6 +585,13 @@ fn the_package_installs_runs_and_purges_cleanly() {
     wait_until(Duration::from_secs(30), "the message is delivered", || {
         util::row_at(&mut client, id).is_none()
     });
+    let mail = delivered.join(format!("{id}.eml"));
+    assert!(mail.exists(), "{}", dispatcher.log());
+    assert_eq!(
+        std::fs::metadata(&mail).unwrap().uid(),
+        exec_uid,
+        "the command ran as pepsi-exec"
+    );
     let status = std::fs::read_to_string(format!("/proc/{}/status", dispatcher.pid())).unwrap();
     let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(
