@@ -81,6 +81,16 @@ fn parse_request(fields: &[&[u8]]) -> Result<Request, String> {
     })
 }
 
+/// Is `fd` a pipe? A command's stdin and stderr are the worker's pipes, never another
+/// kind of descriptor of the worker's (a socket, a file).
+fn is_pipe(fd: &OwnedFd) -> bool {
+    // SAFETY: fstat on an open descriptor fills our buffer.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd.as_raw_fd(), &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+    }
+}
+
 /// Is this process root?
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -349,7 +359,7 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
                     r.kill();
                 }
             }
-            Some(RUN) if running.is_none() && fds.len() == 2 => {
+            Some(RUN) if running.is_none() && fds.len() == 2 && fds.iter().all(is_pipe) => {
                 let stderr = fds.pop().expect("two descriptors");
                 let stdin = fds.pop().expect("two descriptors");
                 let started = parse_request(&fields).and_then(|request| {
