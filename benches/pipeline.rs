@@ -20,13 +20,23 @@
 //!
 //! Each (b) burst also prints its claims and rows per claim (`pepsi.dispatch_stats`),
 //! the top-level statements and transactions per hop of every session but the
-//! benchmark's own (`pg_stat_statements`, `pg_stat_database`), the most frequent
-//! statements, and per stage the sizes of the batches its workers processed (from the
-//! line each worker logs as its input ends).
+//! benchmark's own (`pg_stat_statements`, `pg_stat_database`), those statements per
+//! role they ran as, the most frequent statements, and per stage the sizes of the
+//! batches its workers processed (from the line each worker logs as its input ends).
 //!
 //! `BENCH_MESSAGES` (default 5000) sets the burst size, `BENCH_QUEUE_LIMITS` (default
 //! `4,16`) the QUEUE_LIMITs of (b); `BENCH_QUICK` set stops after
 //! (a), (a2), (b) and (e). Figures, never assertions.
+//!
+//! `BENCH_ROLES=split` runs every pipeline the dispatcher serves ((b), (c), (e), (g),
+//! (h)) with the dispatcher connecting as the login role `pepsi_bench_dispatch`, a
+//! member of `pepsi_dispatch` (`DISPATCH_CONNECTION`), and its workers as
+//! `pepsi_bench_worker`, a member of `pepsi_worker` (`WORKER_CONNECTION`), so that the
+//! queue's row-level security applies to the claim and to every worker write; both
+//! roles are created at start unless they exist. Unset (or `one`), they connect as the
+//! benchmark's own role, a superuser, which row-level security does not apply to. The
+//! raw loops (a) and (a2), the fair claim (f), the injections and every measuring
+//! statement always run as the benchmark's own role. The header says which mode ran.
 
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
@@ -48,6 +58,96 @@ fn queue_limits() -> Vec<u32> {
         .map(|v| v.split(',').filter_map(|q| q.trim().parse().ok()).collect())
         .filter(|v: &Vec<u32>| !v.is_empty())
         .unwrap_or_else(|| vec![4, 16])
+}
+
+/// The login roles of `BENCH_ROLES=split`: members of `pepsi_dispatch` and
+/// `pepsi_worker`, with the test harness's password.
+const DISPATCH_LOGIN: &str = "pepsi_bench_dispatch";
+const WORKER_LOGIN: &str = "pepsi_bench_worker";
+
+/// Which roles the dispatcher and its workers connect as (`BENCH_ROLES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Roles {
+    /// Both as the benchmark's own role (`CONNECTION`), a superuser: row-level security
+    /// does not apply.
+    One,
+    /// The dispatcher as [`DISPATCH_LOGIN`] (`DISPATCH_CONNECTION`), the workers as
+    /// [`WORKER_LOGIN`] (`WORKER_CONNECTION`).
+    Split,
+}
+
+impl Roles {
+    /// `BENCH_ROLES`: `split`, else (unset, empty or `one`) one role.
+    fn from_env() -> Roles {
+        match std::env::var("BENCH_ROLES").as_deref() {
+            Err(_) | Ok("") | Ok("one") => Roles::One,
+            Ok("split") => Roles::Split,
+            Ok(other) => panic!("BENCH_ROLES={other:?}: `split`, or `one` (the default)"),
+        }
+    }
+
+    /// For the header of the run.
+    fn describe(self) -> &'static str {
+        match self {
+            Roles::One => "one (superuser)",
+            Roles::Split => "split (pepsi_dispatch / pepsi_worker login roles)",
+        }
+    }
+}
+
+/// Creates the login roles of `BENCH_ROLES=split` unless they exist, and makes them
+/// members of their group roles (again: an existing role may have lost it). Roles are
+/// cluster-wide; the group roles exist once the template database holds the schema
+/// (its `pepsi.setup_roles()` creates them when the benchmark's role may).
+fn create_login_roles() {
+    let mut admin = pg::admin();
+    for (login, group) in [
+        (DISPATCH_LOGIN, "pepsi_dispatch"),
+        (WORKER_LOGIN, "pepsi_worker"),
+    ] {
+        admin
+            .batch_execute(&format!(
+                "DO $$ BEGIN
+                     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '{login}') THEN
+                         CREATE ROLE {login} LOGIN PASSWORD '{password}';
+                     END IF;
+                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+                 END $$;
+                 GRANT {group} TO {login};",
+                password = pg::LOGIN_PASSWORD
+            ))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot create the login role {login} in {group}: {}",
+                    pepsi::db::describe(&e)
+                )
+            });
+    }
+}
+
+/// Whether the group roles hold their grants and their row-level security policies
+/// in the connected database.
+const GROUP_GRANTS_READY: &str = "/* bench */ SELECT \
+     (SELECT count(*) FROM pg_catalog.pg_policies \
+       WHERE schemaname = 'pepsi' AND tablename = 'workqueue' \
+         AND policyname IN ('workqueue_dispatch', 'workqueue_worker_write')) = 2 \
+     AND pg_catalog.has_table_privilege('pepsi_dispatch', 'pepsi.dispatch_stats', 'UPDATE') \
+     AND pg_catalog.has_table_privilege('pepsi_worker', 'pepsi.workqueue', 'DELETE')";
+
+/// Makes sure `pepsi_dispatch` and `pepsi_worker` hold their grants in `db`: the
+/// schema's installation granted them if the roles existed then; otherwise
+/// `pepsi.setup_roles()` runs again now.
+fn ensure_group_grants(db: &TestDb) {
+    let mut c = db.client();
+    let ready = |c: &mut Client| -> bool { c.query_one(GROUP_GRANTS_READY, &[]).unwrap().get(0) };
+    if !ready(&mut c) {
+        c.batch_execute("/* bench */ SELECT * FROM pepsi.setup_roles()")
+            .unwrap_or_else(|e| panic!("pepsi.setup_roles(): {}", pepsi::db::describe(&e)));
+        assert!(
+            ready(&mut c),
+            "pepsi_dispatch and pepsi_worker still lack their grants after pepsi.setup_roles()"
+        );
+    }
 }
 
 fn messages() -> i64 {
@@ -198,10 +298,12 @@ fn client_config(db: &TestDb) -> postgres::Config {
 struct Setup {
     dir: PathBuf,
     bin: PathBuf,
+    /// Which roles the dispatcher and its workers connect as.
+    roles: Roles,
 }
 
 impl Setup {
-    fn new() -> Setup {
+    fn new(roles: Roles) -> Setup {
         let dir = std::env::temp_dir().join(format!("pepsi-bench-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let bin = dir.join("bin");
@@ -213,16 +315,30 @@ impl Setup {
             )
             .unwrap();
         }
-        Setup { dir, bin }
+        Setup { dir, bin, roles }
     }
 
     fn config(&self, db: &TestDb, fusion: bool, queue_limit: u32) -> PathBuf {
         self.config_with(db, fusion, queue_limit, true)
     }
 
+    /// The pipeline's `pepsi.conf` for `db`. With [`Roles::Split`], the dispatcher and
+    /// the workers connect through `DISPATCH_CONNECTION` and `WORKER_CONNECTION` as the
+    /// login roles, whose group roles are first made sure to hold their grants in `db`.
     fn config_with(&self, db: &TestDb, fusion: bool, queue_limit: u32, fair: bool) -> PathBuf {
+        let roles = match self.roles {
+            Roles::One => String::new(),
+            Roles::Split => {
+                ensure_group_grants(db);
+                format!(
+                    "DISPATCH_CONNECTION = {}\nWORKER_CONNECTION = {}\n",
+                    db.conninfo_as(DISPATCH_LOGIN),
+                    db.conninfo_as(WORKER_LOGIN)
+                )
+            }
+        };
         let mut text = format!(
-            "[pepsi]\nRUN_AS = root\nALLOW_FUSION = {}\n\n[pepsi-postgres]\nCONNECTION = {}\n\n\
+            "[pepsi]\nRUN_AS = root\nALLOW_FUSION = {}\n\n[pepsi-postgres]\nCONNECTION = {}\n{roles}\n\
              [pepsi-dispatch]\nSTATS_INTERVAL = 60s\nFAIR_SCHEDULING = {}\n\
              WORKER_IDLE_TIMEOUT = {}s\n\n",
             if fusion { "yes" } else { "no" },
@@ -314,6 +430,8 @@ struct Profile {
     /// (`pg_stat_statements`), and the most frequent of them: (calls, rows, text).
     statements: i64,
     top: Vec<(i64, i64, f64, f64, String)>,
+    /// Those statements' calls per role they ran as (`BENCH_ROLES` shows here).
+    by_role: Vec<(String, i64)>,
     /// CPU seconds during the burst of PostgreSQL's processes and of the stage workers
     /// (processes alive at its end; workers start during the burst).
     cpu_postgres: f64,
@@ -424,6 +542,12 @@ impl Profile {
             self.cpu_postgres, self.cpu_workers, self.cpu_dispatcher
         )
         .unwrap();
+        let by_role: Vec<String> = self
+            .by_role
+            .iter()
+            .map(|(role, calls)| format!("{role} {calls}"))
+            .collect();
+        writeln!(out, "    statements by role: {}", by_role.join(", ")).unwrap();
         for (stage, (messages, batches, classes)) in &self.batches {
             writeln!(
                 out,
@@ -509,11 +633,24 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
             &[],
         )
         .unwrap();
+    let by_role = c
+        .query(
+            "/* bench */ SELECT r.rolname::text, sum(s.calls)::int8 FROM pg_stat_statements s \
+             JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid \
+             WHERE d.datname = current_database() AND s.toplevel AND s.query NOT LIKE '%/* bench */%' \
+             GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
     let log = std::fs::read_to_string(setup.dir.join("dispatch.log")).unwrap_or_default();
     let profile = Profile {
         claims: stats.get(0),
         rows_claimed: stats.get(1),
         statements: rows.iter().map(|r| r.get::<_, i64>(0)).sum(),
+        by_role,
         top: rows
             .iter()
             .take(6)
@@ -532,18 +669,25 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
     }
 }
 
+/// The table the latency triggers of (e) and (g) write. A trigger function runs with
+/// the rights of the session whose deletion fires it, a worker's (with
+/// `BENCH_ROLES=split`, the `pepsi_worker` login role, which has no rights of its own
+/// in `public`): so every role may write it.
+const LATENCY_TABLE: &str = "CREATE TABLE public.latency (ms float8);
+     GRANT INSERT, SELECT ON public.latency TO PUBLIC;";
+
 /// (e): single messages, one every 10 ms, through the fused pipeline. Returns (p50,
 /// p99) milliseconds from inject to deletion.
 fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
     let db = TestDb::new();
     let conf = setup.config(&db, true, 4);
     let mut c = db.client();
-    c.batch_execute(
-        "CREATE TABLE latency (ms float8);
-         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-         BEGIN INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000); RETURN NULL; END $$;
-         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION record_latency();",
-    )
+    c.batch_execute(&format!(
+        "{LATENCY_TABLE}
+         CREATE FUNCTION public.record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+         BEGIN INSERT INTO public.latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000); RETURN NULL; END $$;
+         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION public.record_latency();",
+    ))
     .unwrap();
     let child = start_dispatcher(&conf, &setup.dir.join("trickle.log"));
     settle(&mut c);
@@ -553,7 +697,7 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
             while queue_len(&mut c) > 0 {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            c.execute("DELETE FROM latency", &[]).unwrap();
+            c.execute("DELETE FROM public.latency", &[]).unwrap();
         }
         c.execute(
             "SELECT pepsi.workqueue_inject('p1', 'a@x.example', ARRAY['r@y.example'], NULL, NULL)",
@@ -568,7 +712,7 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
     stop(child);
     let row = c
         .query_one(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FROM latency",
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FROM public.latency",
             &[],
         )
         .unwrap();
@@ -624,14 +768,14 @@ fn small_sender_waits(setup: &Setup, flood: i64) -> Vec<f64> {
     let db = TestDb::new();
     let conf = setup.config(&db, false, 4);
     let mut c = db.client();
-    c.batch_execute(
-        "CREATE TABLE latency (ms float8);
-         CREATE FUNCTION record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+    c.batch_execute(&format!(
+        "{LATENCY_TABLE}
+         CREATE FUNCTION public.record_latency() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
          BEGIN IF OLD.sender_key = 'from:small.example' THEN
-             INSERT INTO latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000);
+             INSERT INTO public.latency VALUES (extract(epoch FROM clock_timestamp() - OLD.arrived) * 1000);
          END IF; RETURN NULL; END $$;
-         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION record_latency();",
-    )
+         CREATE TRIGGER latency AFTER DELETE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION public.record_latency();",
+    ))
     .unwrap();
     let child = start_dispatcher(&conf, &setup.dir.join("small.log"));
     settle(&mut c);
@@ -651,7 +795,7 @@ fn small_sender_waits(setup: &Setup, flood: i64) -> Vec<f64> {
     )
     .unwrap();
     while c
-        .query_one("SELECT count(*) FROM latency", &[])
+        .query_one("SELECT count(*) FROM public.latency", &[])
         .unwrap()
         .get::<_, i64>(0)
         < 10
@@ -660,7 +804,7 @@ fn small_sender_waits(setup: &Setup, flood: i64) -> Vec<f64> {
     }
     stop(child);
     let mut ms: Vec<f64> = c
-        .query("SELECT ms FROM latency", &[])
+        .query("SELECT ms FROM public.latency", &[])
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -681,6 +825,7 @@ fn main() {
         return;
     }
     let n = messages();
+    let roles = Roles::from_env();
     let out = std::io::stdout();
     let mut out = out.lock();
     writeln!(
@@ -689,7 +834,11 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )
     .unwrap();
-    let setup = Setup::new();
+    writeln!(out, "roles: {}", roles.describe()).unwrap();
+    if roles == Roles::Split {
+        create_login_roles();
+    }
+    let setup = Setup::new(roles);
 
     let mut raw = Vec::new();
     for threads in [8, 16] {
