@@ -37,6 +37,8 @@
 //! benchmark's own role, a superuser, which row-level security does not apply to. The
 //! raw loops (a) and (a2), the fair claim (f), the injections and every measuring
 //! statement always run as the benchmark's own role. The header says which mode ran.
+//! With `BENCH_RLS=off` as well, the queue's row-level security is disabled in each
+//! database of the run, so that one session can measure what it costs.
 
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
@@ -139,6 +141,10 @@ const GROUP_GRANTS_READY: &str = "/* bench */ SELECT \
 /// `pepsi.setup_roles()` runs again now.
 fn ensure_group_grants(db: &TestDb) {
     let mut c = db.client();
+    if rls_off() {
+        c.batch_execute("/* bench */ ALTER TABLE pepsi.workqueue DISABLE ROW LEVEL SECURITY")
+            .unwrap();
+    }
     let ready = |c: &mut Client| -> bool { c.query_one(GROUP_GRANTS_READY, &[]).unwrap().get(0) };
     if !ready(&mut c) {
         c.batch_execute("/* bench */ SELECT * FROM pepsi.setup_roles()")
@@ -148,6 +154,12 @@ fn ensure_group_grants(db: &TestDb) {
             "pepsi_dispatch and pepsi_worker still lack their grants after pepsi.setup_roles()"
         );
     }
+}
+
+/// `BENCH_RLS=off`: the queue's row-level security disabled (with `BENCH_ROLES=split`,
+/// the one mode it applies to).
+fn rls_off() -> bool {
+    std::env::var("BENCH_RLS").as_deref() == Ok("off")
 }
 
 fn messages() -> i64 {
@@ -835,6 +847,13 @@ fn main() {
     )
     .unwrap();
     writeln!(out, "roles: {}", roles.describe()).unwrap();
+    if rls_off() {
+        writeln!(
+            out,
+            "row-level security on pepsi.workqueue: off (BENCH_RLS=off)"
+        )
+        .unwrap();
+    }
     if roles == Roles::Split {
         create_login_roles();
     }

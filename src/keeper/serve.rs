@@ -381,15 +381,12 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
                             running = Some(Running { child, pidfd });
                         }
                         Err(e) => {
-                            let r = Running {
-                                child,
-                                // SAFETY: duplicating our own open socket, only to
-                                // satisfy the type; closed with it at once.
-                                pidfd: unsafe {
-                                    OwnedFd::from_raw_fd(libc::dup(sock_fd.as_raw_fd()))
-                                },
-                            };
-                            r.kill();
+                            // Without a way to wait for it alongside the worker, it
+                            // does not run at all.
+                            let mut child = child;
+                            // SAFETY: signalling the command's own process group.
+                            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+                            let _ = child.wait();
                             sweep();
                             say(
                                 sock_fd,
