@@ -387,7 +387,8 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
         if stage.section.get("COMMAND").is_some() {
-            if let Err(e) = command_account(stage.section.get("USER"), &run_as, as_root) {
+            let user = stage.section.get("USER");
+            if let Err(e) = crate::keeper::command_account(user, &run_as, as_root) {
                 found.add_errors([stage.section.error("USER", e)]);
             }
         }
@@ -459,24 +460,6 @@ fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, fou
         found.warnings.push(format!(
             "pepsi.settings: {more} more rows are ignored likewise (not listed)"
         ));
-    }
-}
-
-/// Whether a stage's command can run as its `USER`: started as root, the account
-/// [`crate::keeper::exec_account`] accepts (it exists, and is neither root nor
-/// `RUN_AS`); otherwise `USER` absent or the current account, since nothing may switch.
-fn command_account(user: Option<&str>, run_as: &str, as_root: bool) -> Result<(), String> {
-    if as_root {
-        return crate::keeper::exec_account(user, run_as).map(drop);
-    }
-    match (user, crate::privilege::current_account()) {
-        (None, _) => Ok(()),
-        (Some(u), Some(me)) if u == me => Ok(()),
-        (Some(u), me) => Err(format!(
-            "{u} cannot be switched to: not started as root, the dispatcher runs commands as \
-             its own account ({}); leave USER out or name that account",
-            me.unwrap_or_else(|| "unnamed".into())
-        )),
     }
 }
 

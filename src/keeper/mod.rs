@@ -112,3 +112,27 @@ pub fn exec_account(user: Option<&str>, run_as: &str) -> Result<crate::privilege
     }
     Ok(account)
 }
+
+/// The account a stage's command runs as, judged where it will be started: `as_root`,
+/// the account [`exec_account`] gives (`Some`, its name); otherwise nothing may
+/// switch, so `USER` must be absent or the current account (`None`: the command runs
+/// as this process's account).
+pub fn command_account(
+    user: Option<&str>,
+    run_as: &str,
+    as_root: bool,
+) -> Result<Option<String>, String> {
+    if as_root {
+        return exec_account(user, run_as).map(|a| Some(a.name));
+    }
+    let me = crate::privilege::current_account();
+    match user {
+        None => Ok(None),
+        Some(u) if me.as_deref() == Some(u) => Ok(None),
+        Some(u) => Err(format!(
+            "USER {u} cannot be switched to: not started as root, commands run as the \
+             account {} (leave USER out or name that account)",
+            me.unwrap_or_else(|| "of this process".into())
+        )),
+    }
+}

@@ -44,29 +44,13 @@ struct ConfiguredExec {
 /// this stage fused into another's pass).
 static KEEPER: Mutex<Option<Keeper>> = Mutex::new(None);
 
-/// Is this process root?
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The account a private keeper (one this worker started, running as the worker) is
-/// asked to run the command as: `USER` (by default `pepsi-exec`) held to the rules of
-/// [`crate::keeper::exec_account`] when the worker is root; else nothing to switch to,
-/// so `USER` must be absent or the worker's own account. Empty: stay.
+/// asked to run the command as, by [`crate::keeper::command_account`]'s rules for
+/// this process: empty to stay the worker's.
 fn private_user(user: Option<&str>, run_as: &str) -> Result<String, String> {
-    if is_root() {
-        return crate::keeper::exec_account(user, run_as).map(|a| a.name);
-    }
-    match user {
-        None => Ok(String::new()),
-        Some(u) if crate::privilege::current_account().as_deref() == Some(u) => Ok(String::new()),
-        Some(u) => Err(format!(
-            "USER {u}: the worker runs as {} and not as root, so its command can run only as \
-             that account (started without root, USER must be absent or the current account)",
-            crate::privilege::current_account().unwrap_or_else(|| "another account".into())
-        )),
-    }
+    // SAFETY: geteuid has no preconditions.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    crate::keeper::command_account(user, run_as, as_root).map(Option::unwrap_or_default)
 }
 
 /// The keeper to run through: the process's, made now if it has none (a keeper handed
