@@ -114,7 +114,16 @@ pub enum Received {
 /// or carrying more than [`MAX_FDS`] descriptors is an `InvalidData` error, its
 /// descriptors closed.
 pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    thread_local! {
+        // One buffer per thread, made (and zeroed) once: a fresh one of this size per
+        // message costs a memset of a quarter megabyte each time.
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE]);
+    }
+    BUF.with(|b| recv_into(sock, &mut b.borrow_mut()))
+}
+
+/// [`recv`] into `buf` (at least [`MAX_MESSAGE`] long); the message is copied out.
+fn recv_into(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -165,8 +174,7 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Received> {
     if n == 0 && fds.is_empty() {
         return Ok(Received::Closed);
     }
-    buf.truncate(n);
-    Ok(Received::Message(buf, fds))
+    Ok(Received::Message(buf[..n].to_vec(), fds))
 }
 
 /// Waits up to `timeout` (forever for `None`) for `fd` to become readable (or to hang
