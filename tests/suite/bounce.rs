@@ -10,7 +10,7 @@ use mail_parser::{MessageParser, MimeHeaders};
 use postgres::Client;
 use serde_json::{Value, json};
 
-use super::dispatch::queue_len;
+use crate::util::rows::queue_len;
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
 

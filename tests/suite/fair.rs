@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use super::dispatch::{conf, wait_empty};
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::wait_empty;
+use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb};
 
 const SEC: Duration = Duration::from_secs(1);

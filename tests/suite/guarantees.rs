@@ -15,11 +15,11 @@ use postgres::{Client, GenericClient};
 use pepsi::db::sql;
 use pepsi::protocol::session_pattern;
 
-use super::dispatch::{
-    conf, count, inject_fault, inject_many, queue_len, record_pauses, wait_count, wait_empty,
-    wait_status,
-};
 use crate::util::dispatcher::{Dispatcher, alive};
+use crate::util::rows::{
+    count, inject_fault, inject_many, queue_len, record_pauses, wait_count, wait_empty, wait_status,
+};
+use crate::util::scenario::conf;
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, inject, row_at, stage, state_of, wait_until};
 

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::dispatch::{conf, count, inject_fault, inject_many, wait_count, wait_empty};
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::{count, inject_fault, inject_many, wait_count, wait_empty};
+use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb, bin, row_at, run, state_of, stderr, wait_until};
 
 const SEC: Duration = Duration::from_secs(1);
