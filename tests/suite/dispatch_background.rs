@@ -9,7 +9,10 @@ use crate::util::{Scenario, row_at, wait_until};
 
 #[test]
 fn statistics_are_one_transaction_per_flush_and_nothing_is_written_while_idle() {
-    let (s, mut c) = Scenario::new("d-stats").timers("STATS_INTERVAL = 1s\nPOLL_INTERVAL = 60s").stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n").connect();
+    let (s, mut c) = Scenario::new("d-stats")
+        .timers("STATS_INTERVAL = 1s\nPOLL_INTERVAL = 60s")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n")
+        .connect();
     c.batch_execute(
         "CREATE TABLE stats_writes (txid bigint, tbl text);
          CREATE FUNCTION stats_write() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$

@@ -180,7 +180,10 @@ fn the_claim_uses_the_partial_pending_index() {
 
 #[test]
 fn an_advance_issues_no_notify() {
-    let (s, mut c) = Scenario::new("d-nonotify").timers("").stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {pass}\nNEXT = c\nFUSION = no\n\n[stage-c]\nPROGRAM = {discard}\nFUSION = no\n").connect();
+    let (s, mut c) = Scenario::new("d-nonotify")
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {pass}\nNEXT = c\nFUSION = no\n\n[stage-c]\nPROGRAM = {discard}\nFUSION = no\n")
+        .connect();
     let mut listener = listen(&s.db, &["workqueue", "workqueue_failed", "config_changed"]);
     let mut d = s.start();
     d.wait_log("serving 3 stages", Duration::from_secs(10));

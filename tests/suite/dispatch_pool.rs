@@ -121,7 +121,10 @@ fn a_burst_grows_a_stage_to_parallelism_and_idle_workers_stop() {
 
 #[test]
 fn max_messages_10_over_35_messages_starts_4_processes() {
-    let (s, mut c) = Scenario::new("d-recycle").timers("WORKER_IDLE_TIMEOUT = 60s").stages("[stage-s]\nPROGRAM = {pass}\nNEXT = end\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nMAX_MESSAGES = 10\n\n[stage-end]\nPROGRAM = {discard}\n").connect();
+    let (s, mut c) = Scenario::new("d-recycle")
+        .timers("WORKER_IDLE_TIMEOUT = 60s")
+        .stages("[stage-s]\nPROGRAM = {pass}\nNEXT = end\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nMAX_MESSAGES = 10\n\n[stage-end]\nPROGRAM = {discard}\n")
+        .connect();
     inject_many(&mut c, "s", "a@x.example", 35);
     let mut d = s.start();
     wait_empty(&mut c, Duration::from_secs(30));
@@ -225,7 +228,10 @@ fn a_missing_program_blames_nothing_and_the_stage_recovers_when_fixed() {
 
 #[test]
 fn status_75_requeues_the_message_and_halves_the_biggest_stage() {
-    let (s, mut c) = Scenario::new("d-75").timers("").stages("[stage-big]\nPROGRAM = {fault}\nPARALLELISM = 4\nQUEUE_LIMIT = 1\n\n[stage-small]\nPROGRAM = {fault}\nPARALLELISM = 1\n").connect();
+    let (s, mut c) = Scenario::new("d-75")
+        .timers("")
+        .stages("[stage-big]\nPROGRAM = {fault}\nPARALLELISM = 4\nQUEUE_LIMIT = 1\n\n[stage-small]\nPROGRAM = {fault}\nPARALLELISM = 1\n")
+        .connect();
     // About 11 s of work on 4 workers: big still runs 4 when small answers 75.
     for _ in 0..150 {
         inject_fault(&mut c, "big", "slow");

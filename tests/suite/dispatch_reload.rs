@@ -9,7 +9,10 @@ use crate::util::{Scenario, row_at, stage};
 
 #[test]
 fn a_stage_added_through_the_overlay_routes_new_messages_without_restart() {
-    let (s, mut c) = Scenario::new("d-reload").timers("STATS_INTERVAL = 1s").stages("[stage-a]\nPROGRAM = {pass}\nNEXT = end\nFUSION = no\n\n[stage-end]\nPROGRAM = {discard}\nFUSION = no\n").connect();
+    let (s, mut c) = Scenario::new("d-reload")
+        .timers("STATS_INTERVAL = 1s")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = end\nFUSION = no\n\n[stage-end]\nPROGRAM = {discard}\nFUSION = no\n")
+        .connect();
     inject_many(&mut c, "a", "a@x.example", 5);
     let mut d = s.start();
     wait_empty(&mut c, Duration::from_secs(20));

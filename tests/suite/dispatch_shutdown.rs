@@ -42,7 +42,10 @@ fn a_ctrl_c_stops_the_dispatcher_and_blames_no_message_in_flight() {
 
 #[test]
 fn sigterm_mid_burst_exits_0_with_no_row_running_and_stats_flushed() {
-    let (s, mut c) = Scenario::new("d-term").timers("").stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n").connect();
+    let (s, mut c) = Scenario::new("d-term")
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n")
+        .connect();
     inject_many(&mut c, "a", "a@x.example", 3000);
     let mut d = s.start();
     wait_until(Duration::from_secs(30), "the burst is under way", || {

@@ -33,8 +33,13 @@ fn config_check_is_the_dispatchers_check() {
 
 #[test]
 fn config_set_and_unset_check_the_resulting_graph_before_writing() {
-    let (s, mut c) = Scenario::new("q-config").timers("").stages("[stage-in]\nPROGRAM = {if}\nMATCH = sender-domain is x.example\nNEXT = out\nELSE_STAGE = out\n\n\
-         [stage-out]\nPROGRAM = {discard}\n").connect();
+    let (s, mut c) = Scenario::new("q-config")
+        .timers("")
+        .stages(
+            "[stage-in]\nPROGRAM = {if}\nMATCH = sender-domain is x.example\nNEXT = out\nELSE_STAGE = out\n\n\
+             [stage-out]\nPROGRAM = {discard}\n",
+        )
+        .connect();
     let mut l = listener(&s.db);
     let overlay = |c: &mut Client| -> Vec<(String, String, String)> {
         c.query(

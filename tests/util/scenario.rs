@@ -18,7 +18,7 @@
 //! on the same bytes. It decides nothing about what a test does next: it injects no
 //! message and starts the dispatcher only through [`Scenario::start`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use postgres::Client;
 
@@ -76,6 +76,17 @@ pub fn conf(dir: &TempDir, db: &TestDb, dispatch: &str, stages: &str) -> PathBuf
         db,
         &format!("{}{}", timers_section(dispatch), programs(stages)),
     )
+}
+
+/// Adds `lines` (each ending in a line feed) to the `[pepsi]` section of a file
+/// [`write_config`] wrote, after its `RUN_AS = root`.
+pub fn add_to_pepsi(conf: &Path, lines: &str) {
+    let text = std::fs::read_to_string(conf).unwrap().replacen(
+        "RUN_AS = root\n",
+        &format!("RUN_AS = root\n{lines}"),
+        1,
+    );
+    std::fs::write(conf, text).unwrap();
 }
 
 /// Which database a scenario gets.
@@ -193,12 +204,7 @@ impl Builder {
             &format!("{}{}", self.sections, programs(&self.stages)),
         );
         if !self.pepsi.is_empty() {
-            let text = std::fs::read_to_string(&conf).unwrap().replacen(
-                "RUN_AS = root\n",
-                &format!("RUN_AS = root\n{}", self.pepsi),
-                1,
-            );
-            std::fs::write(&conf, text).unwrap();
+            add_to_pepsi(&conf, &self.pepsi);
         }
         Scenario {
             conf,
