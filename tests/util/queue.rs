@@ -130,11 +130,14 @@ pub fn varied_queue(c: &mut Client) -> Vec<i64> {
     ids
 }
 
-/// A stage name and a sender that hold a terminal control (ESC), a line break, a
-/// right-to-left override and a line separator, and how the text output shows them.
+/// A stage name that holds a terminal control (ESC), a line break, a right-to-left
+/// override and a line separator.
 pub const ODD_STAGE: &str = "ev\u{1b}[2J\r\nil\u{202e}x\u{2028}y";
+/// How the text output shows [`ODD_STAGE`].
 pub const ODD_STAGE_SHOWN: &str = "ev\\u{1b}[2J\\r\\nil\\u{202e}x\\u{2028}y";
+/// A sender that holds the same kinds of characters.
 pub const ODD_SENDER: &str = "a\u{1b}[1m\r\n\u{202e}\u{2028}@x";
+/// How the text output shows [`ODD_SENDER`].
 pub const ODD_SENDER_SHOWN: &str = "a\\u{1b}[1m\\r\\n\\u{202e}\\u{2028}@x";
 
 /// A row at [`ODD_STAGE`] from [`ODD_SENDER`], set by SQL as any writer of the queue
