@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use crate::suite::dispatch::{conf, count, inject_many, queue_len};
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::{count, inject_many, queue_len};
+use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb, wait_until};
 
 /// One class count of a worker's `input ended after N messages in B batches (sizes

@@ -3,37 +3,31 @@
 //! database and parsed by an independent MIME parser (`mail-parser`, which the program
 //! does not use).
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mail_parser::{MessageParser, MimeHeaders};
 use postgres::Client;
 use serde_json::{Value, json};
 
-use super::dispatch::queue_len;
+use crate::util::rows::queue_len;
+use crate::util::scenario::{Builder, Scenario};
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
 
 const HOST: &str = "mx.test.example";
 
-/// The bounce stage (to `deliver`, a discard) and `extra` sections; `{NAME}` stands for
-/// a built-in stage program.
-fn config(dir: &TempDir, db: &TestDb, extra: &str) -> PathBuf {
-    let mut text = format!(
+/// `b` with `[pepsi] HOSTNAME`, the bounce stage (to `deliver`, a discard) and `extra`
+/// sections; `{NAME}` stands for a built-in stage program.
+fn with_bounce(b: Builder, extra: &str) -> Builder {
+    b.pepsi(&format!("HOSTNAME = {HOST}\n")).stages(&format!(
         "[stage-bounce]\nPROGRAM = {{bounce}}\nNEXT = deliver\n{extra}\n\
          [stage-deliver]\nPROGRAM = {{discard}}\n"
-    );
-    for name in ["pass", "if", "discard", "exec", "bounce"] {
-        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
-    }
-    let conf = write_config(dir, db, &text);
-    let body = std::fs::read_to_string(&conf).unwrap().replacen(
-        "RUN_AS = root\n",
-        &format!("RUN_AS = root\nHOSTNAME = {HOST}\n"),
-        1,
-    );
-    std::fs::write(&conf, body).unwrap();
-    conf
+    ))
+}
+
+/// [`with_bounce`] on a new scenario.
+fn scenario(tag: &str, extra: &str) -> Builder {
+    with_bounce(Scenario::new(tag), extra)
 }
 
 /// A message as accepted: its envelope, header block, body and state.
@@ -273,10 +267,7 @@ fn now_epoch() -> i64 {
 
 #[test]
 fn a_report_has_every_field_and_replaces_the_failed_message() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-fields");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-fields", "").connect();
     let id = at_bounce(
         &mut c,
         &Original {
@@ -302,7 +293,7 @@ fn a_report_has_every_field_and_replaces_the_failed_message() {
         )
         .unwrap()
         .get(0);
-    bounce(&conf, &[id]);
+    bounce(&s.conf, &[id]);
     assert_eq!(row_at(&mut c, id), None, "the original is gone");
     let dsn = dsn_of(&mut c, id).expect("a report");
     assert_eq!(
@@ -403,10 +394,7 @@ fn a_report_has_every_field_and_replaces_the_failed_message() {
 
 #[test]
 fn ret_and_the_size_limit_choose_the_whole_message_or_its_header() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-ret");
-    let conf = config(&dir, &db, "BOUNCE_SIZE_LIMIT = 400\n");
-    let mut c = db.client();
+    let (sc, mut c) = scenario("bounce-ret", "BOUNCE_SIZE_LIMIT = 400\n").connect();
     let big = [b"x".repeat(100), b"\r\n".to_vec()].concat().repeat(5);
     let cases = [
         ("small, no RET", json!({}), BODY.to_vec(), "message/rfc822"),
@@ -439,7 +427,7 @@ fn ret_and_the_size_limit_choose_the_whole_message_or_its_header() {
                 ..Original::simple(s)
             },
         );
-        bounce(&conf, &[id]);
+        bounce(&sc.conf, &[id]);
         let p = parse(&dsn_of(&mut c, id).expect(what).raw);
         assert_eq!(p.parts[2].0, kind, "{what}");
         let mut expected = HEADERS.to_vec();
@@ -453,10 +441,7 @@ fn ret_and_the_size_limit_choose_the_whole_message_or_its_header() {
 
 #[test]
 fn notify_decides_who_is_told_and_never_suppresses() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-notify");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-notify", "").connect();
     let never = at_bounce(
         &mut c,
         &Original::simple(json!({"failure_class": "permanent",
@@ -479,7 +464,7 @@ fn notify_decides_who_is_told_and_never_suppresses() {
             }}}))
         },
     );
-    bounce(&conf, &[never, success_delay, two]);
+    bounce(&s.conf, &[never, success_delay, two]);
     for id in [never, success_delay, two] {
         assert_eq!(row_at(&mut c, id), None, "message {id} is done");
     }
@@ -509,10 +494,7 @@ fn notify_decides_who_is_told_and_never_suppresses() {
 
 #[test]
 fn a_bounce_or_a_list_copy_is_never_bounced() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-never");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-never", "").connect();
     let null_sender = at_bounce(
         &mut c,
         &Original {
@@ -524,7 +506,7 @@ fn a_bounce_or_a_list_copy_is_never_bounced() {
         &mut c,
         &Original::simple(json!({"failure_class": "permanent", "list_copy": true})),
     );
-    bounce(&conf, &[null_sender, list_copy]);
+    bounce(&s.conf, &[null_sender, list_copy]);
     for id in [null_sender, list_copy] {
         assert_eq!(row_at(&mut c, id), None);
         assert!(dsn_of(&mut c, id).is_none());
@@ -535,10 +517,7 @@ fn a_bounce_or_a_list_copy_is_never_bounced() {
 
 #[test]
 fn a_sender_that_is_not_one_valid_mailbox_gets_no_report_and_its_row_is_deleted() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-sender");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-sender", "").connect();
     let senders = [
         // A second recipient smuggled into the report's To:.
         "a@x>, <evil@y.example",
@@ -564,7 +543,7 @@ fn a_sender_that_is_not_one_valid_mailbox_gets_no_report_and_its_row_is_deleted(
         .unwrap();
         ids.push(id);
     }
-    let mut w = Worker::ready(&stage("bounce"), &conf);
+    let mut w = Worker::ready(&stage("bounce"), &s.conf);
     for line in w.run(&ids) {
         assert_eq!(code(&line), 0, "{line}");
     }
@@ -601,10 +580,7 @@ fn a_sender_that_is_not_one_valid_mailbox_gets_no_report_and_its_row_is_deleted(
 
 #[test]
 fn a_header_block_without_its_last_line_end_keeps_the_body_out_of_the_attached_headers() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-block-end");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-block-end", "").connect();
     // Stored without the line end of its last line; the body's first lines look like
     // header fields.
     let headers = b"From: Alice <alice@origin.example>\r\nSubject: Quarterly figures";
@@ -618,7 +594,7 @@ fn a_header_block_without_its_last_line_end_keeps_the_body_out_of_the_attached_h
                 ..Original::simple(json!({"failure_class": "permanent", "dsn": {"ret": ret}}))
             },
         );
-        bounce(&conf, &[id]);
+        bounce(&s.conf, &[id]);
         let p = parse(&dsn_of(&mut c, id).expect("a report").raw);
         assert_eq!(p.parts[2].0, kind, "RET={ret}");
         let attached = &p.parts[2].2;
@@ -647,15 +623,12 @@ fn a_header_block_without_its_last_line_end_keeps_the_body_out_of_the_attached_h
 
 #[test]
 fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-again");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-again", "").connect();
     let id = at_bounce(
         &mut c,
         &Original::simple(json!({"failure_class": "permanent"})),
     );
-    bounce(&conf, &[id]);
+    bounce(&s.conf, &[id]);
     let dsn = dsn_of(&mut c, id).expect("a report");
     // Its delivery fails for good.
     c.execute(
@@ -671,7 +644,7 @@ fn a_report_that_fails_later_is_moved_back_and_discarded_without_a_second() {
         Some(("bounce".into(), "pending".into()))
     );
     claim(&mut c, &[dsn.id]);
-    bounce(&conf, &[dsn.id]);
+    bounce(&s.conf, &[dsn.id]);
     assert_eq!(row_at(&mut c, dsn.id), None, "discarded");
     assert!(dsn_of(&mut c, dsn.id).is_none(), "no report of a report");
     let rows = queue_len(&mut c);
@@ -692,10 +665,7 @@ fn status_for(c: &mut Client, conf: &std::path::Path, state: Value) -> (String, 
 
 #[test]
 fn each_failure_class_gives_its_status_and_a_stage_given_one_wins() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-status");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-status", "").connect();
     for (class, status) in [
         ("permanent", "5.0.0"),
         ("retries-exhausted", "4.4.7"),
@@ -706,7 +676,7 @@ fn each_failure_class_gives_its_status_and_a_stage_given_one_wins() {
         ("unwritable", "5.3.0"),
     ] {
         assert_eq!(
-            status_for(&mut c, &conf, json!({ "failure_class": class })),
+            status_for(&mut c, &s.conf, json!({ "failure_class": class })),
             (status.to_string(), None),
             "{class}"
         );
@@ -714,7 +684,7 @@ fn each_failure_class_gives_its_status_and_a_stage_given_one_wins() {
     assert_eq!(
         status_for(
             &mut c,
-            &conf,
+            &s.conf,
             json!({"failure_class": "permanent", "dsn_status": "5.1.1",
                    "dsn_diagnostic": "smtp; 550 5.1.1 <bob@dest.example>: user unknown"})
         ),
@@ -730,20 +700,18 @@ fn each_failure_class_gives_its_status_and_a_stage_given_one_wins() {
 /// to BOUNCE_STAGE), three crashes and three hangs (moved by the bouncer's function).
 #[test]
 fn rows_failed_each_way_give_the_documented_status() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-ways");
-    let script = dir.write("fail67", "#!/bin/sh\nexit 67\n");
+    let b = Scenario::new("bounce-ways");
+    let script = b.dir().write("fail67", "#!/bin/sh\nexit 67\n");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let conf = config(
-        &dir,
-        &db,
+    let (s, mut c) = with_bounce(
+        b,
         &format!(
             "\n[stage-hard]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\
              [stage-soft]\nPROGRAM = {{exec}}\nCOMMAND = /bin/false\nMAX_LIFETIME = 1s\nBOUNCE_STAGE = bounce\n",
             script.display()
         ),
-    );
-    let mut c = db.client();
+    )
+    .connect();
     let inject_at = |c: &mut Client, stage: &str| -> i64 {
         let id: i64 = c
             .query_one(
@@ -761,7 +729,7 @@ fn rows_failed_each_way_give_the_documented_status() {
         id
     };
     let hard = inject_at(&mut c, "hard");
-    let mut w = Worker::ready(&stage("exec"), &conf);
+    let mut w = Worker::ready(&stage("exec"), &s.conf);
     assert_eq!(code(&w.run(&[hard])[0]), 65, "a permanent failure");
     let soft = inject_at(&mut c, "soft");
     assert_eq!(code(&w.run(&[soft])[0]), 0, "moved to the bounce stage");
@@ -802,7 +770,7 @@ fn rows_failed_each_way_give_the_documented_status() {
     assert_eq!(moved, 3);
     let ids = [hard, soft, crashed, hung];
     claim(&mut c, &ids);
-    bounce(&conf, &ids);
+    bounce(&s.conf, &ids);
     let mut statuses = Vec::new();
     for id in ids {
         let p = parse(&dsn_of(&mut c, id).expect("a report").raw);
@@ -814,10 +782,7 @@ fn rows_failed_each_way_give_the_documented_status() {
 
 #[test]
 fn eight_bit_bodies_and_utf8_headers_survive_intact() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-utf8");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-utf8", "").connect();
     let headers = "From: Jürgen <jürgen@bücher.example>\r\nTo: zoë@dest.example\r\n\
                    Subject: Grüße aus Köln – 東京\r\nMessage-ID: <utf8.1@bücher.example>\r\n"
         .as_bytes()
@@ -835,7 +800,7 @@ fn eight_bit_bodies_and_utf8_headers_survive_intact() {
                           "dsn": {"rcpt": {"zoë@dest.example": {"orcpt": "utf-8;zoë@dest.example"}}}}),
         },
     );
-    bounce(&conf, &[id]);
+    bounce(&s.conf, &[id]);
     let dsn = dsn_of(&mut c, id).expect("a report");
     assert_eq!(dsn.rcpt_to, ["jürgen@bücher.example"]);
     let p = parse(&dsn.raw);
@@ -874,7 +839,7 @@ fn eight_bit_bodies_and_utf8_headers_survive_intact() {
             ..Original::simple(json!({"failure_class": "permanent"}))
         },
     );
-    bounce(&conf, &[id]);
+    bounce(&s.conf, &[id]);
     let p = parse(&dsn_of(&mut c, id).unwrap().raw);
     assert_eq!(
         p.types()[1..],
@@ -886,10 +851,7 @@ fn eight_bit_bodies_and_utf8_headers_survive_intact() {
 
 #[test]
 fn bad_originals_still_give_a_report_and_never_a_crash() {
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-bad");
-    let conf = config(&dir, &db, "");
-    let mut c = db.client();
+    let (s, mut c) = scenario("bounce-bad", "").connect();
     let several_mb: Vec<u8> =
         b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\r\n".repeat(80_000);
     let long_line = [b"x".repeat(5000), b"\r\n".to_vec()].concat();
@@ -934,7 +896,7 @@ fn bad_originals_still_give_a_report_and_never_a_crash() {
         ),
         ("no body", Some(HEADERS), None, json!({}), "message/rfc822"),
     ];
-    let mut w = Worker::ready(&stage("bounce"), &conf);
+    let mut w = Worker::ready(&stage("bounce"), &s.conf);
     for (what, headers, body, mut state, attached) in cases {
         state["failure_class"] = json!("permanent");
         let id = at_bounce(
@@ -1004,22 +966,20 @@ fn a_bounce_stage_without_next_or_with_a_bad_limit_does_not_start() {
 #[test]
 fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
     use crate::util::bouncer::Bouncer;
-    use crate::util::dispatcher::Dispatcher;
 
-    let db = TestDb::new();
-    let dir = TempDir::new("bounce-e2e");
-    let mail = dir.path("mail");
-    let bounces = dir.path("bounces");
+    let b = Scenario::new("bounce-e2e");
+    let mail = b.dir().path("mail");
+    let bounces = b.dir().path("bounces");
     crate::util::shared_dir(&mail);
     crate::util::shared_dir(&bounces);
-    let relay = dir.write(
+    let relay = b.dir().write(
         "relay",
         &format!(
             "#!/bin/sh\ncase \",$PEPSI_RECIPIENTS,\" in\n  *@refused.example,*) echo 'refused.example refuses mail' >&2; exit 67 ;;\nesac\ncat > {}/$PEPSI_ID.eml\n",
             mail.display()
         ),
     );
-    let deliver = dir.write(
+    let deliver = b.dir().write(
         "deliver-bounce",
         &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", bounces.display()),
     );
@@ -1027,9 +987,8 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
         std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
     }
-    let conf = config(
-        &dir,
-        &db,
+    let s = with_bounce(
+        b,
         &format!(
             "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
              [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
@@ -1037,14 +996,15 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
             relay.display(),
             deliver.display()
         ),
-    );
+    )
+    .build();
     // Reports go to the folder instead of the default discard.
-    let text = std::fs::read_to_string(&conf)
+    let text = std::fs::read_to_string(&s.conf)
         .unwrap()
         .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
-    std::fs::write(&conf, text).unwrap();
+    std::fs::write(&s.conf, text).unwrap();
 
-    let mut c = db.client();
+    let mut c = s.client();
     let inject = |c: &mut Client, from: &str, to: &[&str], state: Value| -> i64 {
         let to: Vec<String> = to.iter().map(|s| s.to_string()).collect();
         c.query_one(
@@ -1078,8 +1038,8 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
         json!({"list_copy": true}),
     );
 
-    let mut d = Dispatcher::start(&conf, &[]);
-    let mut b = Bouncer::ready(&conf, &[]);
+    let mut d = s.start();
+    let mut b = Bouncer::ready(&s.conf, &[]);
     crate::util::wait_until(Duration::from_secs(60), "the queue is empty", || {
         queue_len(&mut c) == 0
     });

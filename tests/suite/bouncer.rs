@@ -17,6 +17,7 @@ use pepsi::bouncer::BATCH;
 use pepsi::db::sql;
 
 use crate::util::bouncer::Bouncer;
+use crate::util::scenario::{Builder, Scenario, programs};
 use crate::util::{
     TempDir, TestDb, bin, claim, inject, row_at, run, stage, state_of, stderr, wait_until,
     write_config,
@@ -28,22 +29,27 @@ const STAGES: &str = "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n\
                       [stage-bounce]\nPROGRAM = {pass}\nNEXT = dsn\n\n\
                       [stage-dsn]\nPROGRAM = {discard}\n";
 
-/// A configuration for `db`: `bouncer` as the `[pepsi-failure-bouncer]` section's body,
-/// then the stages, `{pass}` and `{discard}` standing for the stage programs.
+/// A scenario: `bouncer` as the `[pepsi-failure-bouncer]` section's body, then the
+/// stages, `{pass}` and `{discard}` standing for the stage programs.
+fn scenario_with(tag: &str, bouncer: &str, stages: &str) -> Builder {
+    Scenario::new(tag)
+        .section("pepsi-failure-bouncer", bouncer)
+        .stages(stages)
+}
+
+/// The usual scenario: `BOUNCE_STAGE = bounce`.
+fn scenario(tag: &str) -> Builder {
+    scenario_with(tag, "BOUNCE_STAGE = bounce\n", STAGES)
+}
+
+/// [`scenario_with`]'s configuration as a file for a database and directory of the
+/// caller's.
 fn config_with(dir: &TempDir, db: &TestDb, bouncer: &str, stages: &str) -> PathBuf {
-    let stages = stages
-        .replace("{pass}", stage("pass").to_str().unwrap())
-        .replace("{discard}", stage("discard").to_str().unwrap());
     write_config(
         dir,
         db,
-        &format!("[pepsi-failure-bouncer]\n{bouncer}\n{stages}"),
+        &format!("[pepsi-failure-bouncer]\n{bouncer}\n{}", programs(stages)),
     )
-}
-
-/// The usual configuration: `BOUNCE_STAGE = bounce`.
-fn config(dir: &TempDir, db: &TestDb) -> PathBuf {
-    config_with(dir, db, "BOUNCE_STAGE = bounce\n", STAGES)
 }
 
 /// `pepsi-failure-bouncer -c conf ARGS`.
@@ -127,11 +133,8 @@ fn notifications(listener: &mut postgres::Client, quiet: Duration) -> usize {
 
 #[test]
 fn a_row_failing_while_serve_runs_is_at_the_bounce_stage_within_a_second() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-listen");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
-    let mut b = Bouncer::ready(&conf, &[]);
+    let (s, mut c) = scenario("fb-listen").connect();
+    let mut b = Bouncer::ready(&s.conf, &[]);
     // Several in a row: each is the notification's doing (the next safety-net sweep is
     // a minute away), not a lucky sweep.
     for (i, status) in ["failed", "timeout", "failed", "failed", "timeout"]
@@ -164,10 +167,7 @@ fn a_row_failing_while_serve_runs_is_at_the_bounce_stage_within_a_second() {
 
 #[test]
 fn rows_that_failed_while_the_bouncer_was_down_are_swept_when_serve_starts() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-start");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (s, mut c) = scenario("fb-start").connect();
     let f1 = failed_at(&mut c, "a", "failed");
     let t1 = failed_at(&mut c, "b", "timeout");
     let f2 = failed_at(&mut c, "b", "failed");
@@ -182,7 +182,7 @@ fn rows_that_failed_while_the_bouncer_was_down_are_swept_when_serve_starts() {
         &[&paused],
     )
     .unwrap();
-    let mut b = Bouncer::ready(&conf, &[]);
+    let mut b = Bouncer::ready(&s.conf, &[]);
     for id in [f1, t1, f2] {
         assert_eq!(row_at(&mut c, id), at("bounce", "pending"), "{}", b.log());
     }
@@ -205,16 +205,13 @@ fn rows_that_failed_while_the_bouncer_was_down_are_swept_when_serve_starts() {
 
 #[test]
 fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-scope");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (s, mut c) = scenario("fb-scope").connect();
     let f1 = failed_at(&mut c, "a", "failed");
     let t1 = failed_at(&mut c, "a", "timeout");
     let f2 = failed_at(&mut c, "b", "failed");
     let t2 = failed_at(&mut c, "b", "timeout");
 
-    let log = sweep(&conf, &["--timeout-only"]);
+    let log = sweep(&s.conf, &["--timeout-only"]);
     assert_eq!(row_at(&mut c, t1), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, t2), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f1), at("a", "failed"), "{log}");
@@ -225,7 +222,7 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
     );
 
     let t3 = failed_at(&mut c, "a", "timeout");
-    let log = sweep(&conf, &["--failed-only"]);
+    let log = sweep(&s.conf, &["--failed-only"]);
     assert_eq!(row_at(&mut c, f1), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f2), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, t3), at("a", "timeout"), "{log}");
@@ -235,7 +232,7 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
     );
 
     let f3 = failed_at(&mut c, "b", "failed");
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, t3), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f3), at("bounce", "pending"), "{log}");
     assert!(
@@ -247,7 +244,7 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
         [t3, f3]
     );
 
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert!(
         log.contains("nothing to move to bounce stage bounce"),
         "{log}"
@@ -256,10 +253,7 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
 
 #[test]
 fn the_move_line_shows_the_rows_stage_escaped() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-escaped");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (s, mut c) = scenario("fb-escaped").connect();
     let id = failed_at(&mut c, "a", "failed");
     // A stage that a writer of the queue set: a terminal control, a forged log line, a
     // right-to-left override and a line separator.
@@ -269,7 +263,7 @@ fn the_move_line_shows_the_rows_stage_escaped() {
         &[&id, &odd],
     )
     .unwrap();
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, id), at("bounce", "pending"), "{log}");
     assert!(
         log.contains(&format!(
@@ -289,11 +283,8 @@ fn the_move_line_shows_the_rows_stage_escaped() {
 
 #[test]
 fn a_sweep_sends_one_notification_per_batch_and_none_when_nothing_moved() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-notify");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
-    let mut listener = db.client();
+    let (s, mut c) = scenario("fb-notify").connect();
+    let mut listener = s.client();
     listener
         .batch_execute(&format!("LISTEN {}", sql::CHANNEL_WORKQUEUE))
         .unwrap();
@@ -306,12 +297,12 @@ fn a_sweep_sends_one_notification_per_batch_and_none_when_nothing_moved() {
     failed_at(&mut c, "b", "timeout");
     // The injections notified too: not counted.
     notifications(&mut listener, quiet);
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert!(log.contains("moved 6 messages"), "{log}");
     assert_eq!(notifications(&mut listener, quiet), 1, "{log}");
 
     // Nothing to move: no notification.
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert!(log.contains("nothing to move"), "{log}");
     assert_eq!(notifications(&mut listener, quiet), 0, "{log}");
 
@@ -334,7 +325,7 @@ fn a_sweep_sends_one_notification_per_batch_and_none_when_nothing_moved() {
     )
     .unwrap();
     notifications(&mut listener, quiet);
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert!(
         log.contains(&format!("moved {n} messages to bounce stage bounce")),
         "{}",
@@ -345,10 +336,7 @@ fn a_sweep_sends_one_notification_per_batch_and_none_when_nothing_moved() {
 
 #[test]
 fn the_bounce_stages_own_failures_stay_and_an_undeliverable_dsn_goes_back_to_it() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-loop");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (s, mut c) = scenario("fb-loop").connect();
     // A bounce that failed at the bounce stage must not loop.
     let at_bounce = failed_at(&mut c, "bounce", "failed");
     let timed_out_at_bounce = failed_at(&mut c, "bounce", "timeout");
@@ -361,7 +349,7 @@ fn the_bounce_stages_own_failures_stay_and_an_undeliverable_dsn_goes_back_to_it(
         "failed",
         r#"{"failure_class": "permanent", "failed_stage": "dsn"}"#,
     );
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, at_bounce), at("bounce", "failed"), "{log}");
     assert_eq!(
         row_at(&mut c, timed_out_at_bounce),
@@ -377,17 +365,14 @@ fn the_bounce_stages_own_failures_stay_and_an_undeliverable_dsn_goes_back_to_it(
     );
     assert_eq!(moved_ids(&log).keys().copied().collect::<Vec<_>>(), [dsn]);
     // And again: still left alone.
-    let log = sweep(&conf, &[]);
+    let log = sweep(&s.conf, &[]);
     assert!(log.contains("nothing to move"), "{log}");
     assert_eq!(row_at(&mut c, at_bounce), at("bounce", "failed"));
 }
 
 #[test]
 fn a_moved_row_keeps_its_failure_or_gets_one_and_its_hops_start_afresh() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-state");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (sc, mut c) = scenario("fb-state").connect();
     let kept = inject(&mut c, "b", "s@x.example", &["r@y.example"]);
     fail(
         &mut c,
@@ -404,7 +389,7 @@ fn a_moved_row_keeps_its_failure_or_gets_one_and_its_hops_start_afresh() {
     )
     .unwrap();
     fail(&mut c, looped, "failed", r#"{"failure_class": "looped"}"#);
-    let log = sweep(&conf, &[]);
+    let log = sweep(&sc.conf, &[]);
     assert!(log.contains("moved 4 messages"), "{log}");
 
     let s = state_of(&mut c, kept);
@@ -439,10 +424,7 @@ fn a_moved_row_keeps_its_failure_or_gets_one_and_its_hops_start_afresh() {
 
 #[test]
 fn bouncers_at_once_never_move_a_row_twice() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-race");
-    let conf = config(&dir, &db);
-    let mut c = db.client();
+    let (sc, mut c) = scenario("fb-race").connect();
     // Every move to the bounce stage, as the database sees it.
     c.batch_execute(
         "CREATE TABLE public.moves (id bigint NOT NULL);
@@ -468,7 +450,7 @@ fn bouncers_at_once_never_move_a_row_twice() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let mut serve = Bouncer::ready(&conf, &[]);
+    let mut serve = Bouncer::ready(&sc.conf, &[]);
 
     // Eight threads calling the move with small batches, so that they contend on
     // every row, start with the failure's commit, beside the service and three sweeps.
@@ -476,7 +458,7 @@ fn bouncers_at_once_never_move_a_row_twice() {
     let barrier = Arc::new(Barrier::new(THREADS + 1));
     let threads: Vec<_> = (0..THREADS)
         .map(|_| {
-            let mut client = db.client();
+            let mut client = sc.client();
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 let statuses = ["failed", "timeout"];
@@ -505,7 +487,7 @@ fn bouncers_at_once_never_move_a_row_twice() {
         .map(|_| {
             let mut cmd = std::process::Command::new(bin("pepsi-failure-bouncer"));
             cmd.arg("-c")
-                .arg(&conf)
+                .arg(&sc.conf)
                 .arg("sweep")
                 .env_remove("PEPSI_CONFIG")
                 .stderr(std::process::Stdio::piped());
@@ -596,11 +578,9 @@ fn bouncers_at_once_never_move_a_row_twice() {
 
 #[test]
 fn sigterm_and_sigint_stop_serve_promptly_with_exit_0() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-signal");
-    let conf = config(&dir, &db);
+    let s = scenario("fb-signal").build();
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        let mut b = Bouncer::ready(&conf, &[]);
+        let mut b = Bouncer::ready(&s.conf, &[]);
         let sent = Instant::now();
         b.signal(signal);
         let status = b.wait(Duration::from_secs(5));
@@ -645,37 +625,32 @@ fn serve_waits_for_an_unreachable_database_and_a_signal_ends_the_wait() {
 
 #[test]
 fn a_missing_bounce_stage_exits_78_naming_the_key_and_the_file() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-unset");
-    let conf = config_with(&dir, &db, "", STAGES);
+    let s = scenario_with("fb-unset", "", STAGES).build();
     for args in [&["sweep"][..], &["serve"][..]] {
-        let out = bouncer(&conf, args);
+        let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let text = stderr(&out);
         assert!(
             text.contains("[pepsi-failure-bouncer] BOUNCE_STAGE is required but not set"),
             "{text}"
         );
-        assert!(text.contains(conf.to_str().unwrap()), "{text}");
+        assert!(text.contains(s.conf.to_str().unwrap()), "{text}");
     }
 }
 
 #[test]
 fn a_bounce_stage_naming_no_section_exits_78_unless_the_overlay_has_it() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-nosection");
-    let conf = config_with(&dir, &db, "BOUNCE_STAGE = bounces\n", STAGES);
-    let mut c = db.client();
+    let (s, mut c) = scenario_with("fb-nosection", "BOUNCE_STAGE = bounces\n", STAGES).connect();
     let id = failed_at(&mut c, "a", "failed");
     for args in [&["sweep"][..], &["serve"][..]] {
-        let out = bouncer(&conf, args);
+        let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let text = stderr(&out);
         assert!(
             text.contains(&format!(
                 "{}:{}: [pepsi-failure-bouncer] BOUNCE_STAGE: names stage \"bounces\", which has no [stage-bounces] section",
-                conf.display(),
-                line_of(&conf, "BOUNCE_STAGE")
+                s.conf.display(),
+                line_of(&s.conf, "BOUNCE_STAGE")
             )),
             "{text}"
         );
@@ -688,15 +663,13 @@ fn a_bounce_stage_naming_no_section_exits_78_unless_the_overlay_has_it() {
         &[&stage("discard").to_str().unwrap()],
     )
     .unwrap();
-    sweep(&conf, &[]);
+    sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, id), at("bounces", "pending"));
 }
 
 #[test]
 fn bad_arguments_exit_64_with_the_reason() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-usage");
-    let conf = config(&dir, &db);
+    let s = scenario("fb-usage").build();
     for (args, says) in [
         (&[][..], "missing subcommand"),
         (&["bounce"][..], "unknown subcommand \"bounce\""),
@@ -711,7 +684,7 @@ fn bad_arguments_exit_64_with_the_reason() {
         (&["sweep", "--once"][..], "unexpected argument \"--once\""),
         (&["sweep", "-v"][..], "must come before the subcommand"),
     ] {
-        let out = bouncer(&conf, args);
+        let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
     }
@@ -719,11 +692,9 @@ fn bad_arguments_exit_64_with_the_reason() {
 
 #[test]
 fn a_schema_mismatch_exits_78() {
-    let db = TestDb::empty();
-    let dir = TempDir::new("fb-schema");
-    let conf = config(&dir, &db);
+    let s = scenario("fb-schema").empty().build();
     for args in [&["sweep"][..], &["serve"][..]] {
-        let out = bouncer(&conf, args);
+        let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         assert!(
             stderr(&out).contains("run pepsi-setup schema"),
@@ -735,8 +706,7 @@ fn a_schema_mismatch_exits_78() {
 
 #[test]
 fn dispatch_check_reports_a_bounce_stage_without_a_section_at_its_line() {
-    let db = TestDb::new();
-    let dir = TempDir::new("fb-check");
+    let s = scenario("fb-check").build();
     let check = |conf: &Path, extra: &[&str]| {
         let mut args = vec!["-c", conf.to_str().unwrap(), "check"];
         args.extend_from_slice(extra);
@@ -744,11 +714,10 @@ fn dispatch_check_reports_a_bounce_stage_without_a_section_at_its_line() {
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
         (out.status.code(), text)
     };
-    let conf = config(&dir, &db);
-    let (code, text) = check(&conf, &[]);
+    let (code, text) = check(&s.conf, &[]);
     assert_eq!(code, Some(0), "{text}");
 
-    let conf = config_with(&dir, &db, "\nBOUNCE_STAGE = bounces\n", STAGES);
+    let conf = config_with(&s.dir, &s.db, "\nBOUNCE_STAGE = bounces\n", STAGES);
     let (code, text) = check(&conf, &[]);
     assert_eq!(code, Some(78), "{text}");
     assert!(

@@ -9,19 +9,28 @@ use std::time::Duration;
 
 use pepsi::protocol::WORKER_STAGE_ENV;
 
-use crate::util::dispatcher::Dispatcher;
+use crate::util::scenario::{Builder, Scenario, programs};
 use crate::util::worker::{Worker, code, report_stages};
 use crate::util::{TempDir, TestDb, bin, inject_claimed, row_at, run, stage, stderr, write_config};
 
-/// A configuration for `db` with `stages`, where `{pass}`, `{if}`, `{discard}` and
-/// `{exec}` stand for the stage programs.
+/// A scenario with `[pepsi-dispatch] POLL_INTERVAL` and `WORKER_IDLE_TIMEOUT` at 1s;
+/// its stages, given with [`Builder::stages`], may write `{pass}`, `{if}`, `{discard}`
+/// and `{exec}` for the stage programs.
+fn scenario(tag: &str) -> Builder {
+    Scenario::new(tag).section("pepsi-dispatch", DISPATCH)
+}
+
+/// The `[pepsi-dispatch]` section's body.
+const DISPATCH: &str = "POLL_INTERVAL = 1s\nWORKER_IDLE_TIMEOUT = 1s\n";
+
+/// [`scenario`]'s configuration with `stages` as a file for a database and directory of
+/// the caller's.
 fn config(dir: &TempDir, db: &TestDb, stages: &str) -> PathBuf {
-    let mut text =
-        format!("[pepsi-dispatch]\nPOLL_INTERVAL = 1s\nWORKER_IDLE_TIMEOUT = 1s\n\n{stages}");
-    for name in ["pass", "if", "discard", "exec"] {
-        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
-    }
-    write_config(dir, db, &text)
+    write_config(
+        dir,
+        db,
+        &format!("[pepsi-dispatch]\n{DISPATCH}\n{}", programs(stages)),
+    )
 }
 
 /// The 1-based line of the first line of `conf` that starts with `start`.
@@ -109,10 +118,8 @@ const GOOD: &str = "[stage-in]\nPROGRAM = {pass}\nNEXT = filter\n\n\
 
 #[test]
 fn check_passes_a_good_configuration() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-good");
-    let conf = config(&dir, &db, GOOD);
-    let out = check(&conf, &[]);
+    let s = scenario("c-good").stages(GOOD).build();
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     assert!(
         stdout(&out).contains("configuration OK (0 warnings)"),
@@ -164,30 +171,26 @@ fn an_incomplete_match_is_refused_by_check_naming_file_line_and_word() {
 
 #[test]
 fn one_bad_if_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-badif");
-    let conf = config(
-        &dir,
-        &db,
-        &GOOD.replace(
+    let s = scenario("c-badif")
+        .stages(&GOOD.replace(
             "sender-domain is bounce.example or state.spam is true",
             "sender-domain is bounce.example or",
-        ),
-    );
+        ))
+        .build();
     let named = format!(
         "{}:{}: [stage-filter] MATCH: ends with a dangling \"or\"",
-        conf.display(),
-        line_of(&conf, "MATCH")
+        s.conf.display(),
+        line_of(&s.conf, "MATCH")
     );
-    let out = serve_at_start(&conf);
+    let out = serve_at_start(&s.conf);
     assert_eq!(out.status.code(), Some(1), "{}", both(&out));
     assert!(stderr(&out).contains(&named), "{}", both(&out));
 
     // The good stages' workers run: `in` may not fuse into the bad `filter`, which
     // only stops that fusion.
-    let (first, status, err) = worker_for(&stage("discard"), &conf, "out");
+    let (first, status, err) = worker_for(&stage("discard"), &s.conf, "out");
     assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
-    let (first, status, err) = worker_for(&stage("pass"), &conf, "in");
+    let (first, status, err) = worker_for(&stage("pass"), &s.conf, "in");
     assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
     assert!(status.success(), "{err}");
     assert!(
@@ -195,15 +198,15 @@ fn one_bad_if_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
         "{err}"
     );
     // The bad stage's worker refuses to run, naming its section.
-    let (first, status, err) = worker_for(&stage("if"), &conf, "filter");
+    let (first, status, err) = worker_for(&stage("if"), &s.conf, "filter");
     assert_eq!(first, None, "{err}");
     assert_eq!(status.code(), Some(78), "{err}");
     assert!(err.contains(&named), "{err}");
 
     // A message at the good stage moves on (unfused) to the bad one and waits there.
-    let mut c = db.client();
+    let mut c = s.client();
     let id = inject_claimed(&mut c, "in", "a@x.example", &["r@y.example"]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[id]);
     assert_eq!(code(&lines[0]), 0, "{}", lines[0]);
     assert_eq!(report_stages(&lines[0]), vec!["in"], "{}", lines[0]);
@@ -259,19 +262,15 @@ fn a_bad_exec_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
 
 #[test]
 fn a_misspelt_key_is_a_warning_naming_the_nearest_key_in_the_file_and_the_overlay() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-typo");
-    let conf = config(
-        &dir,
-        &db,
-        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nPARALLELSIM = 4\n\n[stage-b]\nPROGRAM = {discard}\n",
-    );
+    let s = scenario("c-typo")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nPARALLELSIM = 4\n\n[stage-b]\nPROGRAM = {discard}\n")
+        .build();
     let in_file = format!(
         "{}:{}: [stage-a] PARALLELSIM: unknown key of pepsi-stage-pass, ignored; did you mean PARALLELISM?",
-        conf.display(),
-        line_of(&conf, "PARALLELSIM")
+        s.conf.display(),
+        line_of(&s.conf, "PARALLELSIM")
     );
-    let out = check(&conf, &[]);
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     assert!(
         stdout(&out).contains(&format!("warning: {in_file}")),
@@ -286,22 +285,22 @@ fn a_misspelt_key_is_a_warning_naming_the_nearest_key_in_the_file_and_the_overla
 
     // The same key as an overlay row, first as if written, then written.
     let in_overlay = "pepsi.config_override: [stage-b] PARALLELSIM: unknown key of pepsi-stage-discard, ignored; did you mean PARALLELISM?";
-    let out = check(&conf, &["--overlay", "stage-b", "PARALLELSIM", "2"]);
+    let out = check(&s.conf, &["--overlay", "stage-b", "PARALLELSIM", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     assert!(stdout(&out).contains(in_overlay), "{}", both(&out));
-    let mut c = db.client();
+    let mut c = s.client();
     c.execute(
         "INSERT INTO pepsi.config_override VALUES ('stage-b', 'PARALLELSIM', '2')",
         &[],
     )
     .unwrap();
-    let out = check(&conf, &[]);
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     assert!(stdout(&out).contains(in_overlay), "{}", both(&out));
     assert!(stdout(&out).contains(&in_file), "{}", both(&out));
 
     // The dispatcher starts and logs both.
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     d.wait_log(&in_file, Duration::from_secs(20));
     d.wait_log(in_overlay, Duration::from_secs(20));
     d.wait_log("serving 2 stages", Duration::from_secs(20));
@@ -346,10 +345,11 @@ fn check_names_a_program_that_is_missing_or_not_executable() {
 
 #[test]
 fn check_with_an_overlay_row_checks_it_without_writing_it() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-overlay");
-    let conf = config(&dir, &db, GOOD);
-    let out = check(&conf, &["--overlay", "stage-filter", "MATCH", "sender is"]);
+    let s = scenario("c-overlay").stages(GOOD).build();
+    let out = check(
+        &s.conf,
+        &["--overlay", "stage-filter", "MATCH", "sender is"],
+    );
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     assert!(
         stdout(&out).contains(
@@ -358,7 +358,7 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
         "{}",
         both(&out)
     );
-    let mut c = db.client();
+    let mut c = s.client();
     let rows: i64 = c
         .query_one("SELECT count(*) FROM pepsi.config_override", &[])
         .unwrap()
@@ -366,7 +366,7 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
     assert_eq!(rows, 0, "check writes nothing");
     // A valid row, and an empty value that unsets a key the section needs.
     let out = check(
-        &conf,
+        &s.conf,
         &[
             "--overlay",
             "stage-filter",
@@ -375,7 +375,7 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let out = check(&conf, &["--overlay", "stage-filter", "ELSE_STAGE", ""]);
+    let out = check(&s.conf, &["--overlay", "stage-filter", "ELSE_STAGE", ""]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     assert!(
         stdout(&out).contains("[stage-filter] ELSE_STAGE: is required but not set"),
@@ -383,26 +383,22 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
         both(&out)
     );
     // A usage error is 64.
-    let out = check(&conf, &["--overlay", "stage-filter", "MATCH"]);
+    let out = check(&s.conf, &["--overlay", "stage-filter", "MATCH"]);
     assert_eq!(out.status.code(), Some(64), "{}", both(&out));
 }
 
 #[test]
 fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-stage-name");
-    let conf = config(
-        &dir,
-        &db,
-        &format!("{GOOD}\n[stage-re lay]\nPROGRAM = {{discard}}\n"),
-    );
-    let out = check(&conf, &[]);
+    let s = scenario("c-stage-name")
+        .stages(&format!("{GOOD}\n[stage-re lay]\nPROGRAM = {{discard}}\n"))
+        .build();
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
-    let line = line_of(&conf, "[stage-re lay]");
+    let line = line_of(&s.conf, "[stage-re lay]");
     assert!(
         stdout(&out).contains(&format!(
             "error: {}:{line}: section name \"stage-re lay\" is not valid",
-            conf.display()
+            s.conf.display()
         )),
         "{}",
         both(&out)
@@ -410,9 +406,9 @@ fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row()
 
     // The overlay's rows: a stage whose name would drive a terminal, and one with a
     // line break, each refused naming its row, shown escaped.
-    let conf = config(&dir, &db, GOOD);
+    let conf = config(&s.dir, &s.db, GOOD);
     let pass = stage("pass");
-    let mut c = db.client();
+    let mut c = s.client();
     for section in ["stage-ev\u{1b}[2Jil", "stage-a\r\nfake"] {
         c.execute(
             "INSERT INTO pepsi.config_override VALUES ($1, 'PROGRAM', $2)",
@@ -443,12 +439,10 @@ fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row()
 
 #[test]
 fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-reload");
-    let conf = config(&dir, &db, GOOD);
-    let mut d = Dispatcher::start(&conf, &[]);
+    let s = scenario("c-reload").stages(GOOD).build();
+    let mut d = s.start();
     d.wait_log("serving 3 stages", Duration::from_secs(20));
-    db.client()
+    s.client()
         .execute(
             "INSERT INTO pepsi.config_override VALUES ('stage-filter', 'MATCH', 'sender-domain is x garbage')",
             &[],
@@ -467,10 +461,8 @@ fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
 
 #[test]
 fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-settings");
-    let conf = config(&dir, &db, GOOD);
-    db.client()
+    let s = scenario("c-settings").stages(GOOD).build();
+    s.client()
         .execute(
             "INSERT INTO pepsi.settings VALUES \
              ('r@y.example', 'filter', 'NEXT', 'out'), \
@@ -485,7 +477,7 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
             &[],
         )
         .unwrap();
-    let out = check(&conf, &[]);
+    let out = check(&s.conf, &[]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -512,11 +504,9 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
 
 #[test]
 fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-program");
-    let conf = config(&dir, &db, GOOD);
+    let s = scenario("c-program").stages(GOOD).build();
     let refused = "error: pepsi.config_override: [stage-out] PROGRAM: \"/tmp/x\" is refused: it is not under [pepsi] PROGRAM_PATH (builtin:/usr/lib/pepsi)";
-    let out = check(&conf, &["--overlay", "stage-out", "PROGRAM", "/tmp/x"]);
+    let out = check(&s.conf, &["--overlay", "stage-out", "PROGRAM", "/tmp/x"]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     assert!(stdout(&out).contains(refused), "{}", both(&out));
     assert!(
@@ -526,34 +516,29 @@ fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
     );
     // A program the file names (at any stage) is no such problem.
     let discard = stage("discard").display().to_string();
-    let out = check(&conf, &["--overlay", "stage-in", "PROGRAM", &discard]);
+    let out = check(&s.conf, &["--overlay", "stage-in", "PROGRAM", &discard]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     // A stored row is reported the same way.
-    db.client()
+    s.client()
         .execute(
             "INSERT INTO pepsi.config_override VALUES ('stage-out', 'PROGRAM', '/tmp/x')",
             &[],
         )
         .unwrap();
-    let out = check(&conf, &[]);
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     assert!(stdout(&out).contains(refused), "{}", both(&out));
 }
 
 #[test]
 fn a_reload_ignores_an_overlay_program_outside_program_path_and_applies_the_rest() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-program-reload");
-    let conf = config(
-        &dir,
-        &db,
-        &format!(
+    let (s, mut c) = scenario("c-program-reload")
+        .stages(&format!(
             "{GOOD}\n[pepsi]\nPROGRAM_PATH = {}\n",
             crate::util::stage_dir().display()
-        ),
-    );
-    let mut c = db.client();
-    let mut d = Dispatcher::start(&conf, &[]);
+        ))
+        .connect();
+    let mut d = s.start();
     d.wait_log("serving 3 stages", Duration::from_secs(20));
     // One statement: a PROGRAM outside PROGRAM_PATH, an attempt to widen PROGRAM_PATH
     // through the overlay, and a change that applies.
@@ -617,26 +602,22 @@ fn a_reload_ignores_an_overlay_program_outside_program_path_and_applies_the_rest
 
 #[test]
 fn a_cycle_is_a_warning_of_check_and_at_start() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-cycle");
-    let conf = config(
-        &dir,
-        &db,
-        "[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\n\n[stage-loop2]\nPROGRAM = {pass}\nNEXT = loop1\n",
-    );
+    let s = scenario("c-cycle")
+        .stages("[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\n\n[stage-loop2]\nPROGRAM = {pass}\nNEXT = loop1\n")
+        .build();
     let warning = format!(
         "{}:{}: [stage-loop1] the stage references form a cycle: loop1 → loop2 → loop1",
-        conf.display(),
-        line_of(&conf, "[stage-loop1]")
+        s.conf.display(),
+        line_of(&s.conf, "[stage-loop1]")
     );
-    let out = check(&conf, &[]);
+    let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     assert!(
         stdout(&out).contains(&format!("warning: {warning}")),
         "{warning}\n{}",
         both(&out)
     );
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     d.wait_log(&warning, Duration::from_secs(20));
     d.wait_log("serving 2 stages", Duration::from_secs(20));
     assert!(d.terminate().success(), "{}", d.log());
@@ -676,10 +657,8 @@ fn the_usage_names_check() {
 
 #[test]
 fn a_worker_started_for_a_stage_without_a_section_exits_78() {
-    let db = TestDb::new();
-    let dir = TempDir::new("c-nosection");
-    let conf = config(&dir, &db, GOOD);
-    let (first, status, err) = worker_for(&stage("pass"), &conf, "gone");
+    let s = scenario("c-nosection").stages(GOOD).build();
+    let (first, status, err) = worker_for(&stage("pass"), &s.conf, "gone");
     assert_eq!(first, None, "{err}");
     assert_eq!(status.code(), Some(78), "{err}");
     assert!(

@@ -14,9 +14,10 @@ use postgres::Client;
 use postgres::error::SqlState;
 use serde_json::json;
 
-use super::dispatch::{conf, queue_len};
 use super::roles::{admin_login, drain_with_split_roles, inject_login, worker_login};
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::queue_len;
+use crate::util::scenario::conf;
 use crate::util::{
     TempDir, TestDb, bin, is_root, row_at, run, shared_dir, stage, stderr, wait_until, write_config,
 };

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use super::dispatch::{conf, wait_empty};
+use crate::util::Scenario;
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::wait_empty;
+use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -48,13 +50,13 @@ const ONE_SLOT: &str = "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIM
 
 #[test]
 fn a_small_sender_is_not_delayed_by_a_flood() {
-    let db = TestDb::new();
-    let dir = TempDir::new("f-flood");
-    let conf = conf(&dir, &db, "", ONE_SLOT);
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("f-flood")
+        .timers("")
+        .stages(ONE_SLOT)
+        .connect();
     record_finishes(&mut c);
     inject(&mut c, "a.example", 2000, 5);
-    let d = Dispatcher::start(&conf, &[]);
+    let d = s.start();
     crate::util::wait_until(30 * SEC, "the flood is under way", || {
         finished_count(&mut c) >= 20
     });
@@ -135,16 +137,16 @@ fn senders_share_a_stages_worker_time_not_its_message_count() {
 
 #[test]
 fn without_fair_scheduling_the_claim_is_strictly_oldest_first() {
-    let db = TestDb::new();
-    let dir = TempDir::new("f-off");
-    let conf = conf(&dir, &db, "FAIR_SCHEDULING = no", ONE_SLOT);
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("f-off")
+        .timers("FAIR_SCHEDULING = no")
+        .stages(ONE_SLOT)
+        .connect();
     record_finishes(&mut c);
     for _ in 0..10 {
         inject(&mut c, "a.example", 5, 0);
         inject(&mut c, "b.example", 1, 0);
     }
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_empty(&mut c, 60 * SEC);
     let order: Vec<i64> = c
         .query("SELECT workqueue_id FROM finished ORDER BY n", &[])

@@ -1,11 +1,9 @@
 //! The schema, `pepsi-setup`, the configuration overlay and the global options, against
 //! a real PostgreSQL.
 
-use std::time::Duration;
-
 use postgres::Client;
-use postgres::fallible_iterator::FallibleIterator;
 
+use crate::util::notify::{listen, notified};
 use crate::util::{TempDir, TestDb, bin, run, stderr, write_config};
 
 fn sender_key(
@@ -233,29 +231,7 @@ fn body_gc_removes_orphans_only() {
 
 /// A LISTEN session on every channel Pepsi uses plus a sentinel.
 fn listener(db: &TestDb) -> Client {
-    let mut l = db.client();
-    l.batch_execute(
-        "LISTEN workqueue; LISTEN workqueue_failed; LISTEN config_changed; LISTEN sentinel",
-    )
-    .unwrap();
-    l
-}
-
-/// The channels notified until the sentinel arrives. `writer` sends the sentinel after
-/// its own work, and notifications are delivered in commit order, so whatever the work
-/// notified has arrived by then.
-fn channels_until_sentinel(l: &mut Client, writer: &mut Client) -> Vec<String> {
-    writer.batch_execute("NOTIFY sentinel").unwrap();
-    let mut seen = Vec::new();
-    let mut n = l.notifications();
-    let mut it = n.timeout_iter(Duration::from_secs(10));
-    while let Some(note) = it.next().unwrap() {
-        if note.channel() == "sentinel" {
-            return seen;
-        }
-        seen.push(note.channel().to_string());
-    }
-    panic!("the sentinel notification never arrived; saw {seen:?}");
+    listen(db, &["workqueue", "workqueue_failed", "config_changed"])
 }
 
 #[test]
@@ -270,7 +246,7 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(channels_until_sentinel(&mut l, &mut c), vec!["workqueue"]);
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue"]);
 
     c.execute(
         "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $1",
@@ -283,7 +259,7 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
     )
     .unwrap();
     assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
+        notified(&mut l, &mut c),
         Vec::<String>::new(),
         "an advance notifies nothing"
     );
@@ -293,16 +269,13 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         &[&id],
     )
     .unwrap();
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        Vec::<String>::new()
-    );
+    assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
     let n: i32 = c
         .query_one("SELECT pepsi.workqueue_resume(ARRAY[$1::bigint])", &[&id])
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
-    assert_eq!(channels_until_sentinel(&mut l, &mut c), vec!["workqueue"]);
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue"]);
 
     // Resume by stage/status, and a resume that matches nothing is silent.
     c.execute(
@@ -312,10 +285,7 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         &[&id],
     )
     .unwrap();
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        vec!["workqueue_failed"]
-    );
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue_failed"]);
     let n: i32 = c
         .query_one(
             "SELECT pepsi.workqueue_resume('b', 'failed'::pepsi.workqueue_status)",
@@ -324,7 +294,7 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
-    assert_eq!(channels_until_sentinel(&mut l, &mut c), vec!["workqueue"]);
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue"]);
     // A resumed row starts afresh, its retry backoff included; the last error stays.
     let state: String = c
         .query_one(
@@ -339,10 +309,7 @@ fn inject_and_resume_notify_but_an_advance_does_not() {
         .unwrap()
         .get(0);
     assert_eq!(n, 0);
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        Vec::<String>::new()
-    );
+    assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
     let status: String = c
         .query_one(
             "SELECT status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
@@ -365,32 +332,23 @@ fn failed_and_timeout_rows_notify_workqueue_failed() {
         )
         .unwrap()
         .get(0);
-    channels_until_sentinel(&mut l, &mut c);
+    notified(&mut l, &mut c);
     c.execute(
         "UPDATE pepsi.workqueue SET status = 'timeout' WHERE workqueue_id = $1",
         &[&id],
     )
     .unwrap();
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        vec!["workqueue_failed"]
-    );
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue_failed"]);
     // Staying failed/timeout (an update of the state only) does not notify again.
     c.execute("UPDATE pepsi.workqueue SET status = 'timeout', state = '{\"x\":1}' WHERE workqueue_id = $1", &[&id])
         .unwrap();
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        Vec::<String>::new()
-    );
+    assert_eq!(notified(&mut l, &mut c), Vec::<String>::new());
     c.execute(
         "UPDATE pepsi.workqueue SET status = 'failed' WHERE workqueue_id = $1",
         &[&id],
     )
     .unwrap();
-    assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
-        vec!["workqueue_failed"]
-    );
+    assert_eq!(notified(&mut l, &mut c), vec!["workqueue_failed"]);
 }
 
 #[test]
@@ -404,7 +362,7 @@ fn the_config_override_trigger_notifies_config_changed() {
     )
     .unwrap();
     assert_eq!(
-        channels_until_sentinel(&mut l, &mut c),
+        notified(&mut l, &mut c),
         vec!["config_changed"],
         "once per statement"
     );

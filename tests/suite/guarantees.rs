@@ -15,11 +15,12 @@ use postgres::{Client, GenericClient};
 use pepsi::db::sql;
 use pepsi::protocol::session_pattern;
 
-use super::dispatch::{
-    conf, count, inject_fault, inject_many, queue_len, record_pauses, wait_count, wait_empty,
-    wait_status,
-};
+use crate::util::Scenario;
 use crate::util::dispatcher::{Dispatcher, alive};
+use crate::util::rows::{
+    count, inject_fault, inject_many, queue_len, record_pauses, wait_count, wait_empty, wait_status,
+};
+use crate::util::scenario::conf;
 use crate::util::worker::{Worker, code};
 use crate::util::{TempDir, TestDb, inject, row_at, stage, state_of, wait_until};
 
@@ -56,21 +57,16 @@ fn lock_row(tx: &mut postgres::Transaction<'_>, id: i64) {
 
 #[test]
 fn a_stale_outcome_from_an_earlier_claim_cannot_land() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-stale");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("g-stale")
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\nFUSION = no\n")
+        .connect();
     let id = inject(&mut c, "a", "s@x.example", &["r@y.example"]);
     let first = claim_token(&mut c, "a", id);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     // Another session holds the row, so the first claim's worker loads it but its
     // guarded write waits for the lock: a statement still executing on the server.
-    let mut locker = db.client();
+    let mut locker = s.client();
     let mut tx = locker.transaction().unwrap();
     lock_row(&mut tx, id);
     w.send(&[id]);
@@ -131,27 +127,24 @@ fn a_stale_outcome_from_an_earlier_claim_cannot_land() {
 
 #[test]
 fn a_row_locked_by_another_session_stops_no_other_claims() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-locked");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n\
+    let (s, mut c) = Scenario::new("g-locked")
+        .timers("")
+        .stages(
+            "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n\
          [stage-b]\nPROGRAM = {pass}\nNEXT = c\nFUSION = no\n\n\
          [stage-c]\nPROGRAM = {discard}\nFUSION = no\n",
-    );
-    let mut c = db.client();
+        )
+        .connect();
     let at_a = inject_many(&mut c, "a", "s@x.example", 50);
     inject_many(&mut c, "b", "s@x.example", 50);
     // The oldest pending row at a, the first one every claim of a picks, is locked
     // before the dispatcher starts.
     let held = at_a[0];
-    let mut locker = db.client();
+    let mut locker = s.client();
     let mut tx = locker.transaction().unwrap();
     lock_row(&mut tx, held);
     let locked_at = Instant::now();
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_until(
         Duration::from_secs(40),
         "every row but the locked one drains",
@@ -177,17 +170,12 @@ fn a_row_locked_by_another_session_stops_no_other_claims() {
 
 #[test]
 fn a_hung_worker_inside_a_statement_is_killed_and_its_session_terminated() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-dbsleep");
-    let conf = conf(
-        &dir,
-        &db,
-        "MAX_RUNTIME = 3s",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("g-dbsleep")
+        .timers("MAX_RUNTIME = 3s")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n")
+        .connect();
     let id = inject_fault(&mut c, "s", "db-sleep");
-    let d = Dispatcher::start(&conf, &[]);
+    let d = s.start();
     let mut session = None;
     wait_until(
         Duration::from_secs(60),
@@ -342,18 +330,13 @@ fn a_python_worker_killed_at_max_runtime_leaves_no_database_session_behind() {
 
 #[test]
 fn a_dead_coordinator_thread_makes_the_dispatcher_exit_70_with_no_row_running() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-panic");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\nQUEUE_LIMIT = 2\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("g-panic")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\nQUEUE_LIMIT = 2\n")
+        .connect();
     inject_many(&mut c, "s", "a@x.example", 300);
     let mut d = Dispatcher::start(
-        &conf,
+        &s.conf,
         &[
             ("PEPSI_FAULT_COORDINATOR_PANIC", "3"),
             ("FAULT_DELAY_MS", "300"),
@@ -384,16 +367,11 @@ fn a_dead_coordinator_thread_makes_the_dispatcher_exit_70_with_no_row_running() 
 
 #[test]
 fn a_report_naming_an_unknown_stage_or_absurd_microseconds_changes_no_statistics() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-report");
+    let (s, mut c) = Scenario::new("g-report")
+        .timers("MAX_RUNTIME = 30s")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n")
+        .connect();
     let max_runtime_us: i64 = 30_000_000;
-    let conf = conf(
-        &dir,
-        &db,
-        "MAX_RUNTIME = 30s",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n",
-    );
-    let mut c = db.client();
     // Without a NEXT the fault worker deletes the rows. Two absurd reports or more in
     // one flush would overflow a 64-bit sum.
     let n = 6;
@@ -401,7 +379,7 @@ fn a_report_naming_an_unknown_stage_or_absurd_microseconds_changes_no_statistics
         inject_fault(&mut c, "s", "report-unknown");
         inject_fault(&mut c, "s", "report-huge");
     }
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_empty(&mut c, Duration::from_secs(60));
     // The idle flush writes the burst's numbers.
     wait_count(
@@ -567,19 +545,14 @@ fn terminate_lock_holder(c: &mut Client) -> i64 {
 
 #[test]
 fn losing_the_dispatcher_lock_kills_every_worker_and_the_pipeline_goes_on() {
-    let db = TestDb::new();
-    let dir = TempDir::new("g-locklost");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 3\nQUEUE_LIMIT = 2\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("g-locklost")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 3\nQUEUE_LIMIT = 2\n")
+        .connect();
     record_pauses(&mut c);
     // About 30 s of work for three workers.
     inject_many(&mut c, "s", "a@x.example", 600);
-    let mut d = Dispatcher::start(&conf, &[("FAULT_DELAY_MS", "300")]);
+    let mut d = s.start_with(&[("FAULT_DELAY_MS", "300")]);
     wait_until(Duration::from_secs(60), "three workers are busy", || {
         d.children().len() >= 3
     });
@@ -608,9 +581,12 @@ fn losing_the_dispatcher_lock_kills_every_worker_and_the_pipeline_goes_on() {
 
 #[test]
 fn upgrading_from_schema_1_keeps_rows_in_flight() {
-    let db = TestDb::empty();
-    let dir = TempDir::new("g-upgrade");
-    let mut c = db.client();
+    let s = Scenario::new("g-upgrade")
+        .empty()
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\n")
+        .build();
+    let mut c = s.client();
     // A database as release 1 left it, with rows pending and in flight.
     crate::util::install_schema_upto(&mut c, 1);
     let ids = inject_many(&mut c, "a", "a@x.example", 20);
@@ -620,13 +596,7 @@ fn upgrading_from_schema_1_keeps_rows_in_flight() {
         &[&in_flight],
     )
     .unwrap();
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\n\n[stage-b]\nPROGRAM = {discard}\n",
-    );
-    crate::util::upgrade_with_setup(&mut c, &conf);
+    crate::util::upgrade_with_setup(&mut c, &s.conf);
     let rows: Vec<(i64, String, i64)> = c
         .query(
             "SELECT workqueue_id, status::text, claim FROM pepsi.workqueue ORDER BY workqueue_id",
@@ -649,7 +619,7 @@ fn upgrading_from_schema_1_keeps_rows_in_flight() {
         .collect();
     assert_eq!(rows, want, "every row kept, unclaimed under the new tokens");
     // The start-up reset returns the in-flight rows to pending; all of them drain.
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_empty(&mut c, Duration::from_secs(60));
     let status = d.terminate();
     assert!(status.success(), "{status:?}\n{}", d.log());

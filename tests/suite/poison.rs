@@ -3,33 +3,22 @@
 //! database always refuses, garbage counters). Each must hurt only its own row, never
 //! its batch, never forever, and never lose the row's state.
 
-use std::path::PathBuf;
-
 use postgres::Client;
 
+use crate::util::scenario::{Builder, Scenario};
 use crate::util::worker::{Worker, code};
-use crate::util::{
-    TempDir, TestDb, claim, due_in_secs, inject, row_at, stage, state_of, write_config,
-};
+use crate::util::{TestDb, claim, due_in_secs, inject, row_at, stage, state_of};
 
 /// `pass` at `p` advancing to `q` (a discard), unfused, batches of up to 8.
 const PASS_TO_Q: &str = "[stage-p]\nPROGRAM = {pass}\nNEXT = q\nQUEUE_LIMIT = 8\n\n\
                          [stage-q]\nPROGRAM = {discard}\n";
 
-/// A config without fusion and with the given stage sections; `{pass}`, `{discard}`
+/// A scenario without fusion and with the given stage sections; `{pass}`, `{discard}`
 /// stand for the stage programs.
-fn config(dir: &TempDir, db: &TestDb, stages: &str) -> PathBuf {
-    let text = stages
-        .replace("{pass}", stage("pass").to_str().unwrap())
-        .replace("{discard}", stage("discard").to_str().unwrap());
-    let conf = write_config(dir, db, &text);
-    let body = std::fs::read_to_string(&conf).unwrap().replacen(
-        "RUN_AS = root\n",
-        "RUN_AS = root\nALLOW_FUSION = no\n",
-        1,
-    );
-    std::fs::write(&conf, body).unwrap();
-    conf
+fn scenario(tag: &str, stages: &str) -> Builder {
+    Scenario::new(tag)
+        .pepsi("ALLOW_FUSION = no\n")
+        .stages(stages)
 }
 
 /// Replaces a row's state with this JSON text (parsed by PostgreSQL, not by serde).
@@ -84,15 +73,12 @@ const BIG_NUMBERS: &str = r#"{"n": 1e400, "big": 123456789012345678901234567890,
 
 #[test]
 fn a_state_with_numbers_beyond_f64_and_u64_round_trips_exactly_through_a_stage() {
-    let db = TestDb::new();
-    let dir = TempDir::new("p-numbers");
-    let conf = config(&dir, &db, PASS_TO_Q);
-    let mut c = db.client();
+    let (s, mut c) = scenario("p-numbers", PASS_TO_Q).connect();
     let id = inject(&mut c, "p", "a@x.example", &["r@y.example"]);
     set_state(&mut c, id, BIG_NUMBERS);
     let before = state_text(&mut c, id);
     claim(&mut c, &[id]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     assert_eq!(code(&w.run(&[id])[0]), 0);
     assert_eq!(row_at(&mut c, id), Some(("q".into(), "pending".into())));
     assert!(
@@ -104,10 +90,7 @@ fn a_state_with_numbers_beyond_f64_and_u64_round_trips_exactly_through_a_stage()
 
 #[test]
 fn a_state_the_worker_cannot_read_fails_the_row_and_keeps_every_key() {
-    let db = TestDb::new();
-    let dir = TempDir::new("p-deep");
-    let conf = config(&dir, &db, PASS_TO_Q);
-    let mut c = db.client();
+    let (s, mut c) = scenario("p-deep", PASS_TO_Q).connect();
     let good = inject(&mut c, "p", "a@x.example", &["r@y.example"]);
     let bad = inject(&mut c, "p", "a@x.example", &["r@y.example"]);
     // Valid jsonb, nested deeper than serde_json reads.
@@ -118,7 +101,7 @@ fn a_state_the_worker_cannot_read_fails_the_row_and_keeps_every_key() {
     );
     set_state(&mut c, bad, &deep);
     claim(&mut c, &[good, bad]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[good, bad]);
     assert_eq!(code(&lines[0]), 0);
     assert_eq!(code(&lines[1]), 65, "{}", lines[1]);
@@ -142,10 +125,7 @@ fn a_state_the_worker_cannot_read_fails_the_row_and_keeps_every_key() {
 
 #[test]
 fn infinite_timestamps_do_not_stop_a_batch() {
-    let db = TestDb::new();
-    let dir = TempDir::new("p-infinity");
-    let conf = config(&dir, &db, PASS_TO_Q);
-    let mut c = db.client();
+    let (s, mut c) = scenario("p-infinity", PASS_TO_Q).connect();
     // Schema 3 refuses such values from now on; a database changed by hand, or rows
     // written before, may still hold them.
     c.batch_execute(
@@ -193,7 +173,7 @@ fn infinite_timestamps_do_not_stop_a_batch() {
         "UPDATE pepsi.workqueue SET status = 'paused', timeout = NULL WHERE workqueue_id = $1",
         paused_null,
     );
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&ids);
     for (line, id) in lines.iter().zip(&ids) {
         assert_eq!(code(line), 0, "message {id}: {line}");
@@ -237,10 +217,7 @@ const POISONED: &str = r#"{"dsn_created": "2024-01-01T00:00:00Z", "poison": true
 
 #[test]
 fn a_row_that_cannot_be_loaded_fails_alone_as_unreadable_and_its_batch_runs() {
-    let db = TestDb::new();
-    let dir = TempDir::new("p-unloadable");
-    let conf = config(&dir, &db, PASS_TO_Q);
-    let mut c = db.client();
+    let (s, mut c) = scenario("p-unloadable", PASS_TO_Q).connect();
     poison_loads(&mut c);
     let ids: Vec<i64> = (0..5)
         .map(|_| inject(&mut c, "p", "a@x.example", &["r@y.example"]))
@@ -258,7 +235,7 @@ fn a_row_that_cannot_be_loaded_fails_alone_as_unreadable_and_its_batch_runs() {
         &[&paused_bad],
     )
     .unwrap();
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[good1, bad, good2, paused_bad]);
     assert_eq!(
         lines.iter().map(|l| code(l)).collect::<Vec<_>>(),
@@ -301,10 +278,7 @@ fn a_row_that_cannot_be_loaded_fails_alone_as_unreadable_and_its_batch_runs() {
 
 #[test]
 fn an_outcome_the_database_always_refuses_fails_as_unwritable_after_5_attempts() {
-    let db = TestDb::new();
-    let dir = TempDir::new("p-unwritable");
-    let conf = config(&dir, &db, PASS_TO_Q);
-    let mut c = db.client();
+    let (s, mut c) = scenario("p-unwritable", PASS_TO_Q).connect();
     // An operator's constraint that this message's advance violates, every time.
     c.batch_execute(
         "ALTER TABLE pepsi.workqueue ADD CONSTRAINT refuse_q \
@@ -322,7 +296,7 @@ fn an_outcome_the_database_always_refuses_fails_as_unwritable_after_5_attempts()
     let garbage = inject(&mut c, "p", "refused@x.example", &["r@y.example"]);
     set_state(&mut c, garbage, r#"{"unwritten": "x"}"#);
     claim(&mut c, &[good, bad, garbage]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[good, bad, garbage]);
     assert_eq!(code(&lines[0]), 0);
     assert_eq!(row_at(&mut c, good), Some(("q".into(), "pending".into())));

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::dispatch::{conf, count, inject_fault, inject_many, wait_count, wait_empty};
+use crate::util::Scenario;
 use crate::util::dispatcher::Dispatcher;
+use crate::util::rows::{count, inject_fault, inject_many, wait_count, wait_empty};
+use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb, bin, row_at, run, state_of, stderr, wait_until};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -41,17 +43,14 @@ fn record_claims(c: &mut Client) {
 
 #[test]
 fn a_loop_between_two_stages_fails_the_message_as_looped_at_max_hops() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-loop");
-    let conf = conf(
-        &dir,
-        &db,
-        "MAX_HOPS = 10",
-        "[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\nFUSION = no\n\n\
+    let (s, mut c) = Scenario::new("r-loop")
+        .timers("MAX_HOPS = 10")
+        .stages(
+            "[stage-loop1]\nPROGRAM = {pass}\nNEXT = loop2\nFUSION = no\n\n\
          [stage-loop2]\nPROGRAM = {pass}\nNEXT = loop1\nFUSION = no\n\n\
          [stage-r1]\nPROGRAM = {fault}\nNEXT = r2\n\n[stage-r2]\nPROGRAM = {fault}\n",
-    );
-    let mut c = db.client();
+        )
+        .connect();
     c.batch_execute(
         "CREATE TABLE hops_at_end (workqueue_id bigint, hops int);
          CREATE FUNCTION hops_at_end() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
@@ -63,7 +62,7 @@ fn a_loop_between_two_stages_fails_the_message_as_looped_at_max_hops() {
     let looping = inject_many(&mut c, "loop1", "a@x.example", 1)[0];
     // A retry at one stage is not a hop: claimed twice at r1 and once at r2, two hops.
     let retried = inject_fault(&mut c, "r1", "tempfail-once");
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_until(20 * SEC, "the looping message fails", || {
         row_at(&mut c, looping).is_some_and(|r| r.1 == "failed")
     });
@@ -99,15 +98,10 @@ fn a_loop_between_two_stages_fails_the_message_as_looped_at_max_hops() {
 
 #[test]
 fn a_paused_row_due_at_infinity_or_never_stops_no_claim() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-inf");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-inf")
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {pass}\nNEXT = b\nFUSION = no\n\n[stage-b]\nPROGRAM = {discard}\n")
+        .connect();
     // Rows stored before schema 3's check could hold anything.
     c.batch_execute("ALTER TABLE pepsi.workqueue DROP CONSTRAINT workqueue_paused_timeout_check")
         .unwrap();
@@ -123,7 +117,7 @@ fn a_paused_row_due_at_infinity_or_never_stops_no_claim() {
     )
     .unwrap();
     inject_many(&mut c, "a", "a@x.example", 50);
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     // Everything but the row due at infinity drains, the one without a due time too.
     wait_until(30 * SEC, "all but one drained", || {
         count(&mut c, "SELECT count(*) FROM pepsi.workqueue") == 1
@@ -137,18 +131,13 @@ fn a_paused_row_due_at_infinity_or_never_stops_no_claim() {
 
 #[test]
 fn a_worker_answering_75_makes_its_stage_back_off_instead_of_hammering() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-75");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-75")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n")
+        .connect();
     record_claims(&mut c);
     let id = inject_fault(&mut c, "s", "tempfail");
-    let d = Dispatcher::start(&conf, &[]);
+    let d = s.start();
     wait_until(10 * SEC, "the first claim", || {
         count(&mut c, "SELECT count(*) FROM claims_seen") > 0
     });
@@ -166,13 +155,13 @@ fn a_worker_answering_75_makes_its_stage_back_off_instead_of_hammering() {
 
 #[test]
 fn a_worker_exiting_75_before_ready_is_overload_not_a_start_failure() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-75start");
-    let ctl = control(&dir, "exit75");
-    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-75start")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\n")
+        .connect();
+    let ctl = control(&s.dir, "exit75");
     inject_many(&mut c, "s", "a@x.example", 5);
-    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    let mut d = s.start_with(&[("FAULT_CONTROL", ctl.to_str().unwrap())]);
     d.wait_log("exit 75", 20 * SEC);
     std::thread::sleep(2 * SEC);
     std::fs::write(&ctl, "ok").unwrap();
@@ -188,13 +177,13 @@ fn a_worker_exiting_75_before_ready_is_overload_not_a_start_failure() {
 
 #[test]
 fn a_cooldown_for_a_worker_that_cannot_reach_the_database_ends_when_claims_succeed() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-74start");
-    let ctl = control(&dir, "exit74");
-    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-74start")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\n")
+        .connect();
+    let ctl = control(&s.dir, "exit74");
     inject_many(&mut c, "s", "a@x.example", 5);
-    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    let mut d = s.start_with(&[("FAULT_CONTROL", ctl.to_str().unwrap())]);
     // Several start failures in a row: a growing cooldown would be at 8 s and more.
     wait_until(30 * SEC, "four start failures", || {
         occurrences(&d.log(), "no worker started for") >= 4
@@ -217,18 +206,13 @@ fn a_cooldown_for_a_worker_that_cannot_reach_the_database_ends_when_claims_succe
 
 #[test]
 fn an_outside_kill_before_ready_cools_the_stage_for_at_most_2_seconds() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-kill");
-    let ctl = control(&dir, "slowready");
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n",
-    );
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-kill")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\n")
+        .connect();
+    let ctl = control(&s.dir, "slowready");
     inject_many(&mut c, "s", "a@x.example", 3);
-    let mut d = Dispatcher::start(&conf, &[("FAULT_CONTROL", ctl.to_str().unwrap())]);
+    let mut d = s.start_with(&[("FAULT_CONTROL", ctl.to_str().unwrap())]);
     for round in 1..=3 {
         let mut killed = false;
         wait_until(20 * SEC, "a starting worker to kill", || {
@@ -253,13 +237,13 @@ fn an_outside_kill_before_ready_cools_the_stage_for_at_most_2_seconds() {
 
 #[test]
 fn a_message_deferred_for_74_is_resumed_within_seconds_not_30() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-74");
-    let conf = conf(&dir, &db, "", "[stage-s]\nPROGRAM = {fault}\n");
-    let mut c = db.client();
+    let (s, mut c) = Scenario::new("r-74")
+        .timers("")
+        .stages("[stage-s]\nPROGRAM = {fault}\n")
+        .connect();
     let id = inject_fault(&mut c, "s", "ioerr-once");
     let started = Instant::now();
-    let mut d = Dispatcher::start(&conf, &[]);
+    let mut d = s.start();
     wait_until(20 * SEC, "the message completes", || {
         row_at(&mut c, id).is_none()
     });
@@ -485,12 +469,13 @@ fn under_systemd_a_log_line_carries_its_priority_and_stays_one_line() {
 
 #[test]
 fn a_second_dispatcher_names_the_holder_of_the_lock() {
-    let db = TestDb::new();
-    let dir = TempDir::new("r-holder");
-    let conf = conf(&dir, &db, "", "[stage-a]\nPROGRAM = {discard}\n");
-    let mut first = Dispatcher::start(&conf, &[]);
+    let s = Scenario::new("r-holder")
+        .timers("")
+        .stages("[stage-a]\nPROGRAM = {discard}\n")
+        .build();
+    let mut first = s.start();
     first.wait_log("serving", 20 * SEC);
-    let mut c = db.client();
+    let mut c = s.client();
     let holder: i32 = c
         .query_one(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
@@ -500,7 +485,7 @@ fn a_second_dispatcher_names_the_holder_of_the_lock() {
         )
         .unwrap()
         .get(0);
-    let mut second = Dispatcher::start(&conf, &[]);
+    let mut second = s.start();
     let status = second.wait(30 * SEC);
     assert_eq!(status.code(), Some(1), "{}", second.log());
     let log = second.log();

@@ -17,10 +17,10 @@ use postgres::types::Type;
 use postgres::{Client, NoTls};
 use serde_json::json;
 
-use super::dispatch::queue_len;
 use crate::util::bouncer::Bouncer;
 use crate::util::dispatcher::Dispatcher;
 use crate::util::pg::login_role;
+use crate::util::rows::queue_len;
 use crate::util::{
     TempDir, TestDb, bin, claim, inject, row_at, run, stage, stderr, upgrade_with_setup, wait_until,
 };

@@ -7,29 +7,35 @@ use std::time::Duration;
 use pepsi::protocol::{SESSION_NAME_ENV, WORKER_STAGE_ENV, session_pattern, worker_session_name};
 use postgres::Client;
 
+use crate::util::Scenario;
+use crate::util::scenario::{Builder, add_to_pepsi, programs};
 use crate::util::worker::{Worker, code, report_stages};
 use crate::util::{
     TempDir, TestDb, claim, due_in_secs, inject, inject_claimed, row_at, stage, state_of,
     wait_until, write_config,
 };
 
-/// A config with `[pepsi] ALLOW_FUSION` and the given stage sections; `{pass}`, `{if}`,
-/// `{discard}`, `{exec}` stand for the stage programs.
-fn config(dir: &TempDir, db: &TestDb, fusion: bool, stages: &str) -> PathBuf {
-    let mut text = stages.to_string();
-    for name in ["pass", "if", "discard", "exec"] {
-        text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
+/// `[pepsi] ALLOW_FUSION = yes` or `no`.
+fn allow_fusion(fusion: bool) -> &'static str {
+    if fusion {
+        "ALLOW_FUSION = yes\n"
+    } else {
+        "ALLOW_FUSION = no\n"
     }
-    let conf = write_config(dir, db, &text);
-    let body = std::fs::read_to_string(&conf).unwrap().replacen(
-        "RUN_AS = root\n",
-        &format!(
-            "RUN_AS = root\nALLOW_FUSION = {}\n",
-            if fusion { "yes" } else { "no" }
-        ),
-        1,
-    );
-    std::fs::write(&conf, body).unwrap();
+}
+
+/// A scenario with `[pepsi] ALLOW_FUSION` and the given stage sections; `{pass}`, `{if}`,
+/// `{discard}`, `{exec}` stand for the stage programs.
+fn scenario(tag: &str, fusion: bool, stages: &str) -> Builder {
+    Scenario::new(tag)
+        .pepsi(allow_fusion(fusion))
+        .stages(stages)
+}
+
+/// The same configuration for a database and directory of the caller's.
+fn config(dir: &TempDir, db: &TestDb, fusion: bool, stages: &str) -> PathBuf {
+    let conf = write_config(dir, db, &programs(stages));
+    add_to_pepsi(&conf, allow_fusion(fusion));
     conf
 }
 
@@ -77,15 +83,12 @@ fn audit_of(c: &mut Client, id: i64) -> Vec<String> {
 
 #[test]
 fn ready_first_answers_in_order_and_eof_exits_0() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-order");
-    let conf = config(&dir, &db, false, CHAIN);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-order", false, CHAIN).connect();
     let ids: Vec<i64> = (0..6)
         .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
         .collect();
     claim(&mut c, &ids);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     // Unknown and not-running ids are answered too, in their place.
     let mut sent = ids.clone();
     sent.insert(2, 999_999);
@@ -108,13 +111,11 @@ fn ready_first_answers_in_order_and_eof_exits_0() {
 
 #[test]
 fn a_wrong_schema_version_exits_78_before_ready() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-schema");
-    let conf = config(&dir, &db, true, CHAIN);
-    db.client()
+    let s = scenario("w-schema", true, CHAIN).build();
+    s.client()
         .execute("UPDATE pepsi.schema_version SET version = version + 1", &[])
         .unwrap();
-    let mut w = Worker::start(&stage("pass"), &conf);
+    let mut w = Worker::start(&stage("pass"), &s.conf);
     assert_eq!(w.next_line(), None, "no ready line");
     let (status, err) = w.finish();
     assert_eq!(status.code(), Some(78), "{err}");
@@ -123,15 +124,13 @@ fn a_wrong_schema_version_exits_78_before_ready() {
 
 #[test]
 fn an_unparsable_stage_section_exits_78_with_its_cause() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-badmatch");
-    let conf = config(
-        &dir,
-        &db,
+    let s = scenario(
+        "w-badmatch",
         true,
         "[stage-if]\nPROGRAM = {if}\nMATCH = colour is red\nNEXT = if\nELSE_STAGE = if\n",
-    );
-    let mut w = Worker::start(&stage("if"), &conf);
+    )
+    .build();
+    let mut w = Worker::start(&stage("if"), &s.conf);
     assert_eq!(w.next_line(), None);
     let (status, err) = w.finish();
     assert_eq!(status.code(), Some(78), "{err}");
@@ -140,23 +139,20 @@ fn an_unparsable_stage_section_exits_78_with_its_cause() {
         "{err}"
     );
     assert!(
-        err.contains(&format!("{}:", conf.display())),
+        err.contains(&format!("{}:", s.conf.display())),
         "names the file: {err}"
     );
 }
 
 #[test]
 fn a_fused_chain_is_one_terminal_write_with_a_report_of_every_stage() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-fused");
-    let conf = config(&dir, &db, true, CHAIN);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-fused", true, CHAIN).connect();
     audit(&mut c);
     let matched = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
     let other = inject(&mut c, "pass", "a@other.example", &["r@y.example"]);
     claim(&mut c, &[matched, other]);
     c.execute("DELETE FROM audit", &[]).unwrap();
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[matched, other]);
     assert_eq!(code(&lines[0]), 0);
     assert_eq!(
@@ -182,10 +178,7 @@ fn a_fused_chain_is_one_terminal_write_with_a_report_of_every_stage() {
 
 #[test]
 fn without_fusion_each_hop_is_committed() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-unfused");
-    let conf = config(&dir, &db, false, CHAIN);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-unfused", false, CHAIN).connect();
     audit(&mut c);
     let id = inject(&mut c, "pass", "a@match.example", &["r@y.example"]);
     for (program, next) in [
@@ -194,7 +187,7 @@ fn without_fusion_each_hop_is_committed() {
         ("discard", None),
     ] {
         claim(&mut c, &[id]);
-        let mut w = Worker::ready(&stage(program), &conf);
+        let mut w = Worker::ready(&stage(program), &s.conf);
         let lines = w.run(&[id]);
         assert_eq!(report_stages(&lines[0]), vec![program]);
         assert_eq!(
@@ -217,17 +210,14 @@ fn without_fusion_each_hop_is_committed() {
 
 #[test]
 fn fusion_off_for_a_successor_section_commits_the_hop() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-fusionkey");
-    let conf = config(
-        &dir,
-        &db,
+    let (s, mut c) = scenario(
+        "w-fusionkey",
         true,
         &CHAIN.replace("[stage-if]\n", "[stage-if]\nFUSION = no\n"),
-    );
-    let mut c = db.client();
+    )
+    .connect();
     let id = inject_claimed(&mut c, "pass", "a@match.example", &["r@y.example"]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[id]);
     assert_eq!(report_stages(&lines[0]), vec!["pass"]);
     assert_eq!(row_at(&mut c, id), Some(("if".into(), "pending".into())));
@@ -246,20 +236,17 @@ fn statement_calls(c: &mut Client, pattern: &str) -> i64 {
 
 #[test]
 fn a_metadata_stage_loads_a_buffered_batch_with_one_select_and_one_update() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-batch");
-    let conf = config(
-        &dir,
-        &db,
+    let (s, mut c) = scenario(
+        "w-batch",
         false,
         &CHAIN.replace("NEXT = if\n", "NEXT = if\nQUEUE_LIMIT = 16\n"),
-    );
-    let mut c = db.client();
+    )
+    .connect();
     let ids: Vec<i64> = (0..4)
         .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
         .collect();
     claim(&mut c, &ids);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let selects_before = statement_calls(
         &mut c,
         "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%",
@@ -436,15 +423,12 @@ fn a_nul_byte_in_the_commands_stderr_still_fails_the_message_permanently() {
 
 #[test]
 fn a_row_with_a_null_recipient_fails_alone_and_its_batch_is_answered() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-nullrcpt");
-    let conf = config(
-        &dir,
-        &db,
+    let (s, mut c) = scenario(
+        "w-nullrcpt",
         false,
         "[stage-p]\nPROGRAM = {pass}\nNEXT = q\n\n[stage-q]\nPROGRAM = {discard}\n",
-    );
-    let mut c = db.client();
+    )
+    .connect();
     let good = inject_claimed(&mut c, "p", "a@x.example", &["r@y.example"]);
     let bad = inject_claimed(&mut c, "p", "a@x.example", &["r@y.example"]);
     // The schema refuses such a row; a database changed by hand may still hold one.
@@ -460,7 +444,7 @@ fn a_row_with_a_null_recipient_fails_alone_and_its_batch_is_answered() {
         &[&bad],
     )
     .unwrap();
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let lines = w.run(&[good, bad]);
     assert_eq!(code(&lines[0]), 0);
     assert_eq!(code(&lines[1]), 65);
@@ -625,12 +609,9 @@ fn a_connection_lost_mid_message_answers_74_and_commits_nothing() {
 
 #[test]
 fn a_connection_that_died_while_idle_is_replaced_before_the_next_message() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-idlekill");
-    let conf = config(&dir, &db, false, CHAIN);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-idlekill", false, CHAIN).connect();
     let a = inject_claimed(&mut c, "pass", "a@x.example", &["r@y.example"]);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     // As after a database restart: the pooled connection is gone before any work.
     assert_eq!(terminate(&mut c, &w, "pass"), 1);
     assert_eq!(code(&w.run(&[a])[0]), 0);
@@ -643,10 +624,7 @@ const ROUTE: &str = "[stage-route]\nPROGRAM = {if}\nMATCH = sender-domain is now
 
 #[test]
 fn diverging_per_address_settings_split_the_message_and_each_part_runs_with_its_own() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-split");
-    let conf = config(&dir, &db, true, ROUTE);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-split", true, ROUTE).connect();
     c.execute(
         "INSERT INTO pepsi.settings VALUES ('r2@y.example', 'route', 'MATCH', 'sender-domain is x.example')",
         &[],
@@ -659,7 +637,7 @@ fn diverging_per_address_settings_split_the_message_and_each_part_runs_with_its_
         &["r1@y.example", "R2@y.example"],
     );
     claim(&mut c, &[id]);
-    let mut w = Worker::ready(&stage("if"), &conf);
+    let mut w = Worker::ready(&stage("if"), &s.conf);
     assert_eq!(code(&w.run(&[id])[0]), 0);
     assert_eq!(
         row_at(&mut c, id),
@@ -694,10 +672,7 @@ fn diverging_per_address_settings_split_the_message_and_each_part_runs_with_its_
 
 #[test]
 fn identical_per_address_settings_do_not_split() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-nosplit");
-    let conf = config(&dir, &db, true, ROUTE);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-nosplit", true, ROUTE).connect();
     c.execute(
         "INSERT INTO pepsi.settings VALUES \
          ('r1@y.example', 'route', 'MATCH', 'sender-domain is x.example'), \
@@ -712,7 +687,7 @@ fn identical_per_address_settings_do_not_split() {
         &["r1@y.example", "r2@y.example"],
     );
     claim(&mut c, &[id]);
-    let mut w = Worker::ready(&stage("if"), &conf);
+    let mut w = Worker::ready(&stage("if"), &s.conf);
     assert_eq!(code(&w.run(&[id])[0]), 0);
     let n: i64 = c
         .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
@@ -724,17 +699,14 @@ fn identical_per_address_settings_do_not_split() {
 
 #[test]
 fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-badoverride");
-    let conf = config(&dir, &db, true, ROUTE);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-badoverride", true, ROUTE).connect();
     c.execute(
         "INSERT INTO pepsi.settings VALUES ('r@y.example', 'route', 'MATCH', 'nonsense')",
         &[],
     )
     .unwrap();
     let id = inject_claimed(&mut c, "route", "s@x.example", &["r@y.example"]);
-    let mut w = Worker::ready(&stage("if"), &conf);
+    let mut w = Worker::ready(&stage("if"), &s.conf);
     assert_ne!(code(&w.run(&[id])[0]), 0);
     assert_eq!(row_at(&mut c, id), Some(("route".into(), "failed".into())));
     let st = state_of(&mut c, id);
@@ -878,10 +850,7 @@ fn an_allowed_per_address_key_applies_and_one_not_declared_by_the_stage_is_ignor
 
 #[test]
 fn per_address_routing_rows_neither_route_nor_split_a_message_at_an_if_stage() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-noroute");
-    let conf = config(&dir, &db, true, ROUTE);
-    let mut c = db.client();
+    let (s, mut c) = scenario("w-noroute", true, ROUTE).connect();
     // r2 tries to route its mail to a (the NEXT of a match) around the condition.
     c.execute(
         "INSERT INTO pepsi.settings VALUES \
@@ -897,7 +866,7 @@ fn per_address_routing_rows_neither_route_nor_split_a_message_at_an_if_stage() {
         "s@x.example",
         &["r1@y.example", "r2@y.example"],
     );
-    let mut w = Worker::ready(&stage("if"), &conf);
+    let mut w = Worker::ready(&stage("if"), &s.conf);
     assert_eq!(code(&w.run(&[id])[0]), 0);
     assert_eq!(
         row_at(&mut c, id),
@@ -994,22 +963,19 @@ fn a_write_left_over_from_an_earlier_claim_never_lands_on_a_later_claim() {
         ("pass", "p", Some(("q".to_string(), "pending".to_string()))),
         ("discard", "q", None),
     ] {
-        let db = TestDb::new();
-        let dir = TempDir::new("w-token");
-        let conf = config(
-            &dir,
-            &db,
+        let (s, mut c) = scenario(
+            "w-token",
             false,
             "[stage-p]\nPROGRAM = {pass}\nNEXT = q\n\n[stage-q]\nPROGRAM = {discard}\n",
-        );
-        let mut c = db.client();
+        )
+        .connect();
         let stale = inject(&mut c, at, "a@x.example", &["r@y.example"]);
         let fresh = inject(&mut c, at, "a@x.example", &["r@y.example"]);
         claim_with_token(&mut c, stale, 5);
         claim_with_token(&mut c, fresh, 5);
-        let mut w = Worker::ready(&stage(program), &conf);
+        let mut w = Worker::ready(&stage(program), &s.conf);
         // Another session holds the row, so the worker's write waits after its load.
-        let mut locker = db.client();
+        let mut locker = s.client();
         let mut tx = locker.transaction().unwrap();
         tx.query(
             "SELECT 1 FROM pepsi.workqueue WHERE workqueue_id = $1 FOR UPDATE",
@@ -1069,26 +1035,24 @@ fn with_application_name(conninfo: &str, name: &str) -> String {
 
 #[test]
 fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-session");
     // The stage a worker is started for has a section: the worker checks it.
-    let conf = config(
-        &dir,
-        &db,
+    let s = scenario(
+        "w-session",
         false,
         &format!("{CHAIN}\n[stage-relay]\nPROGRAM = {{pass}}\nNEXT = discard\n"),
-    );
-    let text = std::fs::read_to_string(&conf).unwrap().replacen(
-        &format!("CONNECTION = {}", db.connection()),
+    )
+    .build();
+    let text = std::fs::read_to_string(&s.conf).unwrap().replacen(
+        &format!("CONNECTION = {}", s.db.connection()),
         &format!(
             "CONNECTION = {}",
-            with_application_name(db.connection(), "custom")
+            with_application_name(s.db.connection(), "custom")
         ),
         1,
     );
-    std::fs::write(&conf, text).unwrap();
+    std::fs::write(&s.conf, text).unwrap();
     // The dispatcher names the section a worker serves in its environment.
-    let program = dir.write(
+    let program = s.dir.write(
         "relay-worker",
         &format!(
             "#!/bin/sh\n{WORKER_STAGE_ENV}=relay exec {} \"$@\"\n",
@@ -1100,8 +1064,8 @@ fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says(
         .arg(&program)
         .status()
         .unwrap();
-    let w = Worker::ready(&program, &conf);
-    let mut c = db.client();
+    let w = Worker::ready(&program, &s.conf);
+    let mut c = s.client();
     let names: Vec<String> = c
         .query(
             "SELECT application_name FROM pg_stat_activity \
@@ -1117,9 +1081,7 @@ fn a_worker_names_its_sessions_after_its_pid_and_stage_whatever_connection_says(
 
 #[test]
 fn a_worker_names_its_sessions_as_pgappname_says_when_the_dispatcher_set_it() {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-appname");
-    let conf = config(&dir, &db, false, CHAIN);
+    let s = scenario("w-appname", false, CHAIN).build();
     let given = "pepsi-worker:0000beef-7:pass";
     for (value, want) in [
         // As the dispatcher names it.
@@ -1127,7 +1089,7 @@ fn a_worker_names_its_sessions_as_pgappname_says_when_the_dispatcher_set_it() {
         // An operator's own PGAPPNAME is not a worker's name.
         ("psql", Some("pass")),
     ] {
-        let program = dir.write(
+        let program = s.dir.write(
             "named-worker",
             &format!(
                 "#!/bin/sh\n{SESSION_NAME_ENV}='{value}' exec {} \"$@\"\n",
@@ -1139,8 +1101,8 @@ fn a_worker_names_its_sessions_as_pgappname_says_when_the_dispatcher_set_it() {
             .arg(&program)
             .status()
             .unwrap();
-        let mut w = Worker::ready(&program, &conf);
-        let mut c = db.client();
+        let mut w = Worker::ready(&program, &s.conf);
+        let mut c = s.client();
         let others = "SELECT application_name FROM pg_stat_activity \
                       WHERE datname = current_database() AND pid <> pg_backend_pid()";
         let names: Vec<String> = c
@@ -1164,23 +1126,20 @@ fn a_worker_names_its_sessions_as_pgappname_says_when_the_dispatcher_set_it() {
 
 /// Statements a metadata stage's worker runs for `n` buffered messages.
 fn statements_for(queue_limit: u32, n: usize) -> i64 {
-    let db = TestDb::new();
-    let dir = TempDir::new("w-rt");
-    let conf = config(
-        &dir,
-        &db,
+    let (s, mut c) = scenario(
+        "w-rt",
         false,
         &CHAIN.replace(
             "NEXT = if\n",
             &format!("NEXT = if\nQUEUE_LIMIT = {queue_limit}\n"),
         ),
-    );
-    let mut c = db.client();
+    )
+    .connect();
     let ids: Vec<i64> = (0..n)
         .map(|_| inject(&mut c, "pass", "a@x.example", &["r@y.example"]))
         .collect();
     claim(&mut c, &ids);
-    let mut w = Worker::ready(&stage("pass"), &conf);
+    let mut w = Worker::ready(&stage("pass"), &s.conf);
     let count = |c: &mut Client| {
         statement_calls(c, "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%")
             + statement_calls(c, "UPDATE pepsi.workqueue q SET stage = r.stage%")

@@ -1,12 +1,17 @@
 //! Helpers shared by the integration tests: the PostgreSQL harness, the programs under
-//! test, configuration files and polling with a deadline.
+//! test, configuration files and polling with a deadline; a test's opening (database,
+//! directory, configuration, client, dispatcher) is [`Scenario`]'s.
 
 #![allow(dead_code)]
 
 pub mod bouncer;
 pub mod dispatcher;
 pub mod logged;
+pub mod notify;
 pub mod pg;
+pub mod queue;
+pub mod rows;
+pub mod scenario;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -14,6 +19,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 pub use pg::TestDb;
+// Not every test binary that includes these helpers builds a scenario.
+#[allow(unused_imports)]
+pub use scenario::Scenario;
 
 /// A program built by this package.
 pub fn bin(name: &str) -> PathBuf {
@@ -137,6 +145,11 @@ pub fn run(program: &Path, args: &[&str]) -> Output {
 /// Stderr as text.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Stdout as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Polls `cond` until it is true or `timeout` passes; then fails naming `what`.
