@@ -2,7 +2,11 @@
 //! the file and line it came from, and [`Section`], the view every later phase reads.
 //!
 //! Nothing here knows what a key means; [`super`] checks the fixed sections and
-//! [`super::graph`] the stage sections.
+//! [`super::graph`] the stage sections. It knows one thing about section names: a
+//! stage's is `stage-NAME` ([`STAGE_PREFIX`], [`valid_stage_name`]).
+//!
+//! A leaf of the configuration: every other file of it reads through [`Section`], and
+//! this one uses none of them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -294,6 +298,20 @@ fn valid_key(key: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_uppercase())
         && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
+
+/// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
+pub const STAGE_PREFIX: &str = "stage-";
+
+/// Is this a valid stage name: one or more ASCII letters, digits, `.`, `_` and `-`, the
+/// characters a section name of the file may hold. Stage names reach logs, terminals and
+/// metrics labels as they are, so nothing else is taken, from the file or the overlay.
+pub fn valid_stage_name(name: &str) -> bool {
+    valid_section(name)
+}
+
+/// Why a stage name is refused, for a message.
+pub const STAGE_NAME_RULE: &str =
+    "a stage name is one or more ASCII letters, digits, '.', '_' and '-'";
 
 /// Is this a valid section name: one or more ASCII letters, digits, `-`, `_`, `.`.
 pub fn valid_section(name: &str) -> bool {
