@@ -8,9 +8,9 @@
 //! `pepsi-queue` and by `check.rs`. Pure: it reads sections and overlay rows it is
 //! given, never a file or the database. Its cycles (a warning, never an error) are
 //! [`super::cycles`]'s, the unknown keys of stage sections [`super::keys`]'s, and what
-//! an overlay may run [`super::program_path`]'s; the names of the items those files
-//! and [`super::overlay`] and [`super::raw`] define that callers have always found here
-//! are re-exported.
+//! an overlay may run [`super::program_path`]'s. The items of [`super::overlay`],
+//! [`super::program_path`] and [`super::raw`] that callers have always found here are
+//! re-exported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -7,7 +7,27 @@
 //! operator sees all mistakes at once, each naming file, line, section and key. Unknown
 //! sections and keys are warnings ([`keys`]), kept in [`Config::warnings`] for the
 //! caller to log or print.
+//!
+//! The files, each a concern, lower ones first (none uses a file below it here):
+//! - [`raw`]: the parse, [`Section`] and [`ConfigError`]; the search order of §4.
+//! - [`program_path`]: `[pepsi] PROGRAM_PATH` and the rule about what an overlay may
+//!   run.
+//! - [`fixed`]: the table of the fixed sections' keys, one line each, and how each kind
+//!   of value is read.
+//! - [`overlay`]: laying `pepsi.config_override` over the file's stage sections.
+//! - [`graph`]: a stage section checked, and the stage graph; [`cycles`]: its cycles.
+//! - [`keys`]: unknown sections and keys, with the nearest known name.
+//! - this file: [`Config`], the typed options read through [`fixed`]'s keys.
+//! - [`account`]: what the `RUN_AS` account may read and execute.
+//! - [`check`]: `pepsi-dispatch check` and the checks the dispatcher's start and
+//!   reload and `pepsi-queue config` share with it. On top of the rest: it also uses
+//!   the stages and the database, and no other file here uses it.
+//!
+//! Every program reads its configuration here ([`Config::load_or_fail`]). Apart from
+//! [`check`], nothing here touches the database, a stage or another program's state.
 
+pub mod account;
+pub mod check;
 pub mod cycles;
 pub mod fixed;
 pub mod graph;
@@ -22,12 +42,9 @@ use std::time::Duration;
 pub use fixed::{DEFAULT_CONNECTION, host_name};
 pub use graph::{ProgramPath, StageGraph, StageSection};
 pub use keys::fixed_warnings;
-pub use raw::{ConfigError, Origin, Problems, Section};
+pub use raw::{ConfigError, DEFAULT_PATH, Origin, Problems, Section};
 
 use crate::exit::Failure;
-
-/// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.
-pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
 
 /// `[pepsi]`.
 #[derive(Clone, Debug, PartialEq, Eq)]

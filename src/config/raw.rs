@@ -5,8 +5,9 @@
 //! [`super::graph`] the stage sections. It knows one thing about section names: a
 //! stage's is `stage-NAME` ([`STAGE_PREFIX`], [`valid_stage_name`]).
 //!
-//! A leaf of the configuration: every other file of it reads through [`Section`], and
-//! this one uses none of them.
+//! A leaf of the configuration: `Config::load` and `check.rs` read the file with
+//! [`search`] and [`read`], every other file of `config` reads through [`Section`], and
+//! this one uses none of them (only `crate::escape`, to show values in messages).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -419,6 +420,9 @@ pub fn read(path: &Path) -> Result<Vec<Section>, Vec<ConfigError>> {
     parse(path, &text)
 }
 
+/// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.
+pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
+
 /// The configuration file to read: `-c FILE`, else `$PEPSI_CONFIG`, else
 /// `/etc/pepsi/pepsi.conf`.
 pub fn search(explicit: Option<&Path>) -> PathBuf {
@@ -427,7 +431,7 @@ pub fn search(explicit: Option<&Path>) -> PathBuf {
     }
     match std::env::var_os("PEPSI_CONFIG") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(super::DEFAULT_PATH),
+        _ => PathBuf::from(DEFAULT_PATH),
     }
 }
 
