@@ -280,7 +280,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     let connection = fixed::CONNECTION.text(&sections).unwrap_or_default();
     let own = |role: DbRole| match role.fixed_key().text(&sections) {
         Some(own) => (role.key(), own.to_string()),
-        None => ("CONNECTION", connection.to_string()),
+        None => (fixed::CONNECTION.name, connection.to_string()),
     };
     let dispatch = own(DbRole::Dispatch);
     let worker = own(DbRole::Worker);
@@ -497,7 +497,7 @@ fn read_database(
     (key, connection): &(&str, String),
     found: &mut Findings,
 ) -> (Vec<OverrideRow>, Option<Client>) {
-    let label = if *key == "CONNECTION" {
+    let label = if *key == fixed::CONNECTION.name {
         "database".to_string()
     } else {
         format!("database ({key})")

@@ -1,5 +1,5 @@
 //! The keys of the fixed sections of `pepsi.conf` (SPEC §4), one line each in
-//! [`fixed_keys!`]'s table: section, name, kind (how its value is read) and default,
+//! the `fixed_keys!` table: section, name, kind (how its value is read) and default,
 //! under a doc line. Everything else about a fixed key comes from that line: the typed
 //! [`Key`] constant `Config::from_sections` reads it through, the list of known keys
 //! the unknown-key warnings compare with ([`SECTIONS`], `config::known_keys`), and the

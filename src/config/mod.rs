@@ -148,7 +148,7 @@ impl PostgresOptions {
     pub fn key_for(&self, role: DbRole) -> String {
         let key = match self.role_connections[Self::index(role)] {
             Some(_) => role.key(),
-            None => "CONNECTION",
+            None => fixed::CONNECTION.name,
         };
         format!("[pepsi-postgres] {key}")
     }
@@ -331,8 +331,8 @@ impl Config {
             .iter()
             .filter(|name| !graph.contains(name))
             .map(|name| ConfigError {
-                section: Some("pepsi".into()),
-                key: Some("INJECT_STAGES".into()),
+                section: Some(fixed::INJECT_STAGES.section.into()),
+                key: Some(fixed::INJECT_STAGES.name.into()),
                 ..ConfigError::at(
                     origin.clone(),
                     format!("names stage {name:?}, which has no [stage-{name}] section"),
@@ -341,8 +341,8 @@ impl Config {
             .collect();
         if names.is_empty() {
             errors.push(ConfigError {
-                section: Some("pepsi".into()),
-                key: Some("INJECT_STAGES".into()),
+                section: Some(fixed::INJECT_STAGES.section.into()),
+                key: Some(fixed::INJECT_STAGES.name.into()),
                 ..ConfigError::at(
                     origin.clone(),
                     "names no stage (leave it out for the stages no stage routes to)",
