@@ -5,6 +5,10 @@
 //! found after that point is a usage error (exit 64), so `pepsi-setup schema -v` is
 //! rejected rather than silently ignored. Each program checks its own part with
 //! [`Invocation::expect_only`] or reads it itself after [`Invocation::reject_globals`].
+//!
+//! Called by every program's `main` ([`start`] or [`start_os`], which also set up
+//! [`crate::logging`] from `-L` and `-v`). It only reads the command line: it opens no
+//! file and reads no configuration (`-c` is a path handed on).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -278,7 +282,7 @@ pub fn start(program: &Program) -> Result<Option<Invocation>, Failure> {
             Ok(None)
         }
         Parsed::Run(invocation) => {
-            crate::logging::init(&invocation.globals);
+            crate::logging::init(invocation.globals.log_level, invocation.globals.verbose);
             Ok(Some(invocation))
         }
     }
@@ -296,7 +300,7 @@ pub fn start_os(program: &Program) -> Result<Option<OsInvocation>, Failure> {
             Ok(None)
         }
         ParsedOs::Run(invocation) => {
-            crate::logging::init(&invocation.globals);
+            crate::logging::init(invocation.globals.log_level, invocation.globals.verbose);
             Ok(Some(invocation))
         }
     }

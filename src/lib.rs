@@ -4,9 +4,13 @@
 //! programs of this crate share one library:
 //!
 //! - [`cli`] parses the global options every program takes before its subcommand;
-//!   [`logging`] sets up `env_logger` from them.
+//!   [`logging`] sets up `env_logger` from the level and `-v` it hands over (logging
+//!   knows nothing of the command line).
 //! - [`config`] reads `pepsi.conf` (raw entries with file and line, then a checked
-//!   structure) and builds the stage graph with the `pepsi.config_override` overlay.
+//!   structure, each fixed key declared once in a table) and builds the stage graph
+//!   with the `pepsi.config_override` overlay; `config::check` is `pepsi-dispatch
+//!   check` and the checks the dispatcher's start and reload and `pepsi-queue config`
+//!   share with it.
 //! - [`db`] holds the connection helpers, the error classification by SQLSTATE, the
 //!   embedded schema with its version check, and every SQL statement as a named constant.
 //! - [`setup`] is `pepsi-setup schema`.
@@ -36,6 +40,26 @@
 //! labels with its control and invisible formatting characters escaped.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
+//!
+//! # Where things are added
+//!
+//! - **A key of a fixed section** (`[pepsi]`, `[pepsi-postgres]`, `[pepsi-dispatch]`,
+//!   `[pepsi-failure-bouncer]`): one line in the table of `src/config/fixed.rs` (name,
+//!   kind with its default, a doc line) under its section; its use: a field of that
+//!   section's options in `src/config/mod.rs`, set in `Config::from_sections` through
+//!   the line's constant (`fixed::NAME.read(…)`), and the code that needs it; its entry
+//!   under FIXED SECTIONS in `packaging/man/pepsi.conf.5`, and its line, commented out at
+//!   its default, in `packaging/pepsi.conf` (`tests/man.rs` checks both against the
+//!   table). The known keys, the unknown-key warnings and `pepsi-dispatch check`'s
+//!   fallbacks follow from the table line; nothing else names the key.
+//! - **A migration that adds a function a role calls**: a new file
+//!   `schema/NNN_verb_noun.sql` that creates the function with `SET search_path =
+//!   pg_catalog, pg_temp` and inserts its grants into `pepsi.role_grants` (never a
+//!   `GRANT`: `pepsi-setup` applies that table on every run); one
+//!   `migration!("NNN_verb_noun.sql")` line at the end of `FILES` in
+//!   `src/db/schema.rs`; and the statement that calls it, a named constant in
+//!   `src/db/sql.rs`, used where it is needed. Released schema files are never edited
+//!   (their bytes are in the digest databases store); `src/db/schema.rs` says more.
 
 pub mod bouncer;
 pub mod cli;

@@ -11,9 +11,15 @@
 //! formatter shows every control and invisible formatting character of a message
 //! escaped but its line feeds ([`VisibleLines`]), so nothing a log line carries can
 //! drive a terminal or hide text.
+//!
+//! [`crate::cli`]'s `start` calls [`init`] with the `-L` level and `-v` it parsed; the
+//! threads that repeat a warning pace it with [`Every`]. It uses nothing of the crate
+//! but [`crate::escape`]: it knows nothing of the command line or the configuration.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
+
+use crate::escape::VisibleLines;
 
 /// A rate limit for a repeated log line: `due()` is true at most once per gap.
 pub struct Every {
@@ -65,18 +71,17 @@ fn journal_line(program: &str, pid: u32, level: log::Level, message: &str) -> St
     )
 }
 
-use crate::cli::Globals;
-use crate::escape::VisibleLines;
-
-/// Installs the logger. Safe to call once per process; later calls are ignored.
-pub fn init(globals: &Globals) {
+/// Installs the logger at `level` (`-L`), for every module's messages when `verbose`
+/// (`-v`), else for Pepsi's own only. Safe to call once per process; later calls are
+/// ignored.
+pub fn init(level: log::LevelFilter, verbose: bool) {
     let mut builder = env_logger::Builder::new();
     builder.target(env_logger::Target::Stderr);
-    if globals.verbose {
-        builder.filter_level(globals.log_level);
+    if verbose {
+        builder.filter_level(level);
     } else {
         builder.filter_level(log::LevelFilter::Off);
-        builder.filter_module("pepsi", globals.log_level);
+        builder.filter_module("pepsi", level);
     }
     let program = std::env::args()
         .next()

@@ -2,10 +2,13 @@
 //! and the nearest known key, never an error — an operator's typo must not stop mail,
 //! but it must not pass silently either.
 //!
-//! Pure: [`super`] checks the fixed sections with it, and [`unknown_keys`] the stage
-//! sections; the callers decide whether the warnings are logged or printed.
+//! Pure: [`fixed_warnings`] checks the fixed sections against the key table
+//! ([`super::fixed::SECTIONS`]), for `Config::from_sections` and `pepsi-dispatch
+//! check`, and [`unknown_keys`] the stage sections; the callers decide whether the
+//! warnings are logged or printed.
 
-use super::graph::STAGE_KEYS;
+use super::fixed::SECTIONS;
+use super::graph::{STAGE_KEYS, STAGE_PREFIX};
 use super::raw::{ConfigError, Section};
 
 /// The largest edit distance at which a known key is suggested for an unknown one.
@@ -53,6 +56,41 @@ pub fn unknown_key(key: &str, known: &[&str], whose: Option<&str>) -> String {
         message.push_str(&format!("; did you mean {k}?"));
     }
     message
+}
+
+/// The unknown sections of a file and the unknown keys of its fixed sections, each a
+/// warning naming file, line, section and key and the nearest known name.
+pub fn fixed_warnings(sections: &[Section]) -> Vec<ConfigError> {
+    let names: Vec<&str> = SECTIONS.iter().map(|(n, _)| *n).collect();
+    let mut warnings = Vec::new();
+    for s in sections {
+        if s.name.starts_with(STAGE_PREFIX) {
+            continue;
+        }
+        let Some((_, known)) = SECTIONS.iter().find(|(n, _)| *n == s.name) else {
+            let mut message = "unknown section, ignored (a stage is [stage-NAME])".to_string();
+            if let Some(n) = nearest(&s.name, &names) {
+                message.push_str(&format!("; did you mean [{n}]?"));
+            }
+            warnings.push(ConfigError {
+                section: Some(s.name.clone()),
+                ..ConfigError::at(s.origin.clone(), message)
+            });
+            continue;
+        };
+        for (key, _) in s.entries() {
+            if known.contains(&key) {
+                continue;
+            }
+            let mut message = unknown_key(key, known, None);
+            // A key put in the wrong section says where it belongs.
+            if let Some((home, _)) = SECTIONS.iter().find(|(_, k)| k.contains(&key)) {
+                message.push_str(&format!("; {key} belongs in [{home}]"));
+            }
+            warnings.push(s.error(key, message));
+        }
+    }
+    warnings
 }
 
 /// The unknown keys of stage sections, as warnings naming where each is set (a file

@@ -7,25 +7,44 @@
 //! operator sees all mistakes at once, each naming file, line, section and key. Unknown
 //! sections and keys are warnings ([`keys`]), kept in [`Config::warnings`] for the
 //! caller to log or print.
+//!
+//! The files, each a concern, lower ones first (none uses a file below it here):
+//! - [`raw`]: the parse, [`Section`] and [`ConfigError`]; the search order of §4.
+//! - [`program_path`]: `[pepsi] PROGRAM_PATH` and the rule about what an overlay may
+//!   run.
+//! - [`fixed`]: the table of the fixed sections' keys, one line each, and how each kind
+//!   of value is read.
+//! - [`overlay`]: laying `pepsi.config_override` over the file's stage sections.
+//! - [`graph`]: a stage section checked, and the stage graph; [`cycles`]: its cycles.
+//! - [`keys`]: unknown sections and keys, with the nearest known name.
+//! - this file: [`Config`], the typed options read through [`fixed`]'s keys.
+//! - [`account`]: what the `RUN_AS` account may read and execute.
+//! - [`check`]: `pepsi-dispatch check` and the checks the dispatcher's start and
+//!   reload and `pepsi-queue config` share with it. On top of the rest: it also uses
+//!   the stages and the database, and no other file here uses it.
+//!
+//! Every program reads its configuration here ([`Config::load_or_fail`]). Apart from
+//! [`check`], nothing here touches the database, a stage or another program's state.
 
+pub mod account;
+pub mod check;
+pub mod cycles;
+pub mod fixed;
 pub mod graph;
 pub mod keys;
+pub mod overlay;
 pub mod program_path;
 pub mod raw;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use fixed::{DEFAULT_CONNECTION, host_name};
 pub use graph::{ProgramPath, StageGraph, StageSection};
-pub use raw::{ConfigError, Origin, Problems, Section};
+pub use keys::fixed_warnings;
+pub use raw::{ConfigError, DEFAULT_PATH, Origin, Problems, Section};
 
 use crate::exit::Failure;
-
-/// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.
-pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
-
-/// The default `[pepsi-postgres] CONNECTION`.
-pub const DEFAULT_CONNECTION: &str = "host=/var/run/postgresql dbname=pepsi user=pepsi";
 
 /// `[pepsi]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,13 +92,18 @@ impl DbRole {
     ];
 
     /// Its `[pepsi-postgres]` key.
-    pub fn key(self) -> &'static str {
+    pub fn fixed_key(self) -> &'static fixed::Key<fixed::Conninfo> {
         match self {
-            DbRole::Dispatch => "DISPATCH_CONNECTION",
-            DbRole::Worker => "WORKER_CONNECTION",
-            DbRole::Admin => "ADMIN_CONNECTION",
-            DbRole::Inject => "INJECT_CONNECTION",
+            DbRole::Dispatch => &fixed::DISPATCH_CONNECTION,
+            DbRole::Worker => &fixed::WORKER_CONNECTION,
+            DbRole::Admin => &fixed::ADMIN_CONNECTION,
+            DbRole::Inject => &fixed::INJECT_CONNECTION,
         }
+    }
+
+    /// Its `[pepsi-postgres]` key's name.
+    pub fn key(self) -> &'static str {
+        self.fixed_key().name
     }
 
     /// The group role `pepsi-setup` grants its privileges to.
@@ -124,7 +148,7 @@ impl PostgresOptions {
     pub fn key_for(&self, role: DbRole) -> String {
         let key = match self.role_connections[Self::index(role)] {
             Some(_) => role.key(),
-            None => "CONNECTION",
+            None => fixed::CONNECTION.name,
         };
         format!("[pepsi-postgres] {key}")
     }
@@ -185,124 +209,12 @@ pub struct Config {
     pub warnings: Vec<ConfigError>,
 }
 
-/// The keys each fixed section knows; others draw a warning (a typo should not pass
-/// silently, but a newer release's key must not stop an older program).
-const KNOWN: &[(&str, &[&str])] = &[
-    (
-        "pepsi",
-        &[
-            "ALLOW_FUSION",
-            "SHARE_TELEMETRY",
-            "RUN_AS",
-            "HOSTNAME",
-            "PROGRAM_PATH",
-            "INJECT_STAGES",
-        ],
-    ),
-    (
-        "pepsi-postgres",
-        &[
-            "CONNECTION",
-            "DISPATCH_CONNECTION",
-            "WORKER_CONNECTION",
-            "ADMIN_CONNECTION",
-            "INJECT_CONNECTION",
-            "WORKER_SYNCHRONOUS_COMMIT",
-        ],
-    ),
-    (
-        "pepsi-dispatch",
-        &[
-            "MAX_RUNTIME",
-            "WORKER_IDLE_TIMEOUT",
-            "POLL_INTERVAL",
-            "STATS_INTERVAL",
-            "DB_POOL_SIZE",
-            "CONFIG_FILE",
-            "FAIR_SCHEDULING",
-            "FAIR_HALF_LIFE",
-            "FAIR_FIFO_PERCENT",
-            "MAX_HOPS",
-        ],
-    ),
-    ("pepsi-failure-bouncer", &["BOUNCE_STAGE"]),
-];
-
 /// Every fixed section with the keys it knows, in file order: what `pepsi.conf(5)` and
 /// the example configuration must document (the stage sections' keys are
-/// [`graph::STAGE_KEYS`] and each built-in's `Stage::keys`).
+/// [`graph::STAGE_KEYS`] and each built-in's `Stage::keys`). One line each in
+/// [`fixed`]'s table.
 pub fn known_keys() -> &'static [(&'static str, &'static [&'static str])] {
-    KNOWN
-}
-
-/// The unknown sections of a file and the unknown keys of its fixed sections, each a
-/// warning naming file, line, section and key and the nearest known name.
-pub fn fixed_warnings(sections: &[Section]) -> Vec<ConfigError> {
-    let names: Vec<&str> = KNOWN.iter().map(|(n, _)| *n).collect();
-    let mut warnings = Vec::new();
-    for s in sections {
-        if s.name.starts_with(graph::STAGE_PREFIX) {
-            continue;
-        }
-        let Some((_, known)) = KNOWN.iter().find(|(n, _)| *n == s.name) else {
-            let mut message = "unknown section, ignored (a stage is [stage-NAME])".to_string();
-            if let Some(n) = keys::nearest(&s.name, &names) {
-                message.push_str(&format!("; did you mean [{n}]?"));
-            }
-            warnings.push(ConfigError {
-                section: Some(s.name.clone()),
-                ..ConfigError::at(s.origin.clone(), message)
-            });
-            continue;
-        };
-        for (key, _) in s.entries() {
-            if known.contains(&key) {
-                continue;
-            }
-            let mut message = keys::unknown_key(key, known, None);
-            // A key put in the wrong section says where it belongs.
-            if let Some((home, _)) = KNOWN.iter().find(|(_, k)| k.contains(&key)) {
-                message.push_str(&format!("; {key} belongs in [{home}]"));
-            }
-            warnings.push(s.error(key, message));
-        }
-    }
-    warnings
-}
-
-/// A mail host name: dot-separated labels of letters, digits and hyphens (RFC 1123),
-/// at most 253 characters, as written (a trailing dot dropped).
-fn checked_hostname(name: &str) -> Result<String, String> {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
-        return Err(format!(
-            "{name:?} is not a host name (letters, digits and hyphens, labels joined by dots)"
-        ));
-    }
-    Ok(name.to_string())
-}
-
-/// The host's name as the kernel has it (`gethostname`), or `localhost` when it is not
-/// a usable host name.
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it
-    // or truncates, and the last byte stays 0.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(0);
-    let name = if rc == 0 {
-        String::from_utf8_lossy(&buf[..len]).into_owned()
-    } else {
-        String::new()
-    };
-    checked_hostname(&name).unwrap_or_else(|_| "localhost".to_string())
+    fixed::SECTIONS
 }
 
 impl Config {
@@ -333,105 +245,43 @@ impl Config {
         path: PathBuf,
         sections: Vec<Section>,
     ) -> Result<Config, Vec<ConfigError>> {
-        let empty = |name: &str| Section::new(name, Origin::Default);
-        let find = |name: &str| {
-            sections
-                .iter()
-                .find(|s| s.name == name)
-                .cloned()
-                .unwrap_or_else(|| empty(name))
-        };
         let warnings = fixed_warnings(&sections);
         let mut p = Problems::default();
+        let f = &sections;
 
-        let pe = find("pepsi");
         let pepsi = PepsiOptions {
-            allow_fusion: p.ok(pe.boolean("ALLOW_FUSION", true)).unwrap_or(true),
-            share_telemetry: p.ok(pe.boolean("SHARE_TELEMETRY", false)).unwrap_or(false),
-            run_as: pe.get("RUN_AS").unwrap_or("pepsi").to_string(),
-            hostname: match pe.get("HOSTNAME") {
-                Some(name) => p
-                    .ok(checked_hostname(name).map_err(|why| pe.error("HOSTNAME", why)))
-                    .unwrap_or_default(),
-                None => host_name(),
-            },
-            program_path: match pe.get("PROGRAM_PATH") {
-                Some(text) => p
-                    .ok(ProgramPath::parse(text).map_err(|why| pe.error("PROGRAM_PATH", why)))
-                    .unwrap_or_default(),
-                None => ProgramPath::default(),
-            },
-            inject_stages: pe.value("INJECT_STAGES").map(|v| {
-                let names = v
-                    .text
-                    .split(|c: char| c == ',' || c.is_whitespace())
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_string)
-                    .collect();
-                (names, v.origin.clone())
-            }),
+            allow_fusion: fixed::ALLOW_FUSION.read(f, &mut p),
+            share_telemetry: fixed::SHARE_TELEMETRY.read(f, &mut p),
+            run_as: fixed::RUN_AS.read(f).unwrap_or_default().to_string(),
+            hostname: fixed::HOSTNAME.read(f, &mut p),
+            program_path: fixed::PROGRAM_PATH.read(f, &mut p),
+            inject_stages: fixed::INJECT_STAGES.read(f),
         };
 
-        let pg = find("pepsi-postgres");
+        // Read first: its problem is listed before the connections', as it always was.
+        let worker_synchronous_commit = fixed::WORKER_SYNCHRONOUS_COMMIT.read(f, &mut p);
         let postgres = PostgresOptions {
-            connection: pg
-                .get("CONNECTION")
-                .unwrap_or(DEFAULT_CONNECTION)
-                .to_string(),
-            role_connections: DbRole::ALL.map(|r| pg.get(r.key()).map(str::to_string)),
-            worker_synchronous_commit: p
-                .ok(pg.boolean("WORKER_SYNCHRONOUS_COMMIT", false))
-                .unwrap_or(false),
+            connection: fixed::CONNECTION.read(f, &mut p).unwrap_or_default(),
+            role_connections: DbRole::ALL.map(|r| r.fixed_key().read(f, &mut p)),
+            worker_synchronous_commit,
         };
-        let connections = std::iter::once("CONNECTION").chain(DbRole::ALL.map(DbRole::key));
-        for key in connections {
-            let value = match (pg.get(key), key) {
-                (Some(v), _) => v,
-                (None, "CONNECTION") => DEFAULT_CONNECTION,
-                (None, _) => continue,
-            };
-            if let Err(e) = value.parse::<postgres::Config>() {
-                p.push(pg.error(key, format!("is not a valid conninfo or URL: {e}")));
-            }
-        }
 
-        let d = find("pepsi-dispatch");
-        let secs = Duration::from_secs;
-        let positive = |key: &str, default: Duration| match d.duration(key, default) {
-            Ok(v) if v.is_zero() => Err(d.error(key, "must be greater than zero")),
-            other => other,
-        };
         let dispatch = DispatchOptions {
-            max_runtime: p
-                .ok(positive("MAX_RUNTIME", secs(300)))
-                .unwrap_or(secs(300)),
-            worker_idle_timeout: p
-                .ok(d.duration("WORKER_IDLE_TIMEOUT", secs(5)))
-                .unwrap_or(secs(5)),
-            poll_interval: p
-                .ok(positive("POLL_INTERVAL", secs(30)))
-                .unwrap_or(secs(30)),
-            stats_interval: p
-                .ok(positive("STATS_INTERVAL", secs(10)))
-                .unwrap_or(secs(10)),
-            db_pool_size: p.ok(d.number("DB_POOL_SIZE", 8u32, 1..=1000)).unwrap_or(8),
-            config_file: d.get("CONFIG_FILE").map(PathBuf::from),
-            fair_scheduling: p.ok(d.boolean("FAIR_SCHEDULING", true)).unwrap_or(true),
-            fair_half_life: p
-                .ok(positive("FAIR_HALF_LIFE", secs(60)))
-                .unwrap_or(secs(60)),
-            fair_fifo_percent: p
-                .ok(d.number("FAIR_FIFO_PERCENT", 10u32, 0..=100))
-                .unwrap_or(10),
-            max_hops: p
-                .ok(d.number("MAX_HOPS", 100u32, 1..=100_000))
-                .unwrap_or(100),
+            max_runtime: fixed::MAX_RUNTIME.read(f, &mut p),
+            worker_idle_timeout: fixed::WORKER_IDLE_TIMEOUT.read(f, &mut p),
+            poll_interval: fixed::POLL_INTERVAL.read(f, &mut p),
+            stats_interval: fixed::STATS_INTERVAL.read(f, &mut p),
+            db_pool_size: fixed::DB_POOL_SIZE.read(f, &mut p),
+            config_file: fixed::CONFIG_FILE.read(f).map(PathBuf::from),
+            fair_scheduling: fixed::FAIR_SCHEDULING.read(f, &mut p),
+            fair_half_life: fixed::FAIR_HALF_LIFE.read(f, &mut p),
+            fair_fifo_percent: fixed::FAIR_FIFO_PERCENT.read(f, &mut p),
+            max_hops: fixed::MAX_HOPS.read(f, &mut p),
         };
 
-        let fb = find("pepsi-failure-bouncer");
         let bouncer = BouncerOptions {
-            bounce_stage: fb.get("BOUNCE_STAGE").map(str::to_string),
-            origin: fb.value("BOUNCE_STAGE").map(|v| v.origin.clone()),
+            bounce_stage: fixed::BOUNCE_STAGE.read(f).map(str::to_string),
+            origin: fixed::BOUNCE_STAGE.value(f).map(|v| v.origin.clone()),
         };
 
         let stage_sections = sections
@@ -481,8 +331,8 @@ impl Config {
             .iter()
             .filter(|name| !graph.contains(name))
             .map(|name| ConfigError {
-                section: Some("pepsi".into()),
-                key: Some("INJECT_STAGES".into()),
+                section: Some(fixed::INJECT_STAGES.section.into()),
+                key: Some(fixed::INJECT_STAGES.name.into()),
                 ..ConfigError::at(
                     origin.clone(),
                     format!("names stage {name:?}, which has no [stage-{name}] section"),
@@ -491,8 +341,8 @@ impl Config {
             .collect();
         if names.is_empty() {
             errors.push(ConfigError {
-                section: Some("pepsi".into()),
-                key: Some("INJECT_STAGES".into()),
+                section: Some(fixed::INJECT_STAGES.section.into()),
+                key: Some(fixed::INJECT_STAGES.name.into()),
                 ..ConfigError::at(
                     origin.clone(),
                     "names no stage (leave it out for the stages no stage routes to)",

@@ -9,8 +9,7 @@
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
-use super::graph::STAGE_PREFIX;
-use super::raw::Section;
+use super::raw::{STAGE_PREFIX, Section};
 
 /// `[pepsi] PROGRAM_PATH`'s default: the built-in stage programs and the package's
 /// stage directory, the place for a site's own stage programs (`/usr/lib/pepsi`).

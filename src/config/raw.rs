@@ -2,7 +2,12 @@
 //! the file and line it came from, and [`Section`], the view every later phase reads.
 //!
 //! Nothing here knows what a key means; [`super`] checks the fixed sections and
-//! [`super::graph`] the stage sections.
+//! [`super::graph`] the stage sections. It knows one thing about section names: a
+//! stage's is `stage-NAME` ([`STAGE_PREFIX`], [`valid_stage_name`]).
+//!
+//! A leaf of the configuration: `Config::load` and `check.rs` read the file with
+//! [`search`] and [`read`], every other file of `config` reads through [`Section`], and
+//! this one uses none of them (only `crate::escape`, to show values in messages).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -295,6 +300,20 @@ fn valid_key(key: &str) -> bool {
         && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
+/// The prefix of a stage section's name: `[stage-NAME]` is stage `NAME`.
+pub const STAGE_PREFIX: &str = "stage-";
+
+/// Is this a valid stage name: one or more ASCII letters, digits, `.`, `_` and `-`, the
+/// characters a section name of the file may hold. Stage names reach logs, terminals and
+/// metrics labels as they are, so nothing else is taken, from the file or the overlay.
+pub fn valid_stage_name(name: &str) -> bool {
+    valid_section(name)
+}
+
+/// Why a stage name is refused, for a message.
+pub const STAGE_NAME_RULE: &str =
+    "a stage name is one or more ASCII letters, digits, '.', '_' and '-'";
+
 /// Is this a valid section name: one or more ASCII letters, digits, `-`, `_`, `.`.
 pub fn valid_section(name: &str) -> bool {
     !name.is_empty()
@@ -401,6 +420,9 @@ pub fn read(path: &Path) -> Result<Vec<Section>, Vec<ConfigError>> {
     parse(path, &text)
 }
 
+/// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.
+pub const DEFAULT_PATH: &str = "/etc/pepsi/pepsi.conf";
+
 /// The configuration file to read: `-c FILE`, else `$PEPSI_CONFIG`, else
 /// `/etc/pepsi/pepsi.conf`.
 pub fn search(explicit: Option<&Path>) -> PathBuf {
@@ -409,7 +431,7 @@ pub fn search(explicit: Option<&Path>) -> PathBuf {
     }
     match std::env::var_os("PEPSI_CONFIG") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(super::DEFAULT_PATH),
+        _ => PathBuf::from(DEFAULT_PATH),
     }
 }
 

@@ -6,7 +6,6 @@
 
 pub mod pool;
 pub mod schema;
-pub mod sha256;
 pub mod sql;
 
 use std::error::Error as _;

@@ -11,13 +11,37 @@
 //! after the schema, so that step is not a file applied once but `pepsi.setup_roles()`
 //! (schema 7), called each time in the same transaction; so is the revocation of
 //! PUBLIC's right to create in the `public` schema (SPEC §4 "Containment").
+//!
+//! Called by `pepsi-setup` ([`install`]) and by every program at start ([`check`]);
+//! it runs the embedded files and the statements of [`super::sql`], and knows nothing
+//! of the configuration.
+//!
+//! # Adding a migration
+//!
+//! A new file `schema/NNN_verb_noun.sql` (the next number) and one
+//! `migration!("NNN_verb_noun.sql")` line at the end of [`FILES`]; nothing else here.
+//! A released file is never edited, not even its comments: its bytes are in the digest
+//! every installed database stores. A migration that adds a function some role calls
+//! also, in its own file:
+//!
+//! - declares it with `SET search_path = pg_catalog, pg_temp` and writes every name in
+//!   it schema-qualified (`pepsi.workqueue`), as every function of the schema does (a
+//!   test checks them all, SPEC §4 "Containment");
+//! - grants it by inserting rows into `pepsi.role_grants`, e.g. `INSERT INTO
+//!   pepsi.role_grants (role, privilege, object) VALUES ('pepsi_admin', 'EXECUTE',
+//!   'FUNCTION pepsi.f(bigint)');` — never a `GRANT` of its own: `pepsi.setup_roles()`,
+//!   which `pepsi-setup` runs after the files on every run, revokes everything and
+//!   grants exactly those rows, also to a role an administrator creates later.
+//!
+//! The program's side of it is a named statement in `db/sql.rs`.
 
 use std::fmt;
 
 use postgres::Client;
 use postgres::error::SqlState;
 
-use super::sha256::Sha256;
+use sha2::{Digest, Sha256};
+
 use super::sql;
 
 /// One embedded schema file.
@@ -30,58 +54,48 @@ pub struct SchemaFile {
     pub sql: &'static str,
 }
 
-/// Every schema file, in order. A test checks this list against the folder.
+/// The number a schema file's name starts with (`010_containment.sql` is 10), worked
+/// out while compiling: a name without leading digits and `_` does not build.
+const fn number_of(name: &str) -> i32 {
+    let bytes = name.as_bytes();
+    let mut i = 0;
+    let mut number = 0;
+    while i < bytes.len() && bytes[i].is_ascii_digit() {
+        number = number * 10 + (bytes[i] - b'0') as i32;
+        i += 1;
+    }
+    assert!(
+        i > 0 && i < bytes.len() && bytes[i] == b'_',
+        "a schema file's name is NNN_verb_noun.sql"
+    );
+    number
+}
+
+/// A [`SchemaFile`] from its name alone: its number from the name, its SQL embedded
+/// from `schema/` under that name.
+macro_rules! migration {
+    ($name:literal) => {
+        SchemaFile {
+            number: number_of($name),
+            name: $name,
+            sql: include_str!(concat!("../../schema/", $name)),
+        }
+    };
+}
+
+/// Every schema file, in order, one line each. A test checks this list against the
+/// folder.
 pub const FILES: &[SchemaFile] = &[
-    SchemaFile {
-        number: 1,
-        name: "001_create_queue.sql",
-        sql: include_str!("../../schema/001_create_queue.sql"),
-    },
-    SchemaFile {
-        number: 2,
-        name: "002_claim_tokens.sql",
-        sql: include_str!("../../schema/002_claim_tokens.sql"),
-    },
-    SchemaFile {
-        number: 3,
-        name: "003_hops_and_poison.sql",
-        sql: include_str!("../../schema/003_hops_and_poison.sql"),
-    },
-    SchemaFile {
-        number: 4,
-        name: "004_fair_claim.sql",
-        sql: include_str!("../../schema/004_fair_claim.sql"),
-    },
-    SchemaFile {
-        number: 5,
-        name: "005_failure_path.sql",
-        sql: include_str!("../../schema/005_failure_path.sql"),
-    },
-    SchemaFile {
-        number: 6,
-        name: "006_operator_api.sql",
-        sql: include_str!("../../schema/006_operator_api.sql"),
-    },
-    SchemaFile {
-        number: 7,
-        name: "007_roles.sql",
-        sql: include_str!("../../schema/007_roles.sql"),
-    },
-    SchemaFile {
-        number: 8,
-        name: "008_sender_key_plpgsql.sql",
-        sql: include_str!("../../schema/008_sender_key_plpgsql.sql"),
-    },
-    SchemaFile {
-        number: 9,
-        name: "009_fair_claim_small_stages.sql",
-        sql: include_str!("../../schema/009_fair_claim_small_stages.sql"),
-    },
-    SchemaFile {
-        number: 10,
-        name: "010_containment.sql",
-        sql: include_str!("../../schema/010_containment.sql"),
-    },
+    migration!("001_create_queue.sql"),
+    migration!("002_claim_tokens.sql"),
+    migration!("003_hops_and_poison.sql"),
+    migration!("004_fair_claim.sql"),
+    migration!("005_failure_path.sql"),
+    migration!("006_operator_api.sql"),
+    migration!("007_roles.sql"),
+    migration!("008_sender_key_plpgsql.sql"),
+    migration!("009_fair_claim_small_stages.sql"),
+    migration!("010_containment.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).
@@ -96,12 +110,14 @@ pub fn version() -> i32 {
 pub fn digest(upto: i32) -> String {
     let mut h = Sha256::new();
     for f in FILES.iter().filter(|f| f.number <= upto) {
+        // Each file as its name, a NUL, its length (64 bits, big-endian) and its bytes:
+        // no two lists of files feed the hash the same bytes.
         h.update(f.name.as_bytes());
-        h.update(&[0]);
-        h.update(&(f.sql.len() as u64).to_be_bytes());
+        h.update([0]);
+        h.update((f.sql.len() as u64).to_be_bytes());
         h.update(f.sql.as_bytes());
     }
-    h.hex()
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How the database's schema differs from this release's.
@@ -387,5 +403,24 @@ mod tests {
         assert_eq!(digest(version()), digest(version()));
         assert_ne!(digest(version()), digest(0));
         assert_eq!(digest(version()).len(), 64);
+    }
+
+    #[test]
+    fn the_digests_of_released_versions_never_change() {
+        // Databases store these (pepsi.schema_version): a change of the hash or of how
+        // the files are fed to it would make every installed schema "built from other
+        // files".
+        assert_eq!(
+            digest(0),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            digest(1),
+            "f4cb88d4442efa6d95fa7b6c8842e7068d5795e61179f20553b7a3efe5cde982"
+        );
+        assert_eq!(
+            digest(10),
+            "a6600fa7ddf4e5fcdcfd4fbfb0305982be34e96f7bcbbe6b9204856a7912b909"
+        );
     }
 }

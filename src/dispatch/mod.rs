@@ -18,7 +18,6 @@
 //! Nothing here is async.
 
 pub mod background;
-pub mod check;
 pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
@@ -44,6 +43,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::{Invocation, Program};
+use crate::config::check;
 use crate::config::raw::join_errors;
 use crate::config::{Config, DbRole};
 use crate::db::{self, pool::Pool};

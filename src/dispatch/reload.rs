@@ -12,10 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::check;
 use super::event_loop::{Dispatcher, Stop};
 use super::ledger::Claim;
 use super::pool::StagePool;
+use crate::config::check;
 use crate::config::graph::OverrideRow;
 use crate::config::raw::join_errors;
 use crate::config::{Config, StageGraph};

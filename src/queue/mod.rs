@@ -198,9 +198,7 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
     match command {
         // Exactly `pepsi-dispatch check`: it reports a file that does not even parse,
         // so it needs no session.
-        Command::ConfigCheck => {
-            crate::dispatch::check::check(globals.config.as_deref(), Vec::new())
-        }
+        Command::ConfigCheck => crate::config::check::check(globals.config.as_deref(), Vec::new()),
         Command::Inject(what) => {
             // The message is read and checked before anything is connected: a message
             // refused leaves no trace.

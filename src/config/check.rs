@@ -22,28 +22,31 @@
 //! [`builtin_errors`] and [`graph_warnings`] for a new graph. `pepsi-queue config
 //! check` runs [`check`], and `pepsi-queue config set|unset` [`dispatchable_graph`]
 //! before it writes the overlay.
-//! This file decides nothing about messages and changes nothing: it reads the file and
-//! the database, and writes only to stdout.
+//!
+//! It lives beside the configuration it checks and on top of it: it uses the other
+//! files of `config` (the fixed values it falls back to where the file is wrong come
+//! from [`fixed`]'s table), the stages' own checks, the database, the failure
+//! bouncer's and the keeper's rules, and [`super::account`] for what the `RUN_AS`
+//! account may run; no other file of `config` uses it. It decides nothing about
+//! messages and changes nothing: it reads the file and the database, and writes only
+//! to stdout.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use postgres::Client;
 use postgres::error::SqlState;
 
+use super::account::{Access, Account, program_runs};
+use super::graph::{self, OverrideRow, ProgramPath};
+use super::raw::{self, join_errors};
+use super::{Config, ConfigError, DbRole, Section, StageGraph, StageSection, fixed, keys};
 use crate::bouncer;
-use crate::cli::Invocation;
-use crate::config::graph::{self, OverrideRow, ProgramPath};
-use crate::config::raw::{self, join_errors};
-use crate::config::{self, Config, ConfigError, DbRole, Section, StageGraph, StageSection};
+use crate::cli::{Invocation, Program};
 use crate::db::{self, schema};
 use crate::exit::Failure;
 use crate::stages;
 use crate::worker::settings::{self, SettingRow};
-
-use super::PROGRAM;
 
 /// How many ignored `pepsi.settings` rows `check` lists one by one; the rest are
 /// counted in one more warning.
@@ -82,7 +85,7 @@ pub fn graph_warnings(
 ) -> Vec<ConfigError> {
     let laid = graph::lay_over(stage_sections, overlay, programs);
     let mut warnings = laid.warnings;
-    warnings.extend(config::keys::unknown_keys(
+    warnings.extend(keys::unknown_keys(
         laid.sections.values(),
         stages::program_keys,
     ));
@@ -188,12 +191,13 @@ impl Findings {
     }
 }
 
-/// The `--overlay SECTION KEY VALUE` rows of a `check` command line.
-fn parse_arguments(rest: &[String]) -> Result<Vec<OverrideRow>, Failure> {
+/// The `--overlay SECTION KEY VALUE` rows of a `check` command line; a usage error
+/// shows `program`'s synopsis.
+fn parse_arguments(program: &Program, rest: &[String]) -> Result<Vec<OverrideRow>, Failure> {
     let usage = |message: String| {
         Failure::usage(format!(
             "{message}\nusage: {} [GLOBAL OPTIONS] {}",
-            PROGRAM.name, PROGRAM.synopsis
+            program.name, program.synopsis
         ))
     };
     let mut rows = Vec::new();
@@ -229,9 +233,10 @@ fn with_rows(mut overlay: Vec<OverrideRow>, extra: Vec<OverrideRow>) -> Vec<Over
     overlay
 }
 
-/// Runs `pepsi-dispatch check [--overlay SECTION KEY VALUE]…`.
-pub fn run(invocation: Invocation) -> Result<(), Failure> {
-    let extra = parse_arguments(&invocation.rest)?;
+/// Runs `pepsi-dispatch check [--overlay SECTION KEY VALUE]…`; `program` is
+/// `pepsi-dispatch`'s description, for a usage error.
+pub fn run(program: &Program, invocation: Invocation) -> Result<(), Failure> {
+    let extra = parse_arguments(program, &invocation.rest)?;
     check(invocation.globals.config.as_deref(), extra)
 }
 
@@ -254,37 +259,28 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         Ok(c) => found.add_warnings(c.warnings.clone()),
         Err(errors) => {
             found.add_errors(errors.clone());
-            found.add_warnings(config::fixed_warnings(&sections));
+            found.add_warnings(keys::fixed_warnings(&sections));
         }
     }
     // The fixed values as the dispatcher would read them, the defaults where the file
-    // is wrong (its errors are reported above).
-    let fixed = |section: &str, key: &str, default: &str| {
-        sections
-            .iter()
-            .find(|s| s.name == section)
-            .and_then(|s| s.get(key))
-            .unwrap_or(default)
-            .to_string()
-    };
-    let run_as = fixed("pepsi", "RUN_AS", "pepsi");
+    // is wrong (its errors are reported above): each key's text, else its default.
+    let run_as = fixed::RUN_AS
+        .text(&sections)
+        .unwrap_or_default()
+        .to_string();
     // A PROGRAM_PATH in error (reported above) allows nothing, so that no overlay row
     // passes here that the dispatcher might refuse.
     let programs = match &config {
         Ok(c) => c.pepsi.program_path.clone(),
-        Err(_) => ProgramPath::parse(&fixed("pepsi", "PROGRAM_PATH", graph::DEFAULT_PROGRAM_PATH))
+        Err(_) => ProgramPath::parse(fixed::PROGRAM_PATH.text(&sections).unwrap_or_default())
             .unwrap_or_else(|_| ProgramPath::none()),
     };
     // The dispatcher's connection and the workers' (each its own key, else
     // CONNECTION), as serve and the workers will connect.
-    let connection = fixed("pepsi-postgres", "CONNECTION", config::DEFAULT_CONNECTION);
-    let own = |role: DbRole| {
-        let key = fixed("pepsi-postgres", role.key(), "");
-        if key.is_empty() {
-            ("CONNECTION", connection.clone())
-        } else {
-            (role.key(), key)
-        }
+    let connection = fixed::CONNECTION.text(&sections).unwrap_or_default();
+    let own = |role: DbRole| match role.fixed_key().text(&sections) {
+        Some(own) => (role.key(), own.to_string()),
+        None => (fixed::CONNECTION.name, connection.to_string()),
     };
     let dispatch = own(DbRole::Dispatch);
     let worker = own(DbRole::Worker);
@@ -501,7 +497,7 @@ fn read_database(
     (key, connection): &(&str, String),
     found: &mut Findings,
 ) -> (Vec<OverrideRow>, Option<Client>) {
-    let label = if *key == "CONNECTION" {
+    let label = if *key == fixed::CONNECTION.name {
         "database".to_string()
     } else {
         format!("database ({key})")
@@ -549,184 +545,15 @@ fn read_database(
     (overlay, schema_ok.then_some(client))
 }
 
-/// What an account wants to do with a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Access {
-    Read,
-    Execute,
-}
-
-/// The `[pepsi] RUN_AS` account, as the kernel will see it once the dispatcher has
-/// switched to it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Account {
-    name: String,
-    uid: u32,
-    /// The primary group and every supplementary group (`initgroups` gives it these).
-    groups: Vec<u32>,
-}
-
-impl Account {
-    /// Looks an account up in the system's user database.
-    fn lookup(name: &str) -> Result<Account, String> {
-        let pw = crate::privilege::lookup(name)?;
-        Ok(Account {
-            name: pw.name,
-            uid: pw.uid,
-            groups: pw.groups,
-        })
-    }
-
-    /// May this account read or execute `path`? When this process runs as the account
-    /// (or both are root) the kernel answers (`faccessat`, which also sees ACLs);
-    /// otherwise the mode bits of the file and the search bits of every directory on
-    /// the way to it do.
-    fn may(&self, path: &Path, access: Access) -> Result<(), String> {
-        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-        if access == Access::Execute && !meta.is_file() {
-            return Err("not a regular file".into());
-        }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == self.uid {
-            let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-                .map_err(|_| "the path contains a NUL byte".to_string())?;
-            let mode = match access {
-                Access::Read => libc::R_OK,
-                Access::Execute => libc::X_OK,
-            };
-            // SAFETY: c_path is a valid C string.
-            let r =
-                unsafe { libc::faccessat(libc::AT_FDCWD, c_path.as_ptr(), mode, libc::AT_EACCESS) };
-            return if r == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error().to_string())
-            };
-        }
-        let absolute = std::path::absolute(path).map_err(|e| e.to_string())?;
-        let canonical = std::fs::canonicalize(path).map_err(|e| e.to_string())?;
-        // The directories of the path as written and of the file it leads to.
-        for dir in absolute
-            .ancestors()
-            .skip(1)
-            .chain(canonical.ancestors().skip(1))
-        {
-            let dm = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            if !self.permits(dm.uid(), dm.gid(), dm.mode(), true, Access::Execute) {
-                return Err(format!(
-                    "permission denied: the directory {} cannot be searched",
-                    dir.display()
-                ));
-            }
-        }
-        if self.permits(meta.uid(), meta.gid(), meta.mode(), meta.is_dir(), access) {
-            Ok(())
-        } else {
-            Err(format!(
-                "permission denied (mode {:o}, owner {}, group {})",
-                meta.mode() & 0o7777,
-                meta.uid(),
-                meta.gid()
-            ))
-        }
-    }
-
-    /// The permission bits' answer for this account: the owner's bits if it owns the
-    /// file, else the group's if it is in the file's group, else the others'. Root
-    /// reads anything, searches any directory, and executes a file with any `x` bit.
-    fn permits(&self, uid: u32, gid: u32, mode: u32, dir: bool, access: Access) -> bool {
-        let bit = match access {
-            Access::Read => 0o4,
-            Access::Execute => 0o1,
-        };
-        if self.uid == 0 {
-            return access == Access::Read || dir || mode & 0o111 != 0;
-        }
-        let shift = if uid == self.uid {
-            6
-        } else if self.groups.contains(&gid) {
-            3
-        } else {
-            0
-        };
-        (mode >> shift) & bit != 0
-    }
-}
-
-/// Can `program` be started by the dispatcher running as `account`: an absolute (or
-/// relative) path must be an executable file; a bare name is looked up on `PATH` like
-/// `execvp`, the first executable match winning.
-fn program_runs(program: &str, account: Option<&Account>) -> Result<(), String> {
-    let executable = |path: &Path| match account {
-        Some(a) => a.may(path, Access::Execute),
-        None => std::fs::metadata(path).map(drop).map_err(|e| e.to_string()),
-    };
-    let run_as = account.map_or_else(String::new, |a| format!(" by RUN_AS {}", a.name));
-    if program.contains('/') {
-        return executable(Path::new(program))
-            .map_err(|e| format!("{program} cannot be executed{run_as}: {e}"));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let candidates: Vec<PathBuf> = std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .filter(|p| p.is_file())
-        .collect();
-    let mut refused = Vec::new();
-    for candidate in &candidates {
-        match executable(candidate) {
-            Ok(()) => return Ok(()),
-            Err(e) => refused.push(format!("{}: {e}", candidate.display())),
-        }
-    }
-    if refused.is_empty() {
-        Err(format!(
-            "{program} is not found on PATH ({})",
-            path.to_string_lossy()
-        ))
-    } else {
-        Err(format!(
-            "{program} cannot be executed{run_as}: {}",
-            refused.join("; ")
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn account(uid: u32, groups: &[u32]) -> Account {
-        Account {
-            name: "t".into(),
-            uid,
-            groups: groups.to_vec(),
-        }
-    }
-
-    #[test]
-    fn the_owner_group_or_other_bits_decide_for_an_ordinary_account() {
-        let a = account(1000, &[1000, 27]);
-        let x = Access::Execute;
-        assert!(a.permits(1000, 0, 0o700, false, x), "owner");
-        assert!(
-            !a.permits(1000, 1000, 0o070, false, x),
-            "the owner's bits, not the group's"
-        );
-        assert!(a.permits(0, 27, 0o750, false, x), "a supplementary group");
-        assert!(!a.permits(0, 0, 0o750, false, x), "neither owner nor group");
-        assert!(a.permits(0, 0, 0o755, false, x), "others");
-        assert!(a.permits(0, 0, 0o644, false, Access::Read));
-        assert!(!a.permits(0, 0, 0o640, false, Access::Read));
-    }
-
-    #[test]
-    fn root_executes_a_file_with_any_x_bit_and_searches_any_directory() {
-        let root = account(0, &[0]);
-        assert!(root.permits(1000, 1000, 0o001, false, Access::Execute));
-        assert!(!root.permits(1000, 1000, 0o644, false, Access::Execute));
-        assert!(root.permits(1000, 1000, 0o700, true, Access::Execute));
-        assert!(root.permits(1000, 1000, 0o000, false, Access::Read));
-    }
+    const P: Program = Program {
+        name: "pepsi-dispatch",
+        synopsis: "check [--overlay SECTION KEY VALUE]",
+        about: "",
+    };
 
     #[test]
     fn overlay_arguments_replace_stored_rows_and_may_unset() {
@@ -734,7 +561,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let extra = parse_arguments(&args).unwrap();
+        let extra = parse_arguments(&P, &args).unwrap();
         let stored = vec![OverrideRow {
             section: "stage-x".into(),
             key: "MATCH".into(),
@@ -747,16 +574,8 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(parse_arguments(&short).unwrap_err().code, 64);
+        assert_eq!(parse_arguments(&P, &short).unwrap_err().code, 64);
         let other: Vec<String> = ["check", "--now"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(parse_arguments(&other).unwrap_err().code, 64);
-    }
-
-    #[test]
-    fn a_program_is_found_on_path_or_named_missing() {
-        assert!(program_runs("/nonexistent/prog", None).is_err());
-        let e = program_runs("pepsi-no-such-program", None).unwrap_err();
-        assert!(e.contains("not found on PATH"), "{e}");
-        assert!(program_runs("/bin/sh", None).is_ok());
+        assert_eq!(parse_arguments(&P, &other).unwrap_err().code, 64);
     }
 }
