@@ -27,17 +27,7 @@ pub const MAX_QUEUE_LIMIT: u32 = 10_000;
 /// Fusion depth cap: a chain longer than this (a misconfigured cycle) commits a hop.
 pub const MAX_FUSION_DEPTH: usize = 16;
 
-/// The keys every stage section may set, whatever its program (SPEC §4).
-pub const STAGE_KEYS: &[&str] = &[
-    "PROGRAM",
-    "NEXT",
-    "PARALLELISM",
-    "QUEUE_LIMIT",
-    "MAX_MESSAGES",
-    "FUSION",
-    "MAX_LIFETIME",
-    "BOUNCE_STAGE",
-];
+pub use super::keys::STAGE_KEYS;
 
 /// One checked `[stage-NAME]` section.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,8 +8,20 @@
 //! warnings are logged or printed.
 
 use super::fixed::SECTIONS;
-use super::graph::{STAGE_KEYS, STAGE_PREFIX};
+use super::raw::STAGE_PREFIX;
 use super::raw::{ConfigError, Section};
+
+/// The keys every stage section may set, whatever its program (SPEC §4).
+pub const STAGE_KEYS: &[&str] = &[
+    "PROGRAM",
+    "NEXT",
+    "PARALLELISM",
+    "QUEUE_LIMIT",
+    "MAX_MESSAGES",
+    "FUSION",
+    "MAX_LIFETIME",
+    "BOUNCE_STAGE",
+];
 
 /// The largest edit distance at which a known key is suggested for an unknown one.
 const MAX_SUGGESTION_DISTANCE: usize = 2;

@@ -33,6 +33,8 @@ pub mod fixed;
 pub mod graph;
 pub mod keys;
 pub mod overlay;
+#[cfg(test)]
+mod overlay_tests;
 pub mod program_path;
 pub mod raw;
 
