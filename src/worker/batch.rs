@@ -259,7 +259,7 @@ fn unreadable(id: i64, row: &postgres::Row, why: String) -> Plan {
         Err(e) => {
             log::warn!(
                 "{}: message {id} cannot be read ({}), nor can its claim token ({e}); \
-                     nothing written, the row is left running",
+                 nothing written, the row is left running",
                 Visible(&stage),
                 Visible(&why)
             );

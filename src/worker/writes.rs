@@ -144,6 +144,8 @@ fn bounce(conn: &mut PgConn, plan: &mut Plan, notification: &Notification) {
     }
 }
 
+/// Writes these plans' outcomes of one shape in one statement; a batch the database
+/// refuses for a reason of its own is written again one plan at a time.
 fn write_batch(conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
     if plans.is_empty() {
         return;
