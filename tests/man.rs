@@ -283,7 +283,7 @@ fn every_built_in_stages_overridable_keys_are_documented_under_per_address_setti
             .collect();
         assert_eq!(
             documented,
-            set(settings::overridable_keys(&program)),
+            set(settings::overridable_keys(stages::REGISTRY, &program)),
             "the overridable keys of {program} in pepsi.conf.5 ({:?})",
             item.body
         );

@@ -1,8 +1,107 @@
 //! The unified binary of the built-in stages: `pepsi-stage-NAME [GLOBAL] worker`
-//! (installed as links named after each stage), or `pepsi-stage [GLOBAL] NAME worker`.
+//! (installed as links named after each stage), or `pepsi-stage [GLOBAL] NAME worker |
+//! list`. Picks the stage from argv[0] or from the first argument after the global
+//! options, then runs the worker runtime with the built-ins' registry
+//! (`pepsi::stages::REGISTRY`); the exit code is decided here, from `pepsi::exit`.
 
 use std::process::ExitCode;
 
+use pepsi::cli::{Invocation, Program};
+use pepsi::exit::{self, Failure};
+use pepsi::stages::{self, REGISTRY};
+use pepsi::worker::{PROGRAM_PREFIX, Stage, runtime};
+
 fn main() -> ExitCode {
-    pepsi::stages::main()
+    // First thing: started by a worker of this binary as its keeper (SPEC §4
+    // "Containment"), not as a stage, it serves and exits with the keeper's status.
+    if let Some(code) = pepsi::keeper::client::serve_if_asked() {
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let (program, named) = invoked_as(&argv0);
+    let result = pepsi::cli::start(&program)
+        .and_then(|inv| inv.map_or(Ok(()), |inv| run(&program, named, inv)));
+    exit::finish(program.name, result)
+}
+
+/// What argv[0] makes of this binary: `pepsi-stage-NAME` for a built-in NAME, that
+/// stage's program; anything else, `pepsi-stage`, which takes the stage as an argument.
+fn invoked_as(argv0: &str) -> (Program, Option<&'static dyn Stage>) {
+    let invoked = argv0.rsplit('/').next().unwrap_or(argv0);
+    match invoked.strip_prefix(PROGRAM_PREFIX).and_then(stages::find) {
+        Some(stage) => (
+            program(
+                Box::leak(format!("{PROGRAM_PREFIX}{}", stage.name()).into_boxed_str()),
+                "worker",
+            ),
+            Some(stage),
+        ),
+        None => (program("pepsi-stage", "NAME worker | list"), None),
+    }
+}
+
+/// Runs the program's own part of the command line: `worker` for the stage argv[0]
+/// named, or `NAME worker`, or `list`.
+fn run(
+    program: &Program,
+    named: Option<&'static dyn Stage>,
+    inv: Invocation,
+) -> Result<(), Failure> {
+    let stage = match named {
+        Some(stage) => {
+            inv.expect_only(program, &["worker"])?;
+            stage
+        }
+        None if inv.rest == ["list"] => {
+            // One name a line, for scripts (the package's stage links).
+            for stage in REGISTRY.stages() {
+                println!("{}", stage.name());
+            }
+            return Ok(());
+        }
+        None => {
+            let name = inv.rest.first().cloned().unwrap_or_default();
+            let stage = stages::find(&name).ok_or_else(|| {
+                Failure::usage(format!(
+                    "unknown stage {name:?} ({})\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker\n       pepsi-stage [GLOBAL OPTIONS] list",
+                    names()
+                ))
+            })?;
+            if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {
+                return Err(Failure::usage(
+                    "usage: pepsi-stage [GLOBAL OPTIONS] NAME worker",
+                ));
+            }
+            stage
+        }
+    };
+    runtime::run(&inv.globals, REGISTRY, stage)
+}
+
+/// The names of the built-in stages, in registry order, comma-separated.
+fn names() -> String {
+    REGISTRY
+        .stages()
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The program's description, under the name it was invoked by.
+fn program(name: &'static str, synopsis: &'static str) -> Program {
+    Program {
+        name,
+        synopsis,
+        about: Box::leak(
+            format!(
+                "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
+                 `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
+                 Built-in stages: {}. `pepsi-stage list` prints their names, one a line \
+                 (the links a package installs).",
+                names()
+            )
+            .into_boxed_str(),
+        ),
+    }
 }

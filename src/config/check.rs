@@ -412,7 +412,7 @@ fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, fou
         let Some(program) = section.get("PROGRAM") else {
             continue;
         };
-        for key in settings::overridable_keys(program) {
+        for key in settings::overridable_keys(stages::REGISTRY, program) {
             stages.push(stage.to_string());
             keys.push(key.to_string());
         }
@@ -427,7 +427,11 @@ fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, fou
             key,
             value: String::new(),
         };
-        if let Some(e) = settings::refusal(&row, programs.get(&row.stage).map(String::as_str)) {
+        if let Some(e) = settings::refusal(
+            stages::REGISTRY,
+            &row,
+            programs.get(&row.stage).map(String::as_str),
+        ) {
             if refused.len() < SETTINGS_LISTED {
                 refused.push(e);
             } else {

@@ -17,6 +17,10 @@
 //! of `state.dsn_status` or of the class, and only the diagnostic a stage set for them
 //! in `state.dsn_diagnostic`: `state.last_error` can name files, tables and hosts and
 //! never appears.
+//!
+//! Listed in `stages::BUILTINS`; the worker runtime configures it and runs its body,
+//! and writes the [`Outcome::Bounce`] it returns (the notification in, the original
+//! out); it must not write to the database itself.
 
 use std::time::SystemTime;
 

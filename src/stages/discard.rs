@@ -1,5 +1,11 @@
 //! `pepsi-stage-discard`: deletes the row; the message is done. Metadata only, fusable
 //! by default.
+//!
+//! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
+//! and for each effective section and runs the body it returns, and `pepsi-dispatch
+//! check` calls `configure`. It owns its section's keys and its decision; it must
+//! not write to the database (the runtime writes its outcome) nor know about batches,
+//! fusion or the protocol.
 
 use crate::config::{ConfigError, StageSection};
 use crate::worker::{Configured, Context, Load, Message, Outcome, Stage, StageError};

@@ -19,6 +19,8 @@
 //! - an original that cannot be carried within RFC 5322's limits (a line beyond 998
 //!   octets, a NUL, a lone CR) is attached as its header block only; a header block that
 //!   is missing or not RFC 5322 is not attached at all. The human part says which.
+//!
+//! Its dates are RFC 5322's, in UTC, written with `jiff` ([`date`]).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -479,46 +481,21 @@ fn boundary(unique: &str, parts: &[&[u8]]) -> String {
         .expect("some boundary is free")
 }
 
-/// An RFC 5322 date in UTC: `Wed, 02 Dec 2026 18:04:05 +0000`.
-pub fn date(time: SystemTime) -> String {
-    let secs = match time.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        // Before 1970: the whole second at or before it.
-        Err(e) => {
-            let before = e.duration();
-            -(before.as_secs() as i64) - i64::from(before.subsec_nanos() > 0)
-        }
-    };
-    let days = secs.div_euclid(86_400);
-    let of_day = secs.rem_euclid(86_400);
-    let (year, month, day) = civil(days);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    format!(
-        "{}, {day:02} {} {year:04} {:02}:{:02}:{:02} +0000",
-        WEEKDAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize],
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
-}
+/// The form of [`date`]: RFC 5322's `date-time` in UTC, the day in two digits (jiff's
+/// `rfc2822` printer writes the day in one digit where it can and a timestamp's zone as
+/// `-0000`, "local time unknown", so the form is spelled out here).
+const DATE_FORMAT: &str = "%a, %d %b %Y %H:%M:%S %z";
 
-/// The proleptic Gregorian (year, month, day) of a day count from 1970-01-01 (the
-/// civil-from-days algorithm).
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+/// An RFC 5322 date in UTC: `Wed, 02 Dec 2026 18:04:05 +0000`; the whole second at or
+/// before `time`. A time beyond what a [`jiff::Timestamp`] holds (years -9999 to 9999)
+/// is written as the nearest one it holds.
+pub fn date(time: SystemTime) -> String {
+    let at = jiff::Timestamp::try_from(time).unwrap_or(if time < UNIX_EPOCH {
+        jiff::Timestamp::MIN
+    } else {
+        jiff::Timestamp::MAX
+    });
+    at.strftime(DATE_FORMAT).to_string()
 }
 
 #[cfg(test)]
@@ -538,6 +515,30 @@ mod tests {
             date(UNIX_EPOCH - Duration::from_secs(1)),
             "Wed, 31 Dec 1969 23:59:59 +0000"
         );
+    }
+
+    #[test]
+    fn a_date_is_the_whole_second_at_or_before_the_time_and_reads_back_as_rfc_2822() {
+        assert_eq!(
+            date(UNIX_EPOCH + Duration::from_millis(1_796_220_245_999)),
+            "Wed, 02 Dec 2026 14:04:05 +0000"
+        );
+        assert_eq!(
+            date(UNIX_EPOCH - Duration::from_millis(500)),
+            "Wed, 31 Dec 1969 23:59:59 +0000"
+        );
+        for secs in [0, 951_782_400, 1_796_220_245, 4_133_980_799] {
+            let written = date(UNIX_EPOCH + Duration::from_secs(secs));
+            let read = jiff::fmt::rfc2822::parse(&written).unwrap();
+            assert_eq!(read.timestamp().as_second(), secs as i64, "{written}");
+        }
+    }
+
+    #[test]
+    fn a_time_beyond_what_a_date_can_hold_is_written_as_the_nearest_one() {
+        let far = Duration::from_secs(400_000 * 366 * 86_400);
+        assert_eq!(date(UNIX_EPOCH + far), "Thu, 30 Dec 9999 22:00:00 +0000");
+        assert_eq!(date(UNIX_EPOCH - far), "Tue, 02 Jan -9999 01:59:59 +0000");
     }
 
     #[test]

@@ -12,6 +12,13 @@
 //! killed. Exit 0 advances to `NEXT` (or finishes the message without one); 64–78
 //! except 75 is a permanent error; anything else, a signal or the timeout is a host
 //! error. At most the last 1 KiB of its stderr goes into `state.last_error`.
+//!
+//! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
+//! and for each effective section and runs the body it returns, and `pepsi-dispatch
+//! check` calls `configure`. It owns its section's keys and its decision (the exit status mapped to an outcome or an error); running the
+//! command is the keeper's; it must
+//! not write to the database (the runtime writes its outcome) nor know about batches,
+//! fusion or the protocol.
 
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;

@@ -9,6 +9,12 @@
 //! it). Any other word after a VALUE is an error naming it: a MATCH is understood whole
 //! or refused (SPEC §4 "Strictness"). Addresses, domains and sender keys compare
 //! case-insensitively; subject and state values exactly.
+//!
+//! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
+//! and for each effective section and runs the body it returns, and `pepsi-dispatch
+//! check` calls `configure`. It owns its section's keys and its decision (and the split of a per-recipient condition); it must
+//! not write to the database (the runtime writes its outcome) nor know about batches,
+//! fusion or the protocol.
 
 use crate::config::{ConfigError, StageSection};
 use crate::worker::{

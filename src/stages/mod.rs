@@ -1,9 +1,31 @@
 //! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
-//! binary so that they can be fused. Each file is one stage; [`find`] maps a name
-//! (`pass` for `pepsi-stage-pass`) to it, [`for_program`] a `PROGRAM`, and
-//! [`check_section`] checks a section with its built-in's own `configure` — the one
-//! check the dispatcher (at start, at a reload, in `pepsi-dispatch check`) and the
-//! worker share (SPEC §4 "Strictness").
+//! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
+//! reports `bounce.rs` sends); [`BUILTINS`] lists them and [`REGISTRY`] hands that
+//! list to the worker runtime (`src/bin/pepsi-stage.rs` gives it to
+//! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
+//! its stage, [`for_program`] a `PROGRAM`, and [`check_section`] checks a section with
+//! its built-in's own `configure` — the one check the dispatcher (at start, at a
+//! reload, in `pepsi-dispatch check`) and the worker share (SPEC §4 "Strictness").
+//!
+//! Used by `pepsi-stage`, `pepsi-dispatch` (its checks) and `pepsi-queue`. The stages
+//! use the worker library (each implements its `Stage`); the worker library never uses
+//! this module: what it needs to know of the built-ins it is given as [`REGISTRY`].
+//! This file lists and looks up; it must not run a stage nor parse a command line.
+//!
+//! To add a built-in stage `NAME`:
+//! 1. write `src/stages/NAME.rs`: a unit struct implementing `worker::Stage` (its
+//!    name, what it loads, its fusion default, its keys and those a correspondent may
+//!    override, `configure`), the `worker::Configured` body that `configure` returns,
+//!    and its unit tests;
+//! 2. add its `pub mod NAME;` and its one line in [`BUILTINS`] here.
+//!
+//! Nothing else in `src/` reads a stage by name: the worker gets the list through
+//! [`REGISTRY`], `pepsi-dispatch check` and `pepsi-queue` read it here, and the
+//! package links `/usr/bin/pepsi-stage-NAME` for every name `pepsi-stage list` prints.
+//! Its documentation goes in pepsi.conf(5) (its keys) and pepsi-stage(8) (its entry),
+//! which `tests/man.rs` holds to [`BUILTINS`]. One copy of the names remains outside:
+//! `config::program_path::BUILTIN_STAGES` (what `PROGRAM_PATH`'s `builtin` entry
+//! allows), which the test below holds to [`BUILTINS`] until it reads them from here.
 
 pub mod bounce;
 pub mod discard;
@@ -13,9 +35,9 @@ pub mod if_stage;
 pub mod pass;
 
 use crate::config::{ConfigError, StageSection};
-use crate::worker::Stage;
+use crate::worker::{Registry, Stage};
 
-/// Every built-in stage.
+/// Every built-in stage, in the order `pepsi-stage list` prints them.
 pub const BUILTINS: &[&dyn Stage] = &[
     &pass::Pass,
     &if_stage::If,
@@ -24,16 +46,18 @@ pub const BUILTINS: &[&dyn Stage] = &[
     &bounce::Bounce,
 ];
 
+/// The built-in stages as the worker runtime takes them.
+pub const REGISTRY: Registry = Registry::new(BUILTINS);
+
 /// The built-in stage of this name.
 pub fn find(name: &str) -> Option<&'static dyn Stage> {
-    BUILTINS.iter().copied().find(|s| s.name() == name)
+    REGISTRY.find(name)
 }
 
 /// The built-in a `PROGRAM` names by its file name (`pepsi-stage-NAME`, on `PATH` or
 /// at any absolute path), whatever binary it resolves to.
 pub fn for_program(program: &str) -> Option<&'static dyn Stage> {
-    let name = program.rsplit('/').next().unwrap_or(program);
-    find(name.strip_prefix(crate::worker::runtime::PROGRAM_PREFIX)?)
+    REGISTRY.for_program(program)
 }
 
 /// The keys a `PROGRAM`'s built-in declares; `None` for a program that is not a
@@ -59,98 +83,148 @@ pub fn check_sections<'a>(
         .collect()
 }
 
-/// The names of the built-in stages, in [`BUILTINS`] order, comma-separated.
-fn names() -> String {
-    BUILTINS
-        .iter()
-        .map(|s| s.name())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The `pepsi-stage` program's description (the stage name is filled in by [`main`]).
-fn program(name: &'static str, synopsis: &'static str) -> crate::cli::Program {
-    crate::cli::Program {
-        name,
-        synopsis,
-        about: Box::leak(
-            format!(
-                "A built-in Pepsi stage. `worker` speaks the worker protocol on stdin/stdout: it prints \
-                 `ready`, then answers every message id with one status line, in order, until stdin ends.\n\
-                 Built-in stages: {}. `pepsi-stage list` prints their names, one a line \
-                 (the links a package installs).",
-                names()
-            )
-            .into_boxed_str(),
-        ),
-    }
-}
-
-/// The entry point of the unified stage binary: picks the stage from argv[0]
-/// (`pepsi-stage-NAME`) or from the first argument after the global options.
-pub fn main() -> std::process::ExitCode {
-    // Started by a worker of this binary as its keeper (SPEC §4 "Containment"), not as
-    // a stage.
-    if let Some(code) = crate::keeper::client::serve_if_asked() {
-        return std::process::ExitCode::from(code.clamp(0, 255) as u8);
-    }
-    let argv0 = std::env::args().next().unwrap_or_default();
-    let invoked = argv0.rsplit('/').next().unwrap_or(&argv0).to_string();
-    let prefix = crate::worker::runtime::PROGRAM_PREFIX;
-    let (program, from_argv0) = match invoked.strip_prefix(prefix).and_then(find) {
-        Some(stage) => (
-            program(
-                Box::leak(format!("{prefix}{}", stage.name()).into_boxed_str()),
-                "worker",
-            ),
-            Some(stage),
-        ),
-        None => (program("pepsi-stage", "NAME worker | list"), None),
-    };
-    let result = crate::cli::start(&program).and_then(|inv| {
-        let Some(inv) = inv else { return Ok(()) };
-        let stage = match from_argv0 {
-            Some(stage) => {
-                inv.expect_only(&program, &["worker"])?;
-                stage
-            }
-            None if inv.rest == ["list"] => {
-                // One name a line, for scripts (the package's stage links).
-                for stage in BUILTINS {
-                    println!("{}", stage.name());
-                }
-                return Ok(());
-            }
-            None => {
-                let name = inv.rest.first().cloned().unwrap_or_default();
-                let stage = find(&name).ok_or_else(|| {
-                    crate::exit::Failure::usage(format!(
-                        "unknown stage {name:?} ({})\nusage: pepsi-stage [GLOBAL OPTIONS] NAME worker\n       pepsi-stage [GLOBAL OPTIONS] list",
-                        names()
-                    ))
-                })?;
-                if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {
-                    return Err(crate::exit::Failure::usage(
-                        "usage: pepsi-stage [GLOBAL OPTIONS] NAME worker",
-                    ));
-                }
-                stage
-            }
-        };
-        crate::worker::runtime::run(&inv.globals, stage)
-    });
-    crate::exit::finish(program.name, result)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::program_path::{BUILTIN_STAGES, STAGE_PROGRAM_PREFIX};
+    use crate::worker::PROGRAM_PREFIX;
+    use crate::worker::settings::{self, SettingRow};
 
     #[test]
     fn program_path_knows_every_built_in_stage_by_its_program_name() {
         let names: Vec<&str> = BUILTINS.iter().map(|s| s.name()).collect();
         assert_eq!(names, BUILTIN_STAGES);
-        assert_eq!(STAGE_PROGRAM_PREFIX, crate::worker::runtime::PROGRAM_PREFIX);
+        assert_eq!(STAGE_PROGRAM_PREFIX, PROGRAM_PREFIX);
+    }
+
+    #[test]
+    fn a_built_in_is_found_by_its_program_on_path_or_at_any_absolute_path() {
+        for program in [
+            "pepsi-stage-if",
+            "/usr/bin/pepsi-stage-if",
+            "/opt/x/pepsi-stage-if",
+        ] {
+            assert_eq!(for_program(program).map(|s| s.name()), Some("if"));
+        }
+        assert!(for_program("pepsi-stage-nonesuch").is_none());
+        assert!(for_program("/usr/lib/pepsi/relay").is_none());
+        assert!(
+            for_program("if").is_none(),
+            "a bare name is no program of it"
+        );
+        assert_eq!(program_keys("pepsi-stage-pass"), Some(&[][..]));
+        assert_eq!(program_keys("/usr/lib/pepsi/relay"), None);
+    }
+
+    fn row(address: &str, stage: &str, key: &str) -> SettingRow {
+        SettingRow {
+            address: address.into(),
+            stage: stage.into(),
+            key: key.into(),
+            value: "v".into(),
+        }
+    }
+
+    #[test]
+    fn each_built_in_declares_its_overridable_keys_and_max_lifetime_is_everyones() {
+        let keys = |program: &str| settings::overridable_keys(REGISTRY, program);
+        assert_eq!(keys("pepsi-stage-if"), ["MAX_LIFETIME", "MATCH"]);
+        assert_eq!(
+            keys("/usr/bin/pepsi-stage-exec"),
+            ["MAX_LIFETIME", "TIMEOUT"]
+        );
+        assert_eq!(
+            keys("pepsi-stage-bounce"),
+            ["MAX_LIFETIME", "BOUNCE_SIZE_LIMIT"]
+        );
+        assert_eq!(keys("pepsi-stage-pass"), ["MAX_LIFETIME"]);
+        assert_eq!(keys("pepsi-stage-discard"), ["MAX_LIFETIME"]);
+        assert_eq!(
+            keys("/usr/lib/pepsi/relay"),
+            ["MAX_LIFETIME"],
+            "not a built-in"
+        );
+    }
+
+    #[test]
+    fn no_built_in_declares_a_key_the_common_deny_rule_refuses_or_not_its_own() {
+        for stage in BUILTINS {
+            for key in stage.overridable() {
+                assert!(
+                    !settings::never_overridable(key),
+                    "pepsi-stage-{} declares {key}",
+                    stage.name()
+                );
+                assert!(
+                    stage.keys().contains(key),
+                    "pepsi-stage-{} declares {key} overridable but not as its key",
+                    stage.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_row_is_named_by_address_stage_and_key() {
+        let if_stage = Some("pepsi-stage-if");
+        for key in ["PROGRAM", "NEXT", "COMMAND", "PARALLELISM", "ELSE_STAGE"] {
+            let e = settings::refusal(REGISTRY, &row("r@y", "route", key), if_stage).unwrap();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "pepsi.settings for r@y: [stage-route] {key}: {key} is never overridable per address; ignored"
+                )
+            );
+            assert!(
+                settings::refusal(REGISTRY, &row("r@y", "gone", key), None).is_some(),
+                "refused for a stage without a section too"
+            );
+        }
+        assert_eq!(
+            settings::refusal(REGISTRY, &row("r@y", "route", "TIMEOUT"), if_stage)
+                .unwrap()
+                .to_string(),
+            "pepsi.settings for r@y: [stage-route] TIMEOUT: TIMEOUT is not overridable per address at stage route (pepsi-stage-if allows only MAX_LIFETIME, MATCH); ignored"
+        );
+        let e = settings::refusal(
+            REGISTRY,
+            &row("r@y", "relay", "SMARTHOST"),
+            Some("/usr/lib/pepsi/relay"),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("relay is not a built-in stage, which allows only MAX_LIFETIME"),
+            "{e}"
+        );
+        assert_eq!(
+            settings::refusal(REGISTRY, &row("r@y", "route", "MATCH"), if_stage),
+            None
+        );
+        assert_eq!(
+            settings::refusal(REGISTRY, &row("r@y", "route", "MAX_LIFETIME"), if_stage),
+            None
+        );
+        assert_eq!(
+            settings::refusal(
+                REGISTRY,
+                &row("r@y", "relay", "TIMEOUT"),
+                Some("/usr/bin/pepsi-stage-exec")
+            ),
+            None
+        );
+        assert_eq!(
+            settings::refusal(
+                REGISTRY,
+                &row("r@y", "relay", "MAX_LIFETIME"),
+                Some("/usr/lib/pepsi/relay")
+            ),
+            None
+        );
+        assert_eq!(
+            settings::refusal(REGISTRY, &row("r@y", "gone", "TIMEOUT"), None),
+            None,
+            "a stage without a section: only the common rule"
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! SELECT, turn every running row into a [`Message`] and its chain into a [`Plan`],
 //! commit the plans, and answer one status line per id, in input order.
 //!
-//! Called by `startup.rs` once `ready` is out. It owns the batch's connection and the
+//! Owns the [`Server`]: the worker's pool, the chain [`Runner`] and the batch size.
+//! Called by `runtime.rs` once `ready` is out. It owns the batch's connection and the
 //! per-stage timings of the REPORT; it reads the claim token with each row and hands it
 //! on, but writes nothing itself (`writes.rs` does) and decides no outcome (`chain.rs`
 //! and `errors.rs` do). A row it cannot use is never a crash of the worker, and never
@@ -18,14 +19,16 @@ use std::time::{Duration, Instant};
 use postgres::types::Type;
 use serde_json::Value;
 
-use super::errors::status_for;
+use super::chain::Runner;
+use super::errors::{PERMANENT, status_for};
 use super::input::IdReader;
-use super::runtime::Worker;
+use super::message::Message;
+use super::plan::{Plan, Write};
 use super::settings;
+use super::stage::Load;
 use super::tally::BatchTally;
-use super::writes::{Plan, Write};
-use super::{Load, Message};
-use crate::db::pool::PgConn;
+use super::writes::commit;
+use crate::db::pool::{PgConn, Pool};
 use crate::db::{self, ErrorKind, sql};
 use crate::escape::Visible;
 use crate::exit::{self, Failure};
@@ -58,11 +61,35 @@ mod col {
     pub const ARRIVED: usize = 16;
 }
 
-impl Worker {
+/// The serve loop's state: what a batch is loaded with and handed to.
+pub(super) struct Server {
+    /// Runs each loaded message's chain.
+    runner: Runner,
+    /// The worker's connections (one serves the loop; a stage may borrow another).
+    pool: Pool,
+    /// What the stage this process was started as loads: the load query, and whether
+    /// its batches take more than one id.
+    loads: Load,
+    /// The largest batch a metadata-only stage takes (its greatest `QUEUE_LIMIT`).
+    batch_max: usize,
+}
+
+impl Server {
+    /// A serve loop for a stage that loads `loads`, taking batches of up to `batch_max`
+    /// ids when that is metadata only.
+    pub(super) fn new(runner: Runner, pool: Pool, loads: Load, batch_max: usize) -> Server {
+        Server {
+            runner,
+            pool,
+            loads,
+            batch_max,
+        }
+    }
+
     /// Answers batches of ids until stdin ends, then logs the batch sizes under `label`
     /// (the stage it was started for).
     pub(super) fn serve(&mut self, mut input: IdReader, label: &str) -> Result<(), Failure> {
-        let max = if self.own.loads() == Load::Metadata {
+        let max = if self.loads == Load::Metadata {
             self.batch_max
         } else {
             1
@@ -115,7 +142,7 @@ impl Worker {
                     .collect();
             }
         };
-        let (query, loaded) = match self.own.loads() {
+        let (query, loaded) = match self.loads {
             Load::Metadata => (sql::LOAD_METADATA, Load::Metadata),
             Load::Full => (sql::LOAD_FULL, Load::Full),
         };
@@ -190,7 +217,7 @@ impl Worker {
             }
         }
         let write_started = Instant::now();
-        self.commit(&mut conn, &mut plans);
+        commit(&mut conn, &mut plans);
         let write_share = per_message(write_started.elapsed(), plans.len());
         for plan in &mut plans {
             if let Some(last) = plan.report.last_mut() {
@@ -212,39 +239,39 @@ impl Worker {
         }
         match message_from_row(row, loaded) {
             Ok(mut message) => {
-                self.drop_refused_settings(&mut message);
-                self.run_chain(conn, message, loaded)
+                self.runner.drop_refused_settings(&mut message);
+                self.runner.run_chain(conn, message, loaded)
             }
-            Err(why) => self.unreadable(id, row, why),
+            Err(why) => unreadable(id, row, why),
         }
     }
+}
 
-    /// A running row that cannot be read into a message is that message's permanent
-    /// error. The worker does not hold the row's whole state (it may be what cannot be
-    /// read), so the failure keys are merged into the stored state server-side, under
-    /// the claim token read with the row; a stored state is never replaced by a smaller
-    /// one. Without a readable token no write is safe: the row is left as it is.
-    fn unreadable(&mut self, id: i64, row: &postgres::Row, why: String) -> Plan {
-        let stage: String = row.get(col::STAGE);
-        let claim = match row.try_get::<_, i64>(col::CLAIM) {
-            Ok(claim) => claim,
-            Err(e) => {
-                log::warn!(
-                    "{}: message {id} cannot be read ({}), nor can its claim token ({e}); \
-                     nothing written, the row is left running",
-                    Visible(&stage),
-                    Visible(&why)
-                );
-                return Plan::answer_only(id, protocol::STATUS_OK);
-            }
-        };
-        log::warn!(
-            "{}: message {id}: permanent error, failing it: {}",
-            Visible(&stage),
-            Visible(&why)
-        );
-        failing_plan(id, stage, claim, "permanent", why)
-    }
+/// A running row that cannot be read into a message is that message's permanent
+/// error. The worker does not hold the row's whole state (it may be what cannot be
+/// read), so the failure keys are merged into the stored state server-side, under
+/// the claim token read with the row; a stored state is never replaced by a smaller
+/// one. Without a readable token no write is safe: the row is left as it is.
+fn unreadable(id: i64, row: &postgres::Row, why: String) -> Plan {
+    let stage: String = row.get(col::STAGE);
+    let claim = match row.try_get::<_, i64>(col::CLAIM) {
+        Ok(claim) => claim,
+        Err(e) => {
+            log::warn!(
+                "{}: message {id} cannot be read ({}), nor can its claim token ({e}); \
+                 nothing written, the row is left running",
+                Visible(&stage),
+                Visible(&why)
+            );
+            return Plan::answer_only(id, protocol::STATUS_OK);
+        }
+    };
+    log::warn!(
+        "{}: message {id}: permanent error, failing it: {}",
+        Visible(&stage),
+        Visible(&why)
+    );
+    failing_plan(id, stage, claim, PERMANENT, why)
 }
 
 /// A plan that fails a running row in place (see [`Write::Fail`]) and answers that it

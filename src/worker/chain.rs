@@ -5,25 +5,33 @@
 //! whose recipients diverge; the cache of configured stages; and which programs are
 //! this very binary.
 //!
-//! Called by `batch.rs` for every loaded, running row ([`Worker::run_chain`]) and by
-//! `startup.rs` (which sections this binary implements). The pass decides the outcome
-//! and records it in a [`Plan`]; the only database write here is the split (through
-//! `writes.rs`, guarded by stage and claim token), which must happen before the stage
-//! runs. The terminal write is `writes.rs`'s, the error handling `errors.rs`'s.
+//! Owns the [`Runner`]: the stage graph this worker read at start, its stage
+//! [`Registry`] and the caches above. Called by `batch.rs` for every loaded, running
+//! row ([`Runner::run_chain`]) and by `runtime.rs` at start (the graph, the registry,
+//! the sections fusion reaches). The pass decides the outcome and records it in a
+//! [`Plan`]; the only database write here is the split (through `writes.rs`, guarded by
+//! stage and claim token), which must happen before the stage runs. The terminal write
+//! is `writes.rs`'s, the error handling `errors.rs`'s; this file reads no stdin and
+//! writes no status line.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::runtime::{Worker, builtin_by_name};
+use super::errors::handle_error;
+use super::message::Message;
+use super::outcome::{Outcome, StageError};
+use super::plan::{Plan, Write, update_row};
+use super::registry::Registry;
 use super::settings::{self, Group};
-use super::writes::{Plan, Write, split_row, update_row};
-use super::{Configured, Context, Load, Message, Outcome, Stage, StageError};
-use crate::config::StageSection;
+use super::stage::{Configured, Context, Load, Stage};
+use super::writes::split_row;
 use crate::config::graph::MAX_FUSION_DEPTH;
 use crate::config::raw::join_errors;
+use crate::config::{Config, StageGraph, StageSection};
 use crate::db::pool::PgConn;
 
 /// Configured stages cached per (stage, per-address overrides), cleared beyond this.
@@ -34,9 +42,29 @@ const IGNORED_REMEMBERED: usize = 10_000;
 
 /// A stage configured for one effective section.
 #[derive(Clone)]
-pub(super) struct Ready {
+struct Ready {
     section: Rc<StageSection>,
     body: Rc<dyn Configured>,
+}
+
+/// Runs messages through their chains of stages: everything a pass needs that outlives
+/// one message.
+pub(super) struct Runner {
+    /// The loaded configuration (`[pepsi]`: fusion on or off, the stages' context).
+    config: Config,
+    /// The stage graph with the `pepsi.config_override` overlay, read at start.
+    graph: StageGraph,
+    /// The stages this program implements: which ones it can run, and fuse.
+    registry: Registry,
+    /// This binary, canonical, to tell which successors can run in this process.
+    exe: Option<PathBuf>,
+    /// Per program: does it resolve to this very binary?
+    same_binary: HashMap<String, bool>,
+    /// Stages configured per (stage, per-address overrides).
+    configured: HashMap<(String, String), Result<Ready, String>>,
+    /// The `pepsi.settings` rows (address, stage, key) already warned about as
+    /// ignored, so a busy address warns once per worker process.
+    ignored_settings: HashSet<(String, String, String)>,
 }
 
 /// Resolves a program as the dispatcher would: absolute, or looked up on `PATH`.
@@ -50,11 +78,42 @@ fn resolve(program: &str) -> Option<PathBuf> {
         .and_then(|p| std::fs::canonicalize(p).ok())
 }
 
-impl Worker {
-    /// The built-in a successor's program names, if that program is this very binary
+impl Runner {
+    /// A runner for a checked configuration and its stage graph, running the stages of
+    /// `registry`.
+    pub(super) fn new(config: Config, graph: StageGraph, registry: Registry) -> Runner {
+        Runner {
+            config,
+            graph,
+            registry,
+            exe: std::env::current_exe()
+                .ok()
+                .and_then(|p| std::fs::canonicalize(p).ok()),
+            same_binary: HashMap::new(),
+            configured: HashMap::new(),
+            ignored_settings: HashSet::new(),
+        }
+    }
+
+    /// The loaded configuration.
+    pub(super) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The stage graph read at start.
+    pub(super) fn graph(&self) -> &StageGraph {
+        &self.graph
+    }
+
+    /// The stage a section's `PROGRAM` names in this program's registry.
+    pub(super) fn stage_of(&self, program: &str) -> Option<&'static dyn Stage> {
+        self.registry.for_program(program)
+    }
+
+    /// The stage a successor's program names, if that program is this very binary
     /// (only then can it run in this process).
-    pub(super) fn fusable_builtin(&mut self, program: &str) -> Option<&'static dyn Stage> {
-        let builtin = builtin_by_name(program)?;
+    fn fusable_builtin(&mut self, program: &str) -> Option<&'static dyn Stage> {
+        let builtin = self.registry.for_program(program)?;
         let exe = self.exe.clone()?;
         let same = *self
             .same_binary
@@ -63,23 +122,58 @@ impl Worker {
         same.then_some(builtin)
     }
 
+    /// The stages reachable from `from` through references that this worker may fuse
+    /// into (fusion on, a stage of this very binary, `FUSION` on), with their stages.
+    pub(super) fn fusable_successors(
+        &mut self,
+        from: &[StageSection],
+    ) -> Vec<(StageSection, &'static dyn Stage)> {
+        let mut out = Vec::new();
+        if !self.config.pepsi.allow_fusion {
+            return out;
+        }
+        let mut seen: BTreeSet<String> = from.iter().map(|s| s.name.clone()).collect();
+        let mut todo: Vec<String> = from
+            .iter()
+            .flat_map(|s| s.references().map(|(_, target)| target.to_string()))
+            .collect();
+        while let Some(name) = todo.pop() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let Some(section) = self.graph.get(&name).cloned() else {
+                continue;
+            };
+            let Some(builtin) = self.fusable_builtin(&section.program) else {
+                continue;
+            };
+            if !section.fusion.unwrap_or(builtin.fusion_default()) {
+                continue;
+            }
+            todo.extend(section.references().map(|(_, t)| t.to_string()));
+            out.push((section, builtin));
+        }
+        out
+    }
+
     /// Drops the message's per-address rows that their stage does not let a
     /// correspondent override (SPEC §4 "Least privilege"), before they can apply or
     /// split the message. Each dropped row is a warning naming it, once per worker
     /// process (rows are judged by the stage graph this worker read at start).
     pub(super) fn drop_refused_settings(&mut self, message: &mut Message) {
         let graph = &self.graph;
+        let registry = self.registry;
         let warned = &mut self.ignored_settings;
         message.settings.retain(|row| {
             let program = graph.get(&row.stage).map(|s| s.program.as_str());
-            if settings::applies(&row.key, program) {
+            if settings::applies(registry, &row.key, program) {
                 return true;
             }
             if warned.len() >= IGNORED_REMEMBERED {
                 warned.clear();
             }
             if warned.insert((row.address.clone(), row.stage.clone(), row.key.clone())) {
-                if let Some(refused) = settings::refusal(row, program) {
+                if let Some(refused) = settings::refusal(registry, row, program) {
                     log::warn!("{refused} (message {}; warned once per worker)", message.id);
                 }
             }
@@ -134,7 +228,9 @@ impl Worker {
         let mut depth = 0;
         loop {
             let base = self.graph.get(&stage).cloned();
-            let builtin = base.as_ref().and_then(|s| builtin_by_name(&s.program));
+            let builtin = base
+                .as_ref()
+                .and_then(|s| self.registry.for_program(&s.program));
             let unusable = match (&base, builtin) {
                 (None, _) => Some(format!("there is no [stage-{stage}] section")),
                 (Some(s), None) => Some(format!(
@@ -148,7 +244,7 @@ impl Worker {
             };
             let (Some(builtin), None) = (builtin, unusable.clone()) else {
                 let why = unusable.unwrap_or_default();
-                self.handle_error(
+                handle_error(
                     &mut plan,
                     message,
                     &stage,
@@ -160,11 +256,11 @@ impl Worker {
             let mut groups = settings::groups(&message, &stage);
             if groups.len() > 1 {
                 // Only the claimed stage splits: fusion refuses a divergent successor.
-                match self.split_recipients(conn, &mut message, &groups) {
+                match split_recipients(conn, &mut message, &groups) {
                     Ok(true) => groups.truncate(1),
                     Ok(false) => return plan,
                     Err(e) => {
-                        self.handle_error(&mut plan, message, &stage, base.as_ref(), e);
+                        handle_error(&mut plan, message, &stage, base.as_ref(), e);
                         return plan;
                     }
                 }
@@ -176,7 +272,7 @@ impl Worker {
                         "the per-address settings of {} make [stage-{stage}] unusable: {why}",
                         groups[0].correspondent
                     ));
-                    self.handle_error(&mut plan, message, &stage, base.as_ref(), e);
+                    handle_error(&mut plan, message, &stage, base.as_ref(), e);
                     return plan;
                 }
             };
@@ -219,52 +315,9 @@ impl Worker {
                     };
                 }
                 Ok(Outcome::Bounce(notification)) => plan.write = Write::Bounce(notification),
-                Err(e) => self.handle_error(&mut plan, message, &stage, Some(&ready.section), e),
+                Err(e) => handle_error(&mut plan, message, &stage, Some(&ready.section), e),
             }
             return plan;
-        }
-    }
-
-    /// Splits the row by per-address settings, guarded by the claimed stage and the
-    /// claim token; `Ok(false)` when the row was taken away.
-    fn split_recipients(
-        &self,
-        conn: &mut PgConn,
-        message: &mut Message,
-        groups: &[Group],
-    ) -> Result<bool, StageError> {
-        let json_groups =
-            json!(groups.iter().map(|g| &g.recipients).collect::<Vec<_>>()).to_string();
-        let new = split_row(
-            conn,
-            message.id,
-            &json_groups,
-            &message.claimed_stage,
-            message.claim,
-            None,
-            None,
-            false,
-        )
-        .map_err(|e| StageError::from_db(&e))?;
-        match new {
-            None => {
-                log::warn!(
-                    "{}: message {} was taken away before its split",
-                    message.claimed_stage,
-                    message.id
-                );
-                Ok(false)
-            }
-            Some(new) => {
-                log::info!(
-                    "{}: message {} split by per-address settings into {} rows (new: {new:?})",
-                    message.claimed_stage,
-                    message.id,
-                    new.len() + 1
-                );
-                message.keep_recipients(groups[0].recipients.clone());
-                Ok(true)
-            }
         }
     }
 
@@ -293,6 +346,47 @@ impl Worker {
         match self.ready(next, builtin, &groups[0]) {
             Ok(ready) => ready.body.fusion_gate(message),
             Err(_) => false,
+        }
+    }
+}
+
+/// Splits the row by per-address settings, guarded by the claimed stage and the claim
+/// token; `Ok(false)` when the row was taken away.
+fn split_recipients(
+    conn: &mut PgConn,
+    message: &mut Message,
+    groups: &[Group],
+) -> Result<bool, StageError> {
+    let json_groups = json!(groups.iter().map(|g| &g.recipients).collect::<Vec<_>>()).to_string();
+    let new = split_row(
+        conn,
+        message.id,
+        &json_groups,
+        &message.claimed_stage,
+        message.claim,
+        None,
+        None,
+        false,
+    )
+    .map_err(|e| StageError::from_db(&e))?;
+    match new {
+        None => {
+            log::warn!(
+                "{}: message {} was taken away before its split",
+                message.claimed_stage,
+                message.id
+            );
+            Ok(false)
+        }
+        Some(new) => {
+            log::info!(
+                "{}: message {} split by per-address settings into {} rows (new: {new:?})",
+                message.claimed_stage,
+                message.id,
+                new.len() + 1
+            );
+            message.keep_recipients(groups[0].recipients.clone());
+            Ok(true)
         }
     }
 }

@@ -4,6 +4,10 @@
 //!
 //! Reads the raw file descriptor (no `std::io::Stdin` buffer in between) so that
 //! "readable without blocking" can be asked of the kernel with `poll`.
+//!
+//! Owns the read buffer of stdin; used by `runtime.rs` (which hands it to the serve
+//! loop) and `batch.rs`, and by test worker programs. A leaf: it uses no other file of
+//! the worker, must not write to stdout and knows nothing of messages or the database.
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

@@ -1,16 +1,32 @@
 //! A loaded message: the row's metadata and the claim token it was loaded under,
-//! optionally its header block and body, the per-address settings that came with it,
-//! and whether a stage rewrote it.
+//! optionally its header block and body, the per-address settings rows that came with
+//! it ([`SettingRow`]), and whether a stage rewrote it.
 //!
 //! Setters of the envelope and extracted metadata mark the message rewritten, which
 //! fusion must know (§12.6) and the write must carry; `state` is free to change. The
 //! header block and body are read-only: no write carries them.
+//!
+//! Built by `batch.rs` from a loaded row; read and changed by the stages, `chain.rs`,
+//! `settings.rs`, `errors.rs` and `plan.rs`. A leaf: it uses no other file of the
+//! worker and must not touch the database.
 
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value};
 
-use super::settings::SettingRow;
+/// One row of `pepsi.settings`, as loaded with a message (what it means is
+/// `settings.rs`'s).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingRow {
+    /// The address, lower-case.
+    pub address: String,
+    /// The stage name.
+    pub stage: String,
+    /// The option.
+    pub key: String,
+    /// Its value for this address.
+    pub value: String,
+}
 
 /// One row being processed.
 ///

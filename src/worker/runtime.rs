@@ -1,17 +1,20 @@
-//! The worker runtime's top (SPEC §5, §12): the public entry points every stage program
-//! uses ([`run`], [`PROGRAM_PREFIX`], [`backoff`]) and the one `Worker` state that the
-//! other runtime files extend. `stages::main` calls [`run`] and reads [`PROGRAM_PREFIX`].
+//! The worker runtime's entry point (SPEC §5, §12.1): [`run`], which a stage program's
+//! `main` calls with the [`Registry`] of the stages it implements and the one it was
+//! started as. Worker start, then the serve loop: load the configuration, open the
+//! small pool whose sessions carry the worker's name, check the schema and the worker's
+//! own stage section (SPEC §4 "Strictness": one bad section stops only its own stage),
+//! prepare each own stage, print `ready`, then hand stdin to the serve loop.
 //!
-//! The runtime is cut by concern, one file each, all `impl Worker` blocks or free
-//! functions beside this one:
-//! - `startup.rs`: [`run`] — configuration, the pool and its session name, the schema
-//!   and section checks, `ready`;
-//! - `batch.rs`: the serve loop and one batch — one SELECT for its ids, load failures,
-//!   rows into messages, one status line per id in input order;
-//! - `chain.rs`: one message's chain of stages — lazy split, fusion, the cache of
-//!   stages configured with per-address overrides;
-//! - `errors.rs`: the error model of §12.4 — fail, retry with backoff, give up;
-//! - `writes.rs`: the guarded writes and what happens when one fails.
+//! Called by `src/bin/pepsi-stage.rs` (with the built-ins' registry) and by any other
+//! stage program linking this library. Every failure here becomes a [`Failure`] with
+//! its exit status (78 for a schema or configuration mismatch, 74/75 for an
+//! unreachable or overloaded database); this file must not touch the queue, decides
+//! nothing about messages, and never exits the process itself.
+//!
+//! The runtime is cut by concern, one file each (the map is in the `worker` module):
+//! `batch.rs` the serve loop and one batch, `chain.rs` one message's chain of stages,
+//! `errors.rs` the error model, `writes.rs` the guarded writes, `plan.rs` what a batch
+//! entry writes and answers.
 //!
 //! Per batch of ids: one SELECT loads the rows with their per-address settings and the
 //! claim token each was claimed under; each row runs its chain of stages in this process
@@ -19,80 +22,196 @@
 //! update-shaped outcome and one DELETE every finished message, each guarded by
 //! `status = 'running' AND stage = <claimed stage> AND claim = <token>`; then one status
 //! line per id, in input order. Stages that load headers and body get batches of one.
-//!
-//! This file holds state and wiring only: no SQL, no protocol lines, no decisions.
 
-use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::time::Duration;
 
-use super::Stage;
-use super::chain::Ready;
-use crate::config::{Config, StageGraph};
-use crate::db::pool::Pool;
-use crate::stages;
+use super::batch::Server;
+use super::chain::Runner;
+use super::input::IdReader;
+use super::stage::Stage;
+use crate::cli::Globals;
+use crate::config::raw::join_errors;
+use crate::config::{Config, DbRole, StageGraph, StageSection};
+use crate::db::pool::{CheckoutError, Pool};
+use crate::db::{self, ErrorKind, schema, sql};
+use crate::exit::{self, Failure};
+use crate::protocol;
 
 pub use super::errors::backoff;
-pub use super::startup::run;
+pub use super::registry::{PROGRAM_PREFIX, Registry};
 
-/// The prefix of a built-in stage's program name.
-pub const PROGRAM_PREFIX: &str = "pepsi-stage-";
+/// Connections in a worker's pool: one serves the loop; a stage may borrow another.
+const POOL_SIZE: u32 = 2;
+/// How long a worker waits for a connection before answering 74/75.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Everything a running worker owns: its configuration, its pool, the stage it was
-/// started as, and the caches fusion and per-address settings need.
-pub(super) struct Worker {
-    /// The loaded configuration.
-    pub(super) config: Config,
-    /// The stage graph with the `pepsi.config_override` overlay, read at start.
-    pub(super) graph: StageGraph,
-    /// The worker's connections (one serves the loop; a stage may borrow another).
-    pub(super) pool: Pool,
-    /// The built-in this process was started as.
-    pub(super) own: &'static dyn Stage,
-    /// This binary, canonical, to tell which successors can run in this process.
-    pub(super) exe: Option<PathBuf>,
-    /// Per program: does it resolve to this very binary?
-    pub(super) same_binary: HashMap<String, bool>,
-    /// Stages configured per (stage, per-address overrides).
-    pub(super) configured: HashMap<(String, String), Result<Ready, String>>,
-    /// The `pepsi.settings` rows (address, stage, key) already warned about as
-    /// ignored, so a busy address warns once per worker process.
-    pub(super) ignored_settings: HashSet<(String, String, String)>,
-    /// The largest batch a metadata-only stage takes (its greatest `QUEUE_LIMIT`).
-    pub(super) batch_max: usize,
+fn startup_failure(kind: ErrorKind, message: String) -> Failure {
+    match kind {
+        ErrorKind::Connection => Failure::new(exit::EX_IOERR, message),
+        ErrorKind::Overload => Failure::new(exit::EX_TEMPFAIL, message),
+        _ => Failure::general(message),
+    }
 }
 
-/// The built-in named by a program (by its file name), whatever binary it resolves to.
-pub(super) fn builtin_by_name(program: &str) -> Option<&'static dyn Stage> {
-    stages::for_program(program)
+fn db_startup_failure(e: &postgres::Error) -> Failure {
+    startup_failure(db::classify(e), format!("database: {}", db::describe(e)))
 }
 
-impl Worker {
-    /// A worker for the built-in `own` with a checked configuration and a pool.
-    pub(super) fn new(
-        config: Config,
-        graph: StageGraph,
-        pool: Pool,
-        own: &'static dyn Stage,
-    ) -> Worker {
-        let batch_max = graph
+/// The stage (`[stage-NAME]` section) the dispatcher started this worker for
+/// (`PEPSI_WORKER_STAGE`); `None` when started without one (by hand, by a test).
+fn started_for() -> Option<String> {
+    std::env::var(protocol::WORKER_STAGE_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The `application_name` of this worker's sessions: the name the dispatcher gave it
+/// in `PGAPPNAME`, by which it terminates them when it kills this worker; started by
+/// hand, `pepsi-worker:PID:STAGE`, where STAGE is the section named in
+/// `PEPSI_WORKER_STAGE`, or the stage's own name without one.
+fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
+    protocol::own_session_name(stage.unwrap_or(own.name()))
+}
+
+/// Runs a worker for the stage `own`, one of `registry` (the stages this program
+/// implements, which it may fuse), until stdin ends.
+pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Result<(), Failure> {
+    let config = Config::load(globals.config.as_deref()).map_err(|errors| {
+        Failure::config(format!(
+            "configuration error, refusing to run:\n{}",
+            join_errors(&errors)
+        ))
+    })?;
+    let stage = started_for();
+    let name = session_name(own, stage.as_deref());
+    let mut pg = db::connection_config(config.postgres.connection_for(DbRole::Worker), &name)
+        .map_err(|e| {
+            Failure::config(format!("{}: {e}", config.postgres.key_for(DbRole::Worker)))
+        })?;
+    // Set after parsing so it wins over an application_name in CONNECTION: the
+    // dispatcher terminates a killed worker's sessions by this name (§8.2).
+    pg.application_name(&name);
+    if !config.postgres.worker_synchronous_commit {
+        // Group commit across concurrent workers; a lost advance is re-run (§12.1).
+        db::append_options(&mut pg, sql::ASYNC_COMMIT_OPTION);
+    }
+    let pool = Pool::new(pg, POOL_SIZE, CHECKOUT_TIMEOUT);
+    let mut conn = pool.get().map_err(|CheckoutError { kind, message }| {
+        startup_failure(kind, format!("database: {message}"))
+    })?;
+    match schema::check(&mut **conn) {
+        Ok(()) => {}
+        Err(schema::SchemaError::Mismatch(m)) => {
+            return Err(Failure::config(format!("refusing to run: {m}")));
+        }
+        Err(schema::SchemaError::Db(e)) => return Err(db_startup_failure(&e)),
+    }
+    let overlay = db::read_overlay(&mut **conn).map_err(|e| db_startup_failure(&e))?;
+    drop(conn);
+    // Refused overlay rows are left out as the dispatcher leaves them out; it logs them
+    // (at start and at every reload), so every worker start need not.
+    let graph = config.graph(&overlay).map_err(|errors| {
+        Failure::config(format!(
+            "the stage graph is invalid, refusing to run:\n{}",
+            join_errors(&errors)
+        ))
+    })?;
+    if config.pepsi.share_telemetry {
+        log::debug!("[pepsi] SHARE_TELEMETRY is on");
+    }
+    let batch_max = batch_max(&graph, registry, own);
+    let mut runner = Runner::new(config, graph, registry);
+    for (section, stage) in check_sections(&mut runner, own, stage.as_deref())? {
+        stage.start(runner.config(), &section).map_err(|e| {
+            Failure::config(format!(
+                "[stage-{}] cannot be run, refusing to run: {e}",
+                section.name
+            ))
+        })?;
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    writeln!(out, "{}", protocol::READY)
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
+    drop(out);
+    let mut server = Server::new(runner, pool, own.loads(), batch_max);
+    server.serve(IdReader::stdin(), stage.as_deref().unwrap_or(own.name()))
+}
+
+/// The largest batch a metadata-only stage `own` takes: the greatest `QUEUE_LIMIT` of
+/// the sections that run as it, at least 1.
+fn batch_max(graph: &StageGraph, registry: Registry, own: &dyn Stage) -> usize {
+    graph
+        .stages()
+        .filter(|s| {
+            registry
+                .for_program(&s.program)
+                .is_some_and(|b| b.name() == own.name())
+        })
+        .map(|s| s.queue_limit as usize)
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Checks the worker's own sections (§12.1, §4 "Strictness"), all problems at once: the
+/// section of the stage it was started for, or, started without one, every section
+/// whose `PROGRAM` is the stage `own`. Never the whole file: one bad section stops only
+/// its own stage. The sections it may fuse into are checked too, but a bad one only
+/// stops fusion into it (`can_fuse` refuses a successor whose configuration fails), so
+/// it is a warning. Returns the own sections with the stage each runs as.
+fn check_sections(
+    runner: &mut Runner,
+    own: &'static dyn Stage,
+    started_for: Option<&str>,
+) -> Result<Vec<(StageSection, &'static dyn Stage)>, Failure> {
+    let sections: Vec<StageSection> = match started_for {
+        Some(name) => match runner.graph().get(name) {
+            Some(section) => vec![section.clone()],
+            None => {
+                return Err(Failure::config(format!(
+                    "started for stage {name:?} ({}), which has no [stage-{name}] section; refusing to run",
+                    protocol::WORKER_STAGE_ENV
+                )));
+            }
+        },
+        None => runner
+            .graph()
             .stages()
-            .filter(|s| builtin_by_name(&s.program).is_some_and(|b| b.name() == own.name()))
-            .map(|s| s.queue_limit as usize)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        Worker {
-            config,
-            graph,
-            pool,
-            own,
-            exe: std::env::current_exe()
-                .ok()
-                .and_then(|p| std::fs::canonicalize(p).ok()),
-            same_binary: HashMap::new(),
-            configured: HashMap::new(),
-            ignored_settings: HashSet::new(),
-            batch_max,
+            .filter(|s| {
+                runner
+                    .stage_of(&s.program)
+                    .is_some_and(|b| b.name() == own.name())
+            })
+            .cloned()
+            .collect(),
+    };
+    let mut problems = Vec::new();
+    let mut checked = Vec::new();
+    for section in &sections {
+        // The claimed stage runs as the stage its PROGRAM names; a program that is not
+        // one of the registry's (a wrapper the stage was started through) is `own`.
+        let stage = runner.stage_of(&section.program).unwrap_or(own);
+        match stage.configure(section) {
+            Ok(_) => checked.push((section.clone(), stage)),
+            Err(e) => problems.push(e.to_string()),
         }
     }
+    if !problems.is_empty() {
+        return Err(Failure::config(format!(
+            "invalid stage configuration, refusing to run:\n{}",
+            problems.join("\n")
+        )));
+    }
+    for (section, stage) in runner.fusable_successors(&sections) {
+        if let Err(e) = stage.configure(&section) {
+            log::warn!(
+                "{e}; messages will not be fused into stage {}",
+                section.name
+            );
+        }
+    }
+    Ok(checked)
 }

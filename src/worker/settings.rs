@@ -7,21 +7,26 @@
 //!
 //! Also here, the one rule of what a per-address setting may override (SPEC §4 "Least
 //! privilege"): [`refusal`]. A stage kind declares its overridable keys
-//! ([`crate::worker::Stage::overridable`]), every stage allows
-//! [`ALWAYS_OVERRIDABLE`], a program that is not a built-in allows nothing else, and
-//! [`NEVER_OVERRIDABLE`] and every `*_STAGE` key are refused whatever a stage
-//! declares. The worker drops the refused rows of a message before it groups its
-//! recipients (so they neither apply nor split a message) and warns once per row;
-//! `pepsi-dispatch check` lists them.
+//! (`Stage::overridable`), every stage allows [`ALWAYS_OVERRIDABLE`], a program that
+//! is not a stage of the [`Registry`] allows nothing else, and [`NEVER_OVERRIDABLE`]
+//! and every `*_STAGE` key are refused whatever a stage declares. The worker drops the
+//! refused rows of a message before it groups its recipients (so they neither apply
+//! nor split a message) and warns once per row; `pepsi-dispatch check` lists them,
+//! judged against the built-ins' registry, as the workers judge them.
+//!
+//! Called by `chain.rs` and `batch.rs` in the worker, and by `pepsi-dispatch check`.
+//! It must not touch the database nor name a particular stage: which stages exist is
+//! the [`Registry`]'s, given by the caller.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::Message;
+use super::message::Message;
+pub use super::message::SettingRow;
+use super::registry::Registry;
 use crate::config::graph::STAGE_PREFIX;
 use crate::config::{ConfigError, Origin, StageGraph, StageSection};
-use crate::stages;
 
 /// Keys no per-address setting overrides, whatever its stage declares: what runs
 /// (`PROGRAM`, an exec stage's `COMMAND`), where mail goes (`NEXT`; every key ending in
@@ -45,12 +50,14 @@ pub fn never_overridable(key: &str) -> bool {
 }
 
 /// The keys a per-address setting may override at a stage whose `PROGRAM` is
-/// `program`: [`ALWAYS_OVERRIDABLE`] and what its built-in declares, or
-/// [`ALWAYS_OVERRIDABLE`] alone for a program that is not a built-in (Pepsi cannot know
-/// which of its options are safe in a correspondent's hands); never a key of
+/// `program`: [`ALWAYS_OVERRIDABLE`] and what its stage in `registry` declares, or
+/// [`ALWAYS_OVERRIDABLE`] alone for a program that is not one of them (Pepsi cannot
+/// know which of its options are safe in a correspondent's hands); never a key of
 /// [`never_overridable`].
-pub fn overridable_keys(program: &str) -> Vec<&'static str> {
-    let declared = stages::for_program(program).map_or(&[][..], |b| b.overridable());
+pub fn overridable_keys(registry: Registry, program: &str) -> Vec<&'static str> {
+    let declared = registry
+        .for_program(program)
+        .map_or(&[][..], |b| b.overridable());
     permitted(declared)
 }
 
@@ -66,9 +73,10 @@ fn permitted(declared: &[&'static str]) -> Vec<&'static str> {
 }
 
 /// Does a `pepsi.settings` row for `key` apply at a stage whose `PROGRAM` is `program`
-/// (`None`: a stage without a section)? The rule of [`refusal`], without building its
-/// message: what a worker asks of every row of every message it loads.
-pub fn applies(key: &str, program: Option<&str>) -> bool {
+/// (`None`: a stage without a section), among the stages of `registry`? The rule of
+/// [`refusal`], without building its message: what a worker asks of every row of every
+/// message it loads.
+pub fn applies(registry: Registry, key: &str, program: Option<&str>) -> bool {
     if never_overridable(key) {
         return false;
     }
@@ -76,25 +84,27 @@ pub fn applies(key: &str, program: Option<&str>) -> bool {
         return true;
     };
     ALWAYS_OVERRIDABLE.contains(&key)
-        || stages::for_program(program).is_some_and(|b| b.overridable().contains(&key))
+        || registry
+            .for_program(program)
+            .is_some_and(|b| b.overridable().contains(&key))
 }
 
 /// Why a `pepsi.settings` row is ignored, as a problem naming the row (address, stage
 /// and key), or `None` when it applies ([`applies`]). `program` is the `PROGRAM` of the row's stage,
 /// `None` when the stage has no section: such a row is refused only for a key no stage
 /// may have overridden (it has no effect anyway until the stage exists, and then it is
-/// judged by that stage's program).
-pub fn refusal(row: &SettingRow, program: Option<&str>) -> Option<ConfigError> {
-    if applies(&row.key, program) {
+/// judged by that stage's program). `registry` holds the stages a program may be.
+pub fn refusal(registry: Registry, row: &SettingRow, program: Option<&str>) -> Option<ConfigError> {
+    if applies(registry, &row.key, program) {
         return None;
     }
     let why = if never_overridable(&row.key) {
         format!("{} is never overridable per address; ignored", row.key)
     } else {
         let program = program?;
-        let allowed = overridable_keys(program);
+        let allowed = overridable_keys(registry, program);
         let name = program.rsplit('/').next().unwrap_or(program);
-        let kind = if stages::for_program(program).is_some() {
+        let kind = if registry.for_program(program).is_some() {
             format!("{name} allows only {}", allowed.join(", "))
         } else {
             format!(
@@ -113,19 +123,6 @@ pub fn refusal(row: &SettingRow, program: Option<&str>) -> Option<ConfigError> {
         key: Some(row.key.clone()),
         message: why,
     })
-}
-
-/// One row of `pepsi.settings`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SettingRow {
-    /// The address, lower-case.
-    pub address: String,
-    /// The stage name.
-    pub stage: String,
-    /// The option.
-    pub key: String,
-    /// Its value for this address.
-    pub value: String,
 }
 
 /// The overrides of one correspondent for one stage, by key.
@@ -312,36 +309,6 @@ mod tests {
         assert_eq!(g[0].overrides.get("K").map(String::as_str), Some("1"));
     }
 
-    fn row(address: &str, stage: &str, key: &str) -> SettingRow {
-        SettingRow {
-            address: address.into(),
-            stage: stage.into(),
-            key: key.into(),
-            value: "v".into(),
-        }
-    }
-
-    #[test]
-    fn each_built_in_declares_its_overridable_keys_and_max_lifetime_is_everyones() {
-        let keys = |program: &str| overridable_keys(program);
-        assert_eq!(keys("pepsi-stage-if"), ["MAX_LIFETIME", "MATCH"]);
-        assert_eq!(
-            keys("/usr/bin/pepsi-stage-exec"),
-            ["MAX_LIFETIME", "TIMEOUT"]
-        );
-        assert_eq!(
-            keys("pepsi-stage-bounce"),
-            ["MAX_LIFETIME", "BOUNCE_SIZE_LIMIT"]
-        );
-        assert_eq!(keys("pepsi-stage-pass"), ["MAX_LIFETIME"]);
-        assert_eq!(keys("pepsi-stage-discard"), ["MAX_LIFETIME"]);
-        assert_eq!(
-            keys("/usr/lib/pepsi/relay"),
-            ["MAX_LIFETIME"],
-            "not a built-in"
-        );
-    }
-
     #[test]
     fn the_common_deny_rule_wins_over_what_a_stage_declares() {
         // A future stage declaring keys it must not hand to a correspondent.
@@ -359,78 +326,6 @@ mod tests {
             "THRESHOLD",
         ];
         assert_eq!(permitted(declared), ["MAX_LIFETIME", "THRESHOLD"]);
-        for stage in stages::BUILTINS {
-            for key in stage.overridable() {
-                assert!(
-                    !never_overridable(key),
-                    "pepsi-stage-{} declares {key}",
-                    stage.name()
-                );
-                assert!(
-                    stage.keys().contains(key),
-                    "pepsi-stage-{} declares {key} overridable but not as its key",
-                    stage.name()
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_refused_row_is_named_by_address_stage_and_key() {
-        let if_stage = Some("pepsi-stage-if");
-        for key in ["PROGRAM", "NEXT", "COMMAND", "PARALLELISM", "ELSE_STAGE"] {
-            let e = refusal(&row("r@y", "route", key), if_stage).unwrap();
-            assert_eq!(
-                e.to_string(),
-                format!(
-                    "pepsi.settings for r@y: [stage-route] {key}: {key} is never overridable per address; ignored"
-                )
-            );
-            assert!(
-                refusal(&row("r@y", "gone", key), None).is_some(),
-                "refused for a stage without a section too"
-            );
-        }
-        assert_eq!(
-            refusal(&row("r@y", "route", "TIMEOUT"), if_stage)
-                .unwrap()
-                .to_string(),
-            "pepsi.settings for r@y: [stage-route] TIMEOUT: TIMEOUT is not overridable per address at stage route (pepsi-stage-if allows only MAX_LIFETIME, MATCH); ignored"
-        );
-        let e = refusal(
-            &row("r@y", "relay", "SMARTHOST"),
-            Some("/usr/lib/pepsi/relay"),
-        )
-        .unwrap()
-        .to_string();
-        assert!(
-            e.contains("relay is not a built-in stage, which allows only MAX_LIFETIME"),
-            "{e}"
-        );
-        assert_eq!(refusal(&row("r@y", "route", "MATCH"), if_stage), None);
-        assert_eq!(
-            refusal(&row("r@y", "route", "MAX_LIFETIME"), if_stage),
-            None
-        );
-        assert_eq!(
-            refusal(
-                &row("r@y", "relay", "TIMEOUT"),
-                Some("/usr/bin/pepsi-stage-exec")
-            ),
-            None
-        );
-        assert_eq!(
-            refusal(
-                &row("r@y", "relay", "MAX_LIFETIME"),
-                Some("/usr/lib/pepsi/relay")
-            ),
-            None
-        );
-        assert_eq!(
-            refusal(&row("r@y", "gone", "TIMEOUT"), None),
-            None,
-            "a stage without a section: only the common rule"
-        );
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! The sizes of the batches a worker processed, summed up in one log line when its
 //! input ends, so an operator (and the benchmark) can see how full the batches ran.
+//!
+//! Owned and fed by `batch.rs`'s serve loop. A leaf: pure counting, no I/O; its
+//! `Display` form is read back by the benchmark, so it must not change lightly.
 
 use std::fmt;
 

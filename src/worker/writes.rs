@@ -1,98 +1,27 @@
-//! The worker's writes (SPEC §12.2, §12.3, §6 "Claim tokens"): what one batch entry
-//! writes ([`Plan`], [`Write`]), committing a batch in one UPDATE and one DELETE (splits
-//! one by one), and what happens when a write fails or matches nothing.
+//! The worker's writes (SPEC §12.2, §12.3, §6 "Claim tokens"): committing a batch's
+//! [`Plan`]s in one UPDATE and one DELETE (failures in place, splits and bounces one by
+//! one), the lazy split's `workqueue_split` call, and what happens when a write fails
+//! or matches nothing.
 //!
-//! Called by `batch.rs` (commit a processed batch), `chain.rs` (the lazy split before a
-//! stage runs, the JSON of an update-shaped outcome) and `errors.rs` (the same JSON).
-//! Every write is guarded by `status = 'running' AND stage = <claimed stage> AND claim =
-//! <token read with the row>`; a write that matches nothing means the row was taken
-//! away: a warning and answer 0, never a retry. This file must not decide outcomes (the
-//! stages and the error model do) nor read stdin or write status lines.
+//! Called by `batch.rs` (commit a processed batch) and `chain.rs` (the lazy split
+//! before a stage runs). Every write is guarded by `status = 'running' AND stage =
+//! <claimed stage> AND claim = <token read with the row>`; a write that matches nothing
+//! means the row was taken away: a warning and answer 0, never a retry. Free
+//! functions over a connection: this file holds no state, must not decide outcomes
+//! (the stages and the error model do) nor read stdin or write status lines.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use postgres::types::Type;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::errors::status_for;
-use super::runtime::Worker;
-use super::{Message, Notification};
+use super::outcome::Notification;
+use super::plan::{Plan, Write};
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
 use crate::escape::Visible;
-use crate::protocol::{self, StageTime};
-
-/// What a batch entry writes.
-pub(super) enum Write {
-    /// No write: the row was gone or taken away, or the database failed.
-    Nothing,
-    /// An update-shaped outcome (advance, pause, fail, redirect): one element of
-    /// [`sql::WRITE_OUTCOMES`]'s recordset, made by [`update_row`].
-    Update(Value),
-    /// Delete the row: the message is done.
-    Delete,
-    /// Fail the row at its claimed stage without rewriting its state (the worker could
-    /// not load or read it): [`sql::FAIL_IN_PLACE`] merges these failure keys into the
-    /// stored state.
-    Fail {
-        /// `state.failure_class`.
-        class: &'static str,
-        /// `state.last_error`.
-        error: String,
-    },
-    /// Split the row; every group continues at `stage`, pending.
-    Split {
-        groups: Value,
-        stage: String,
-        state: String,
-    },
-    /// Replace the row by this delivery status notification.
-    Bounce(Box<Notification>),
-}
-
-/// One id of a batch: what to write, under which guard, and what to answer.
-pub(super) struct Plan {
-    /// The message id.
-    pub(super) id: i64,
-    /// The stage the row was claimed at (the write's guard).
-    pub(super) claimed: String,
-    /// The claim token read with the row (the write's guard).
-    pub(super) claim: i64,
-    /// The status to answer.
-    pub(super) answer: u8,
-    /// The stages run in this pass, with their times.
-    pub(super) report: Vec<StageTime>,
-    /// What to write.
-    pub(super) write: Write,
-}
-
-impl Plan {
-    /// A plan that writes nothing and answers `answer`.
-    pub(super) fn answer_only(id: i64, answer: u8) -> Plan {
-        Plan {
-            id,
-            claimed: String::new(),
-            claim: 0,
-            answer,
-            report: Vec::new(),
-            write: Write::Nothing,
-        }
-    }
-
-    /// A plan for a loaded message, guarded by its claimed stage and token; so far it
-    /// writes nothing and answers 0.
-    pub(super) fn for_message(message: &Message) -> Plan {
-        Plan {
-            id: message.id,
-            claimed: message.claimed_stage.clone(),
-            claim: message.claim,
-            answer: protocol::STATUS_OK,
-            report: Vec::new(),
-            write: Write::Nothing,
-        }
-    }
-}
+use crate::protocol;
 
 /// How many times a worker tries to write an outcome the database refuses for a
 /// non-connection reason before it gives up and fails the row `unwritable`: attempts
@@ -106,11 +35,6 @@ impl Plan {
 /// to do so before messages fail.
 pub(super) const UNWRITABLE_ATTEMPTS: i32 = 5;
 
-/// The longest pause a stage's outcome may ask for: far beyond any retry policy, and
-/// far within what a `timestamptz` can hold (a pause beyond it would make the write
-/// fail).
-const MAX_PAUSE: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
 /// The two batched write statements.
 #[derive(Clone, Copy)]
 enum Shape {
@@ -118,163 +42,163 @@ enum Shape {
     Delete,
 }
 
-impl Worker {
-    /// Writes every plan's outcome: failures in place and splits one by one (both are
-    /// rare), then one UPDATE and one DELETE.
-    pub(super) fn commit(&mut self, conn: &mut PgConn, plans: &mut [Plan]) {
-        for plan in plans.iter_mut() {
-            if let Write::Fail { class, error } = &plan.write {
-                let (class, error) = (*class, error.clone());
-                fail_in_place(conn, plan, class, &error);
-            }
+/// Writes every plan's outcome: failures in place and splits one by one (both are
+/// rare), then one UPDATE and one DELETE.
+pub(super) fn commit(conn: &mut PgConn, plans: &mut [Plan]) {
+    for plan in plans.iter_mut() {
+        if let Write::Fail { class, error } = &plan.write {
+            let (class, error) = (*class, error.clone());
+            fail_in_place(conn, plan, class, &error);
         }
-        for plan in plans.iter_mut() {
-            let Write::Split {
-                groups,
-                stage,
-                state,
-            } = &plan.write
-            else {
-                continue;
-            };
-            let (groups, stage, state) = (groups.to_string(), stage.clone(), state.clone());
-            let result = split_row(
-                conn,
-                plan.id,
-                &groups,
-                &plan.claimed,
-                plan.claim,
-                Some(&stage),
-                Some(&state),
-                true,
-            );
-            match result {
-                Ok(None) => {
-                    log::warn!(
-                        "{}: message {} was taken away; its split was not written",
-                        plan.claimed,
-                        plan.id
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => self.write_failed(conn, std::slice::from_mut(plan), &e),
-            }
-        }
-        for plan in plans.iter_mut() {
-            if let Write::Bounce(notification) = &plan.write {
-                let notification = notification.clone();
-                self.bounce(conn, plan, &notification);
-            }
-        }
-        let mut updates: Vec<&mut Plan> = plans
-            .iter_mut()
-            .filter(|p| matches!(p.write, Write::Update(_)))
-            .collect();
-        self.write_batch(conn, &mut updates, Shape::Update);
-        let mut deletes: Vec<&mut Plan> = plans
-            .iter_mut()
-            .filter(|p| matches!(p.write, Write::Delete))
-            .collect();
-        self.write_batch(conn, &mut deletes, Shape::Delete);
     }
-
-    /// Writes a [`Write::Bounce`]: the notification's row in, the original out, in one
-    /// guarded call.
-    fn bounce(&mut self, conn: &mut PgConn, plan: &mut Plan, notification: &Notification) {
-        let n = notification;
-        let result = db::retry_transient(|| {
-            conn.query_typed_one(
-                sql::BOUNCE,
-                &[
-                    (&plan.id, Type::INT8),
-                    (&plan.claimed, Type::TEXT),
-                    (&plan.claim, Type::INT8),
-                    (&n.stage, Type::TEXT),
-                    (&n.recipient, Type::TEXT),
-                    (&n.header_from, Type::TEXT),
-                    (&n.subject, Type::TEXT),
-                    (&n.headers, Type::BYTEA),
-                    (&n.body, Type::BYTEA),
-                ],
-            )
-        });
-        match result.map(|row| row.get::<_, Option<i64>>(0)) {
-            Ok(Some(dsn)) => {
-                log::info!(
-                    "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
-                    plan.claimed,
-                    plan.id,
-                    Visible(&n.recipient),
-                    n.stage
-                );
-                plan.write = Write::Nothing;
-            }
+    for plan in plans.iter_mut() {
+        let Write::Split {
+            groups,
+            stage,
+            state,
+        } = &plan.write
+        else {
+            continue;
+        };
+        let (groups, stage, state) = (groups.to_string(), stage.clone(), state.clone());
+        let result = split_row(
+            conn,
+            plan.id,
+            &groups,
+            &plan.claimed,
+            plan.claim,
+            Some(&stage),
+            Some(&state),
+            true,
+        );
+        match result {
             Ok(None) => {
                 log::warn!(
-                    "{}: message {} was taken away; its delivery status notification was not written",
+                    "{}: message {} was taken away; its split was not written",
                     plan.claimed,
                     plan.id
                 );
-                plan.write = Write::Nothing;
             }
-            Err(e) => self.write_failed(conn, std::slice::from_mut(plan), &e),
+            Ok(_) => {}
+            Err(e) => write_failed(conn, std::slice::from_mut(plan), &e),
         }
     }
-
-    fn write_batch(&mut self, conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
-        if plans.is_empty() {
-            return;
-        }
-        match run_shape(conn, plans, shape) {
-            Ok(written) => {
-                for plan in plans.iter_mut() {
-                    if !written.contains(&plan.id) {
-                        log::warn!(
-                            "{}: message {} was taken away while this worker held it; its outcome was not written",
-                            plan.claimed,
-                            plan.id
-                        );
-                        plan.answer = protocol::STATUS_OK;
-                    }
-                }
-            }
-            Err(e) if plans.len() > 1 && db::classify(&e) == ErrorKind::Other => {
-                // One bad row must not hold up its batch: write them one at a time.
-                log::warn!(
-                    "batched write failed ({}); writing one message at a time",
-                    db::describe(&e)
-                );
-                for plan in plans.iter_mut() {
-                    self.write_batch(conn, std::slice::from_mut(plan), shape);
-                }
-            }
-            Err(e) => {
-                for plan in plans.iter_mut() {
-                    self.write_failed(conn, std::slice::from_mut(&mut **plan), &e);
-                }
-            }
+    for plan in plans.iter_mut() {
+        if let Write::Bounce(notification) = &plan.write {
+            let notification = notification.clone();
+            bounce(conn, plan, &notification);
         }
     }
+    let mut updates: Vec<&mut Plan> = plans
+        .iter_mut()
+        .filter(|p| matches!(p.write, Write::Update(_)))
+        .collect();
+    write_batch(conn, &mut updates, Shape::Update);
+    let mut deletes: Vec<&mut Plan> = plans
+        .iter_mut()
+        .filter(|p| matches!(p.write, Write::Delete))
+        .collect();
+    write_batch(conn, &mut deletes, Shape::Delete);
+}
 
-    /// A write failed: connection and overload errors are answered as such (nothing was
-    /// committed); anything else pauses the row with the error as a last resort.
-    fn write_failed(&mut self, conn: &mut PgConn, plans: &mut [Plan], err: &postgres::Error) {
-        for plan in plans {
+/// Writes a [`Write::Bounce`]: the notification's row in, the original out, in one
+/// guarded call.
+fn bounce(conn: &mut PgConn, plan: &mut Plan, notification: &Notification) {
+    let n = notification;
+    let result = db::retry_transient(|| {
+        conn.query_typed_one(
+            sql::BOUNCE,
+            &[
+                (&plan.id, Type::INT8),
+                (&plan.claimed, Type::TEXT),
+                (&plan.claim, Type::INT8),
+                (&n.stage, Type::TEXT),
+                (&n.recipient, Type::TEXT),
+                (&n.header_from, Type::TEXT),
+                (&n.subject, Type::TEXT),
+                (&n.headers, Type::BYTEA),
+                (&n.body, Type::BYTEA),
+            ],
+        )
+    });
+    match result.map(|row| row.get::<_, Option<i64>>(0)) {
+        Ok(Some(dsn)) => {
+            log::info!(
+                "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
+                plan.claimed,
+                plan.id,
+                Visible(&n.recipient),
+                n.stage
+            );
             plan.write = Write::Nothing;
-            plan.answer = match db::classify(err) {
-                ErrorKind::Connection => {
-                    log::warn!(
-                        "{}: message {}: database connection lost while writing: {}",
-                        plan.claimed,
-                        plan.id,
-                        db::describe(err)
-                    );
-                    protocol::STATUS_IOERR
-                }
-                ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
-                _ => pause_or_fail_unwritten(conn, plan, err),
-            };
         }
+        Ok(None) => {
+            log::warn!(
+                "{}: message {} was taken away; its delivery status notification was not written",
+                plan.claimed,
+                plan.id
+            );
+            plan.write = Write::Nothing;
+        }
+        Err(e) => write_failed(conn, std::slice::from_mut(plan), &e),
+    }
+}
+
+/// Writes these plans' outcomes of one shape in one statement; a batch the database
+/// refuses for a reason of its own is written again one plan at a time.
+fn write_batch(conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
+    if plans.is_empty() {
+        return;
+    }
+    match run_shape(conn, plans, shape) {
+        Ok(written) => {
+            for plan in plans.iter_mut() {
+                if !written.contains(&plan.id) {
+                    log::warn!(
+                        "{}: message {} was taken away while this worker held it; its outcome was not written",
+                        plan.claimed,
+                        plan.id
+                    );
+                    plan.answer = protocol::STATUS_OK;
+                }
+            }
+        }
+        Err(e) if plans.len() > 1 && db::classify(&e) == ErrorKind::Other => {
+            // One bad row must not hold up its batch: write them one at a time.
+            log::warn!(
+                "batched write failed ({}); writing one message at a time",
+                db::describe(&e)
+            );
+            for plan in plans.iter_mut() {
+                write_batch(conn, std::slice::from_mut(plan), shape);
+            }
+        }
+        Err(e) => {
+            for plan in plans.iter_mut() {
+                write_failed(conn, std::slice::from_mut(&mut **plan), &e);
+            }
+        }
+    }
+}
+
+/// A write failed: connection and overload errors are answered as such (nothing was
+/// committed); anything else pauses the row with the error as a last resort.
+fn write_failed(conn: &mut PgConn, plans: &mut [Plan], err: &postgres::Error) {
+    for plan in plans {
+        plan.write = Write::Nothing;
+        plan.answer = match db::classify(err) {
+            ErrorKind::Connection => {
+                log::warn!(
+                    "{}: message {}: database connection lost while writing: {}",
+                    plan.claimed,
+                    plan.id,
+                    db::describe(err)
+                );
+                protocol::STATUS_IOERR
+            }
+            ErrorKind::Overload => protocol::STATUS_TEMPFAIL,
+            _ => pause_or_fail_unwritten(conn, plan, err),
+        };
     }
 }
 
@@ -461,41 +385,15 @@ fn update_statement(rows: &[Value]) -> &'static str {
     }
 }
 
-/// One element of [`sql::WRITE_OUTCOMES`]'s recordset: the message's outcome, guarded by
-/// the stage it was claimed at (`claimed`) and the claim token it was loaded under.
-pub(super) fn update_row(
-    message: &Message,
-    claimed: &str,
-    stage: &str,
-    status: &str,
-    delay: Option<Duration>,
-) -> Value {
-    let mut row = json!({
-        "id": message.id,
-        "claimed": claimed,
-        "claim": message.claim,
-        "stage": stage,
-        "status": status,
-        "delay_ms": delay.map(|d| d.min(MAX_PAUSE).as_millis() as u64),
-        "state": Value::Object(message.state.clone()),
-        "rewritten": message.rewritten(),
-    });
-    if message.rewritten() {
-        row["mail_from"] = json!(message.mail_from());
-        row["rcpt_to"] = json!(message.rcpt_to());
-        row["header_from"] = json!(message.header_from());
-        row["subject"] = json!(message.subject());
-    }
-    row
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker::message::Message;
+    use crate::worker::plan::update_row;
 
-    /// Message 7 from a@x.example to r@y.example, claimed at `relay`.
-    fn relay_message() -> Message {
-        Message::new(
+    #[test]
+    fn only_a_batch_with_a_rewritten_message_writes_the_envelope() {
+        let mut plain = Message::new(
             7,
             "relay".into(),
             "a@x.example".into(),
@@ -504,27 +402,7 @@ mod tests {
             None,
             Default::default(),
             "from:x.example".into(),
-        )
-    }
-
-    #[test]
-    fn an_update_row_carries_the_claim_token_it_is_guarded_by() {
-        let mut m = relay_message();
-        m.claim = 42;
-        let row = update_row(&m, "relay", "done", "pending", None);
-        assert_eq!(row["id"], 7);
-        assert_eq!(row["claimed"], "relay");
-        assert_eq!(row["claim"], 42);
-        let plan = Plan::for_message(&m);
-        assert_eq!(
-            (plan.id, plan.claimed.as_str(), plan.claim),
-            (7, "relay", 42)
         );
-    }
-
-    #[test]
-    fn only_a_batch_with_a_rewritten_message_writes_the_envelope() {
-        let mut plain = relay_message();
         let row = update_row(&plain, "relay", "done", "pending", None);
         assert_eq!(
             update_statement(std::slice::from_ref(&row)),
@@ -534,45 +412,5 @@ mod tests {
         let rewritten = update_row(&plain, "relay", "done", "pending", None);
         assert_eq!(rewritten["mail_from"], "b@z.example");
         assert_eq!(update_statement(&[row, rewritten]), sql::WRITE_OUTCOMES);
-    }
-
-    #[test]
-    fn a_pause_beyond_a_century_is_cut_to_one_the_database_can_store() {
-        let m = Message::new(
-            7,
-            "relay".into(),
-            String::new(),
-            vec!["r@y.example".into()],
-            None,
-            None,
-            Default::default(),
-            String::new(),
-        );
-        let row = update_row(&m, "relay", "relay", "paused", Some(Duration::MAX));
-        assert_eq!(row["delay_ms"], MAX_PAUSE.as_millis() as u64);
-        assert!(row["delay_ms"].as_i64().is_some(), "fits a bigint");
-        let row = update_row(
-            &m,
-            "relay",
-            "relay",
-            "paused",
-            Some(Duration::from_secs(60)),
-        );
-        assert_eq!(row["delay_ms"], 60_000);
-    }
-
-    #[test]
-    fn a_state_keeps_numbers_beyond_f64_and_u64_exactly() {
-        let text = r#"{"n":1e400,"big":123456789012345678901234567890,"trailing":1.50,"small":7}"#;
-        let state: Value = serde_json::from_str(text).unwrap();
-        // Keys come out sorted and an exponent signed; the numbers keep every digit.
-        assert_eq!(
-            state.to_string(),
-            r#"{"big":123456789012345678901234567890,"n":1e+400,"small":7,"trailing":1.50}"#
-        );
-        assert_eq!(state["small"].as_u64(), Some(7));
-        assert_eq!(state["small"].as_i64(), Some(7));
-        assert_eq!(state["big"].as_u64(), None, "beyond u64: not a u64");
-        assert_eq!(state["trailing"].as_f64(), Some(1.5));
     }
 }

@@ -1,0 +1,116 @@
+//! What a stage body returns (SPEC §12.4, §13.2): its [`Outcome`] (advance, finish,
+//! pause, split, bounce), the [`Notification`] a bounce carries, and its
+//! [`StageError`] with the [`ErrorClass`] that says how the runtime handles it.
+//!
+//! Vocabulary only, shared by the stages (which return these), `stage.rs` (whose
+//! `Configured::run` names them), `chain.rs` (which acts on an outcome), `errors.rs`
+//! (which decides an error's fate) and `plan.rs` (a bounce's write). A leaf: it uses no
+//! other file of the worker and must not touch the database or decide anything.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::db::{self, ErrorKind};
+use crate::escape::Visible;
+
+/// What a stage decided for a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Move the row to this stage, pending (or run that stage here, when fused).
+    Advance(String),
+    /// The message is done: delete the row.
+    Finish,
+    /// Leave the row paused at this stage and retry it after the delay.
+    Pause(Duration),
+    /// Split the recipients into these groups; every group continues at the stage as
+    /// its own pending row (the first on this row).
+    Split {
+        /// The recipient groups, which together are exactly the row's recipients.
+        groups: Vec<Vec<String>>,
+        /// The stage every group continues at.
+        stage: String,
+    },
+    /// The message is done and this delivery status notification takes its place, as a
+    /// new pending row (§13.2); both in one write.
+    Bounce(Box<Notification>),
+}
+
+/// A delivery status notification that replaces a failed message (§13.2): a new
+/// message from the null sender to the failed message's sender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// The stage it goes to, pending.
+    pub stage: String,
+    /// Its one recipient: the failed message's envelope sender.
+    pub recipient: String,
+    /// Its `From:`, as extracted metadata.
+    pub header_from: String,
+    /// Its `Subject:`, as extracted metadata.
+    pub subject: String,
+    /// Its header block.
+    pub headers: Vec<u8>,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// The class of a stage error (§12.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The message itself is at fault: fail it at once.
+    Permanent,
+    /// The host is at fault (the default): pause and retry with backoff.
+    Host,
+    /// The database connection broke: answer 74, nothing committed.
+    Connection,
+    /// The database refused a connection for overload: answer 75.
+    Overload,
+}
+
+/// An error a stage returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageError {
+    /// How it is handled.
+    pub class: ErrorClass,
+    /// What happened (goes to `state.last_error` and the log).
+    pub message: String,
+}
+
+impl StageError {
+    /// A host error: a helper that cannot start, an unreadable file, a service down.
+    pub fn host(message: impl Into<String>) -> StageError {
+        StageError {
+            class: ErrorClass::Host,
+            message: db::storable(&message.into()),
+        }
+    }
+
+    /// A permanent error: input the stage cannot parse, a construct it rejects.
+    pub fn permanent(message: impl Into<String>) -> StageError {
+        StageError {
+            class: ErrorClass::Permanent,
+            message: db::storable(&message.into()),
+        }
+    }
+
+    /// A database error, classified by SQLSTATE: connection and overload errors keep
+    /// their own class, everything else is a host error.
+    pub fn from_db(err: &postgres::Error) -> StageError {
+        let class = match db::classify(err) {
+            ErrorKind::Connection => ErrorClass::Connection,
+            ErrorKind::Overload => ErrorClass::Overload,
+            ErrorKind::Transient | ErrorKind::Other => ErrorClass::Host,
+        };
+        StageError {
+            class,
+            message: format!("database: {}", db::describe(err)),
+        }
+    }
+}
+
+/// The message for a log line: escaped ([`Visible`]), since it can quote a program's
+/// output or a correspondent's setting.
+impl fmt::Display for StageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Visible(&self.message).fmt(f)
+    }
+}

@@ -1,0 +1,80 @@
+//! What a stage is to the runtime: the [`Stage`] a program implements (what it loads,
+//! its fusion default, its keys, how it checks its section), the [`Configured`] body
+//! that section gives, the [`Context`] a body runs with, and [`Load`].
+//!
+//! Implemented by every stage (the built-ins in `src/stages/`, or any program linking
+//! this library); used by `registry.rs` (the list of them a program is made of),
+//! `chain.rs` (configure and run them), `batch.rs` and `runtime.rs`. Vocabulary only:
+//! it must not touch the database, the protocol or the configuration file.
+
+use super::message::Message;
+use super::outcome::{Outcome, StageError};
+use crate::config::{Config, ConfigError, PepsiOptions, StageSection};
+
+/// What a stage needs loaded besides the row's metadata (envelope, From:, Subject:,
+/// state). Ordered: a stage may run on a row loaded with at least what it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Load {
+    /// Metadata only: such a stage is batched (§12.3).
+    Metadata,
+    /// Metadata, the header block and the body.
+    Full,
+}
+
+/// What a stage body may use besides the message.
+pub struct Context<'a> {
+    /// The stage's effective section (with per-address overrides applied).
+    pub section: &'a StageSection,
+    /// The worker's database connection, for stages that query the database.
+    pub client: &'a mut postgres::Client,
+    /// `[pepsi]`: the system's own options (its host name, for a report).
+    pub pepsi: &'a PepsiOptions,
+}
+
+/// A stage program: the static description the runtime and fusion need.
+pub trait Stage: Sync {
+    /// The built-in name: `pass` for `pepsi-stage-pass`.
+    fn name(&self) -> &'static str;
+    /// What the stage loads.
+    fn loads(&self) -> Load;
+    /// Whether `FUSION` defaults to yes for this program.
+    fn fusion_default(&self) -> bool;
+    /// The keys of its own a section of this program may set, besides the keys every
+    /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
+    /// "unknown key" warning.
+    fn keys(&self) -> &'static [&'static str];
+    /// The keys of its section a per-address setting (`pepsi.settings`, SPEC §12.5) may
+    /// override for a correspondent, besides `MAX_LIFETIME`, which every stage allows.
+    /// Whatever a stage declares, the keys of `settings::NEVER_OVERRIDABLE` and every
+    /// `*_STAGE` key stay the section's: a correspondent never chooses what runs or
+    /// where mail goes (SPEC §4 "Least privilege"). A row naming any other key is
+    /// ignored.
+    fn overridable(&self) -> &'static [&'static str];
+    /// Checks a section of this program and returns the body configured by it: the one
+    /// check of a section of this kind, used by the dispatcher (at start, at a reload,
+    /// by `pepsi-dispatch check`) and by the worker (its own section at start, a
+    /// successor before fusing into it, a section with per-address overrides).
+    fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError>;
+    /// Prepares this process to run `section`, a stage it was started for, once: after
+    /// the section is checked and before `ready`. An error refuses to run (exit 78,
+    /// with the error as the cause). Most stages need nothing.
+    fn start(&self, _config: &Config, _section: &StageSection) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A stage configured by one (effective) section.
+pub trait Configured {
+    /// The data-dependent fusion gate: may this message be fused into this stage?
+    fn fusion_gate(&self, _message: &Message) -> bool {
+        true
+    }
+
+    /// Runs the stage on a message.
+    fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError>;
+}
+
+/// `NEXT` of a section, required by stages that always advance.
+pub fn required_next(section: &StageSection) -> Result<String, ConfigError> {
+    section.section.required("NEXT").map(str::to_string)
+}
