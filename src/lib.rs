@@ -60,6 +60,24 @@
 //!   `src/db/schema.rs`; and the statement that calls it, a named constant in
 //!   `src/db/sql.rs`, used where it is needed. Released schema files are never edited
 //!   (their bytes are in the digest databases store); `src/db/schema.rs` says more.
+//! - **A built-in stage**: its file `src/stages/NAME.rs` (a type implementing
+//!   `worker::Stage`: loads, fusion default, its keys, its overridable keys,
+//!   `configure` and the body); in `src/stages/mod.rs` its `pub mod` and its entry in
+//!   `BUILTINS`; its name in `BUILTIN_STAGES` of `src/config/program_path.rs` (what the
+//!   overlay may name; a unit test compares the two lists); its section in
+//!   `packaging/man/pepsi-stage.8` and its keys under BUILT-IN STAGE KEYS in
+//!   `packaging/man/pepsi.conf.5` (`tests/man.rs` checks both against the registry);
+//!   its line in the README's table of built-in stages. The package's
+//!   `pepsi-stage-NAME` link, the worker runtime and the tests' stage links follow from
+//!   the registry; nothing else names it.
+//! - **A `pepsi-queue` command**: its file `src/queue/NAME.rs` (a `run` on the
+//!   [`queue::Session`]); in `src/queue/args.rs` its `Command` variant and its arm of
+//!   `parse` (its options, if any, in `src/queue/args/commands.rs`); in
+//!   `src/queue/mod.rs` its `pub mod`, its line in `PROGRAM`'s help and its arm of the
+//!   command `match`; its statements as named constants in `src/db/sql.rs` (a stored
+//!   function it calls: the migration above); its item in `packaging/man/pepsi-queue.8`
+//!   (`tests/man.rs` checks every command, option and exit status of the help there);
+//!   its row in the README's command table.
 
 pub mod bouncer;
 pub mod cli;

@@ -168,7 +168,9 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
 }
 
 /// The built-in stage names the unified `pepsi-stage` binary answers to.
-pub const STAGE_NAMES: &[&str] = &["pass", "if", "discard", "exec", "bounce"];
+pub fn stage_names() -> impl Iterator<Item = &'static str> {
+    pepsi::stages::BUILTINS.iter().map(|s| s.name())
+}
 
 /// A directory holding `pepsi-stage-NAME` links to the unified stage binary, as the
 /// package installs them.
@@ -179,7 +181,7 @@ pub fn stage_dir() -> &'static Path {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let target = PathBuf::from(env!("CARGO_BIN_EXE_pepsi-stage"));
-        for name in STAGE_NAMES {
+        for name in stage_names() {
             std::os::unix::fs::symlink(&target, dir.join(format!("pepsi-stage-{name}"))).unwrap();
         }
         dir
