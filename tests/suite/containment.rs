@@ -805,7 +805,12 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
         .trim()
         .parse()
         .unwrap();
-    // Its descriptors: the three, nothing of the worker's or the keeper's.
+    // Its descriptors once it is the `sleep` it execs (the shell before it holds its
+    // script open): the three, nothing of the worker's or the keeper's.
+    wait_until(Duration::from_secs(10), "the command execs sleep", || {
+        std::fs::read_to_string(format!("/proc/{command_pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == "sleep")
+    });
     let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{command_pid}/fd"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
