@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::claim::Claim;
 use super::coordinator::Command;
 use super::event_loop::Dispatcher;
-use super::ledger::Claim;
 
 /// How soon a claim that failed is tried again.
 const CLAIM_RETRY: Duration = Duration::from_secs(1);

@@ -23,8 +23,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use postgres::Client;
 use postgres::types::Type;
 
+use super::claim::{Claim, StrikeKind};
 use super::events::{Event, EventSender};
-use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
 use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
 use super::statements;

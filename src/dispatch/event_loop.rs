@@ -22,18 +22,19 @@ use crossbeam_channel::{Receiver, Sender};
 use mio::{Events, Poll, Token};
 
 use super::background::Job;
+use super::claim::Claim;
 use super::claims::DEFER_GRACE;
 use super::claims::{ClaimGate, PausedClock};
 use super::coordinator::Command;
 use super::events::Event;
-use super::ledger::{Claim, Ledger};
+use super::ledger::Ledger;
 use super::pool::StagePool;
-use super::process::{Phase, WorkerProc};
+use super::process::WorkerProc;
 use super::reload::ReloadState;
-use super::scheduler;
 use super::signals::{self, Signals};
 use super::timers::{self, Clocks, Due, StageClock, WorkerClock};
 use super::verdict::End;
+use super::worker_view::Phase;
 use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
 use crate::escape::Visible;
@@ -163,7 +164,7 @@ impl Dispatcher {
             account_env: parts.account.map(|a| a.env()).unwrap_or_default(),
             master: parts.master,
             next_stats_tick: now + opts.stats_interval,
-            ledger: Ledger::new(scheduler::from_options(&opts)),
+            ledger: Ledger::for_options(&opts),
             config: parts.config,
             graph: parts.graph,
             opts,

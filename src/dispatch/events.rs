@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
-use super::ledger::Claim;
+use super::claim::Claim;
 use super::stats::Deltas;
 use crate::config::graph::OverrideRow;
 use crate::exit::Failure;

@@ -1,10 +1,7 @@
-//! The claim record and the claim ledger: the one place where a claimed row's life is
-//! accounted for.
-//!
-//! A [`Claim`] is created by the coordinator from a row the claim statement returned and
-//! travels unchanged through the loop: the stage's claimed queue, a worker's slot, and
-//! back to the coordinator in a requeue, strike or deferral, whose write it guards with
-//! its token (§6 "Claim tokens").
+//! The claim ledger: the one place where a claimed row's life is accounted for. It is
+//! owned by the claim side of the loop ([`super::claim_side`]), whose handlers and the
+//! worker handlers call its verbs; it reads and writes nothing but its own counters and
+//! the policy it feeds.
 //!
 //! The [`Ledger`] applies each transition of a claim exactly once — claimed (with how
 //! many distinct senders each stage served, §7), started
@@ -17,45 +14,14 @@
 //! The ledger does no I/O; the loop calls it from its handlers.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::scheduler::{ClaimPolicy, served};
+use super::claim::{Claim, StrikeKind};
+use super::fair::FairPolicy;
+use super::scheduler::{ClaimPolicy, OldestFirst, served};
 use super::stats::Deltas;
+use crate::config::DispatchOptions;
 use crate::protocol::Report;
-
-/// One row taken by one claim statement, end to end.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claim {
-    /// `workqueue_id`.
-    pub id: i64,
-    /// The stage it was claimed at; every write of the claim is guarded by it.
-    pub stage: String,
-    /// Its fairness key (§7).
-    pub sender_key: String,
-    /// The claim token stamped on the row; every write of the claim is guarded by it.
-    pub token: i64,
-    /// When the claim's answer reached the loop.
-    pub claimed_at: Instant,
-}
-
-/// Why a claim was struck.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StrikeKind {
-    /// Its worker crashed (or spoke garbage) while it was at the front.
-    Crashed,
-    /// It was unanswered for MAX_RUNTIME at the front of its worker's queue.
-    TimedOut,
-}
-
-impl StrikeKind {
-    /// The `failure_class` a third strike records.
-    pub fn class(self) -> &'static str {
-        match self {
-            StrikeKind::Crashed => "crashed",
-            StrikeKind::TimedOut => "timed-out",
-        }
-    }
-}
 
 /// Where a live claim is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +96,16 @@ impl Ledger {
             live: HashMap::new(),
             deltas: Deltas::default(),
             policy,
+        }
+    }
+
+    /// An empty ledger feeding the policy the configuration asks for: fair between
+    /// senders (§7) unless `FAIR_SCHEDULING = no`, then oldest first.
+    pub fn for_options(opts: &DispatchOptions) -> Ledger {
+        if opts.fair_scheduling {
+            Ledger::new(Box::new(FairPolicy::new(opts)))
+        } else {
+            Ledger::new(Box::new(OldestFirst))
         }
     }
 
@@ -277,7 +253,8 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::scheduler::OldestFirst;
+    use crate::dispatch::scheduler::ClaimRequest;
+    use std::time::Instant;
 
     fn claim(id: i64, token: i64) -> Claim {
         Claim {
@@ -287,6 +264,28 @@ mod tests {
             token,
             claimed_at: Instant::now(),
         }
+    }
+
+    fn options(text: &str) -> DispatchOptions {
+        let path = std::path::PathBuf::from("/t.conf");
+        let sections = crate::config::raw::parse(&path, text).expect("parses");
+        crate::config::Config::from_sections(path, sections)
+            .expect("valid")
+            .dispatch
+    }
+
+    #[test]
+    fn fair_scheduling_no_claims_oldest_first_and_yes_claims_fair() {
+        let caps = vec![("a".to_string(), 4)];
+        let mut off = Ledger::for_options(&options("[pepsi-dispatch]\nFAIR_SCHEDULING = no\n"));
+        assert_eq!(
+            off.policy().request(caps.clone()),
+            ClaimRequest::Oldest(caps.clone())
+        );
+        let mut on = Ledger::for_options(&options(""));
+        let r = on.policy().request(caps.clone());
+        assert!(matches!(r, ClaimRequest::Fair(_)), "{r:?}");
+        assert_eq!(r.asked(), &caps[..]);
     }
 
     #[test]

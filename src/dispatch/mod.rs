@@ -19,6 +19,7 @@
 
 pub mod background;
 pub mod check;
+pub mod claim;
 pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
@@ -37,6 +38,7 @@ pub mod statements;
 pub mod stats;
 pub mod timers;
 pub mod verdict;
+pub mod worker_view;
 pub mod workers;
 
 use std::sync::Arc;

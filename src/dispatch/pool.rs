@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::ledger::Claim;
-use super::process::Phase;
+use super::claim::Claim;
+use super::worker_view::{Phase, WorkerView};
 use crate::config::StageSection;
 
 /// Start-failure cooldown: the first, doubling up to the cap.
@@ -37,28 +37,9 @@ pub enum Cooldown {
     Database,
 }
 
-/// What the pool decisions need to know of a worker.
-#[derive(Clone, Copy, Debug)]
-pub struct WorkerView {
-    /// Its serial.
-    pub serial: u64,
-    /// Where it is in its life.
-    pub phase: Phase,
-    /// It is retired as soon as it is ready.
-    pub retire_on_ready: bool,
-    /// It runs a suspect alone.
-    pub isolated: bool,
-    /// Ids it was ever handed.
-    pub assigned_total: u64,
-    /// Ids it holds now.
-    pub queued: usize,
-}
-
-impl WorkerView {
-    /// Does it still take ids (starting or ready, not retiring)?
-    fn takes_ids(&self) -> bool {
-        matches!(self.phase, Phase::Starting | Phase::Ready) && !self.retire_on_ready
-    }
+/// Does the worker still take ids (starting or ready, not retiring)?
+fn takes_ids(w: &WorkerView) -> bool {
+    matches!(w.phase, Phase::Starting | Phase::Ready) && !w.retire_on_ready
 }
 
 /// Where the next claimed id of a stage goes.
@@ -138,7 +119,7 @@ impl StagePool {
         if self.removed || self.overload_until.is_some_and(|t| t > now) {
             return 0;
         }
-        let retiring = workers.iter().filter(|w| !w.takes_ids()).count() as u32;
+        let retiring = workers.iter().filter(|w| !takes_ids(w)).count() as u32;
         let usable = if self.cooling(now) {
             workers.len() as u32 - retiring
         } else {
@@ -146,7 +127,7 @@ impl StagePool {
         };
         let held: usize = workers
             .iter()
-            .filter(|w| w.takes_ids())
+            .filter(|w| takes_ids(w))
             .map(|w| w.queued)
             .sum::<usize>()
             + self.queue.len()
@@ -166,7 +147,7 @@ impl StagePool {
         let target = workers
             .iter()
             .filter(|w| {
-                w.takes_ids()
+                takes_ids(w)
                     && !w.isolated
                     && w.assigned_total < self.section.max_messages
                     && w.queued < limit

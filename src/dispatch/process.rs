@@ -16,25 +16,12 @@ use std::time::{Duration, Instant};
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
-use super::ledger::Claim;
-use super::pool::WorkerView;
+use super::claim::Claim;
+use super::worker_view::{Phase, WorkerView};
 use crate::protocol;
 
 /// A line longer than this is garbage (the protocol's lines are short).
 const MAX_LINE: usize = 64 * 1024;
-
-/// Where a worker is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Started; no `ready` yet.
-    Starting,
-    /// Ready and taking ids.
-    Ready,
-    /// Takes no more ids; its stdin is closed once its queue drains.
-    Retiring,
-    /// Its stdin is closed; it should exit.
-    Closing,
-}
 
 /// A claim handed to the worker.
 #[derive(Clone, Debug)]

@@ -13,8 +13,8 @@
 use std::time::{Duration, Instant};
 
 use super::check;
+use super::claim::Claim;
 use super::event_loop::{Dispatcher, Stop};
-use super::ledger::Claim;
 use super::pool::StagePool;
 use crate::config::graph::OverrideRow;
 use crate::config::raw::join_errors;

@@ -8,10 +8,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::claim::Claim;
 use super::coordinator::Command;
 use super::event_loop::{Dispatcher, Stop};
 use super::events::Event;
-use super::ledger::Claim;
 use super::session;
 use crate::exit::Failure;
 

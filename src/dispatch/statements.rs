@@ -8,8 +8,8 @@ use std::time::Instant;
 use postgres::Client;
 use postgres::types::Type;
 
+use super::claim::Claim;
 use super::events::Event;
-use super::ledger::Claim;
 use super::scheduler::ClaimRequest;
 use crate::db::pool::Connection;
 use crate::db::{self, sql};

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::ledger::{Claim, StrikeKind};
+use super::claim::{Claim, StrikeKind};
 use super::pool::Cooldown;
 
 /// How a worker went away.

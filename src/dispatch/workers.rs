@@ -11,13 +11,15 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
+use super::claim::Claim;
 use super::coordinator::Command;
 use super::event_loop::{Dispatcher, Stop};
-use super::ledger::{Claim, vet_report};
-use super::pool::{self, Cooldown, Pick, StagePool, WorkerView};
-use super::process::{Launch, Phase, Slot, WorkerProc, describe_exit};
+use super::ledger::vet_report;
+use super::pool::{self, Cooldown, Pick, StagePool};
+use super::process::{Launch, Slot, WorkerProc, describe_exit};
 use super::signals;
 use super::verdict::{self, Death, End, Held, Verdict};
+use super::worker_view::{Phase, WorkerView};
 use crate::exit::{self, Failure};
 use crate::protocol;
 
