@@ -237,11 +237,9 @@ impl Coordinator {
                 return false;
             }
             match &command {
-                Command::Claim(request) if self.reconcile_due => {
+                Command::Claim(_) if self.reconcile_due => {
                     log::debug!("coordinator: no claim until the reconcile after the reconnect");
-                    self.events.send(Event::ClaimFailed {
-                        asked: request.asked().to_vec(),
-                    });
+                    self.events.send(Event::ClaimFailed);
                     return true;
                 }
                 Command::Reconcile { generation, .. }
@@ -279,10 +277,8 @@ impl Coordinator {
             }
             match command {
                 // The loop asks again when it can.
-                Command::Claim(request) => {
-                    self.events.send(Event::ClaimFailed {
-                        asked: request.asked().to_vec(),
-                    });
+                Command::Claim(_) => {
+                    self.events.send(Event::ClaimFailed);
                     return true;
                 }
                 Command::FlipPaused => {

@@ -85,7 +85,7 @@ pub struct Ledger {
     /// answer for one stage not yet read when the claim at the next stage arrives.
     live: HashMap<(i64, i64), Step>,
     /// Statistics not yet flushed.
-    pub deltas: Deltas,
+    deltas: Deltas,
     policy: Box<dyn ClaimPolicy>,
 }
 
@@ -242,6 +242,20 @@ impl Ledger {
                 self.policy.requeued(claim);
             }
         }
+    }
+
+    /// The statistics not yet flushed, taken for a flush; none when nothing was
+    /// counted (no deltas, no write, §10).
+    pub fn take_deltas(&mut self) -> Option<Deltas> {
+        if self.deltas.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.deltas))
+    }
+
+    /// Deltas a failed flush handed back: kept for the next one.
+    pub fn restore_deltas(&mut self, deltas: &Deltas) {
+        self.deltas.merge(deltas);
     }
 
     /// A worker process was started.

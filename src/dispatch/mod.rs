@@ -20,14 +20,17 @@
 pub mod background;
 pub mod check;
 pub mod claim;
+pub mod claim_side;
 pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
 pub mod events;
 pub mod fair;
+pub mod housekeeping;
 pub mod ledger;
 pub mod listener;
 pub mod pool;
+pub mod pools;
 pub mod process;
 pub mod reload;
 pub mod scheduler;

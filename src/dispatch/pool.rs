@@ -19,6 +19,8 @@ const COOLDOWN_FIRST: Duration = Duration::from_secs(2);
 const COOLDOWN_CAP: Duration = Duration::from_secs(60);
 /// A 75 halves the biggest stage's cap for this long.
 pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
+/// Overload halvings closer together than this are one episode (a batch of 75s).
+const THROTTLE_GAP: Duration = Duration::from_secs(1);
 /// A death by an outside signal before `ready` cools the stage for at most this.
 const COOLDOWN_BRIEF: Duration = Duration::from_secs(2);
 /// After a 75 the stage claims nothing for this long, doubling up to the cap (§8.3).
@@ -240,6 +242,43 @@ impl StagePool {
     }
 }
 
+/// The retire rule (§8.1, §9): a worker takes no more ids once it was handed
+/// `max_messages` ids (it is recycled when its pipeline drains), or when it was asked to
+/// retire while it started (a reload). Applied when the worker reports ready and each
+/// time it is handed an id.
+pub fn retires(w: &WorkerView, max_messages: u64) -> bool {
+    w.retire_on_ready || w.assigned_total >= max_messages
+}
+
+/// What a 75 does to the PARALLELISM caps (§8.3), by [`throttle_rule`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Throttle {
+    /// The 75 belongs to an overload episode already throttled: nothing more.
+    SameEpisode,
+    /// A new episode: halve this stage's cap (it runs the most workers).
+    Halve(String),
+    /// A new episode, and no stage runs a worker: nothing to halve.
+    Nobody,
+}
+
+/// The throttle rule (§8.3) for a 75 at `now`, the last episode having started at
+/// `last`: the 75s of one worker batch, closer together than [`THROTTLE_GAP`], are one
+/// episode and throttle once; a new episode halves the cap of the stage that runs the
+/// most worker processes.
+pub fn throttle_rule(
+    stages: &BTreeMap<String, StagePool>,
+    last: Option<Instant>,
+    now: Instant,
+) -> Throttle {
+    if last.is_some_and(|t| t + THROTTLE_GAP > now) {
+        return Throttle::SameEpisode;
+    }
+    match biggest(stages) {
+        Some(name) => Throttle::Halve(name),
+        None => Throttle::Nobody,
+    }
+}
+
 /// The stage that runs the most worker processes (the biggest contributor to the
 /// connection count, §8.3), if any runs one.
 pub fn biggest(stages: &BTreeMap<String, StagePool>) -> Option<String> {
@@ -371,6 +410,41 @@ mod tests {
         stages.insert("a".to_string(), a);
         stages.insert("b".to_string(), b);
         assert_eq!(biggest(&stages), Some("b".to_string()));
+    }
+
+    #[test]
+    fn a_burst_of_75s_throttles_once_and_only_a_stage_with_workers() {
+        let now = Instant::now();
+        let mut stages = BTreeMap::new();
+        assert_eq!(throttle_rule(&stages, None, now), Throttle::Nobody);
+        let mut a = pool(4, 4);
+        a.workers = vec![1];
+        stages.insert("a".to_string(), a);
+        assert_eq!(
+            throttle_rule(&stages, None, now),
+            Throttle::Halve("a".into())
+        );
+        let soon = now + Duration::from_millis(500);
+        assert_eq!(
+            throttle_rule(&stages, Some(now), soon),
+            Throttle::SameEpisode
+        );
+        let later = now + THROTTLE_GAP;
+        assert_eq!(
+            throttle_rule(&stages, Some(now), later),
+            Throttle::Halve("a".into())
+        );
+    }
+
+    #[test]
+    fn a_worker_retires_at_max_messages_or_when_asked_while_starting() {
+        let mut w = view(1, Phase::Ready, 0);
+        assert!(!retires(&w, 10));
+        w.assigned_total = 10;
+        assert!(retires(&w, 10));
+        let mut s = view(2, Phase::Starting, 0);
+        s.retire_on_ready = true;
+        assert!(retires(&s, 10));
     }
 
     #[test]

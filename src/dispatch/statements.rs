@@ -131,7 +131,6 @@ pub fn claim(
         .collect();
     Ok(Event::Claimed {
         claims,
-        asked: request.asked().to_vec(),
         next_paused,
         windows,
     })
