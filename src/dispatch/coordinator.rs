@@ -14,6 +14,11 @@
 //! writes run through the transient-error retry helper; a write that fails otherwise
 //! (a lock timeout included) is tried again with backoff, so no row is left running by
 //! a passing error while the dispatcher lives.
+//!
+//! Started by `run` (the module's root); the loop's handlers send it [`Command`]s and it
+//! answers with events. It reads and writes no state of the loop: everything it needs
+//! comes in the command (a claim's request, the claims to write), and what a claim
+//! asked of each stage stays with the loop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,17 +1,47 @@
-//! The poll loop: owns every worker process, the stage table and all pool state.
+//! The poll loop: the one struct that owns every mutable thing of the loop thread
+//! ([`Dispatcher`]), its turn, its event and timer dispatch, and its policy step.
+//! Started by `run` (the module's root) and left only for shutdown.
 //!
 //! Each turn, in a fixed order: poll → drain the signal sockets and set flags → drain
 //! the event channel (coordinator, listener, thread pool) → child I/O, reading until
 //! `WouldBlock` → the timers that are due (one deadline list, [`super::timers`], also
-//! gave the poll its timeout) → one policy step that assigns claimed ids to workers
-//! (starting workers as needed) and claims when a wake-up asked for it. Handlers record
-//! facts; the policy step decides. Nothing here returns early on an error: only
-//! shutdown leaves the loop.
+//! gave the poll its timeout) → one policy step that starts a reload's reads when one
+//! was asked for, assigns claimed ids to workers (starting workers as needed) and claims
+//! when a wake-up asked for it. Handlers record facts; the policy step decides. Nothing
+//! here returns early on an error: only shutdown leaves the loop.
 //!
-//! The handlers live by concern: [`super::claims`] (claims, the paused clock, lock loss
-//! and reconcile), [`super::workers`] (worker I/O, answers, deaths, assignment),
-//! [`super::reload`] (hot reload), [`super::shutdown`]. This file is the loop, its event
-//! dispatch and its timers.
+//! The state is three owners, each changed only through its verbs —
+//! [`Pools`] (stages and workers), [`ClaimSide`] (gate, paused clock, deferred rows,
+//! ledger) and [`Housekeeping`] (the thread pool's chores) — plus values the handlers
+//! read and only this file writes (the configuration, through `Dispatcher::adopt`;
+//! the stop, through `Dispatcher::fail` and `Dispatcher::on_shutdown_signal`).
+//!
+//! Every handler is an `impl Dispatcher` method; this file dispatches to each by name
+//! and defines none of the others. Where each is defined:
+//!
+//! ```text
+//! handler                    file           reached from
+//! on_claimed                 claims.rs      on_event: Event::Claimed
+//! on_claim_failed            claims.rs      on_event: Event::ClaimFailed
+//! on_lock_lost               claims.rs      on_event: Event::LockLost
+//! on_lock_regained           claims.rs      on_event: Event::LockRegained
+//! on_paused_due              claims.rs      on_due: Due::PausedDue
+//! on_deferred_due            claims.rs      on_due: Due::DeferredResume
+//! claim                      claims.rs      policy (the claim step)
+//! write_to, read_from        workers.rs     run (pipe readiness), shutdown
+//! worker_gone                workers.rs     read_from, on_due: Hang, StartTimeout,
+//!                                           StuckClosing
+//! assign                     workers.rs     policy (the assignment step)
+//! on_reload_read             reload.rs      on_event: Event::ReloadRead
+//! shutdown                   shutdown.rs    run, after the last turn
+//! on_event, on_due, policy,  event_loop.rs  run
+//! on_shutdown_signal
+//! send, requeue, flush_stats event_loop.rs  the handlers (helpers)
+//! ```
+//!
+//! An event or timer that concerns one owner only (a flip answered, a pause learnt, a
+//! GC run done, a flush ended, a cooldown over) calls that owner's verb right in the
+//! dispatch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +75,7 @@ pub const RELOAD_TOKEN: Token = Token(1);
 pub const WAKER_TOKEN: Token = Token(2);
 
 /// Why the loop ended.
-pub(super) enum Stop {
+enum Stop {
     /// SIGINT / SIGTERM: exit 0.
     Signal,
     /// A failure that decides the exit status.
@@ -55,7 +85,7 @@ pub(super) enum Stop {
 /// The loop and everything it owns. The fields other files read are `pub(super)`;
 /// those they change are owners ([`Pools`], [`ClaimSide`], [`Housekeeping`]) changed
 /// only through their verbs, or written only here (`config` and `graph` by
-/// [`Self::adopt`], `stop` by [`Self::fail`] and [`Self::on_shutdown_signal`]).
+/// `Self::adopt`, `stop` by `Self::fail` and `Self::on_shutdown_signal`).
 pub struct Dispatcher {
     /// The poller; other files use only its registry.
     pub(super) poll: Poll,
@@ -70,9 +100,9 @@ pub struct Dispatcher {
     /// The keeper master, when the dispatcher was started as root: keepers for the
     /// workers of stages that run a command (read only).
     pub(super) master: Option<Master>,
-    /// The configuration (replaced only by [`Self::adopt`]).
+    /// The configuration (replaced only by `Self::adopt`).
     pub(super) config: Config,
-    /// The stage graph (replaced only by [`Self::adopt`]).
+    /// The stage graph (replaced only by `Self::adopt`).
     pub(super) graph: StageGraph,
     /// `[pepsi-dispatch]`, never reloaded (read only).
     pub(super) opts: DispatchOptions,
@@ -280,7 +310,6 @@ impl Dispatcher {
     // ---- events from other threads -------------------------------------------------
 
     pub(super) fn on_event(&mut self, event: Event) {
-        let now = Instant::now;
         match event {
             Event::Claimed {
                 claims,
@@ -289,10 +318,10 @@ impl Dispatcher {
             } => self.on_claimed(claims, next_paused, &windows),
             Event::ClaimFailed => self.on_claim_failed(),
             Event::Flipped { count, next_paused } => {
-                self.claim_side.flipped(count, next_paused, now())
+                self.claim_side.flipped(count, next_paused, Instant::now())
             }
-            Event::FlipFailed => self.claim_side.flip_failed(now()),
-            Event::Paused(due) => self.claim_side.learn_paused(Some(due), now()),
+            Event::FlipFailed => self.claim_side.flip_failed(Instant::now()),
+            Event::Paused(due) => self.claim_side.learn_paused(Some(due), Instant::now()),
             Event::BodyGcDone { more } => self.housekeeping.gc_done(more),
             Event::LockLost => self.on_lock_lost(),
             Event::LockRegained(generation) => self.on_lock_regained(generation),

@@ -8,9 +8,10 @@
 //! [`FairPolicy`] is a [`ClaimPolicy`]: the claim ledger tells it each claimed row's
 //! life exactly once (charged the stage's average when claimed, corrected to the
 //! measured time when it ran, refunded when it went back without running, charged the
-//! whole MAX_RUNTIME when killed), and the loop asks it for each claim's request. It
-//! does no I/O and reads no clock of its own beyond `Instant::now()` in the trait
-//! methods: every rule is an inherent method taking `now`, unit-tested here.
+//! whole MAX_RUNTIME when killed), and the claim side asks it, through the ledger, for
+//! each claim's request. It does no I/O, touches no state but its own, and reads no
+//! clock of its own beyond `Instant::now()` in the trait methods: every rule is an
+//! inherent method taking `now`, unit-tested here.
 //!
 //! Memory is bounded: a lead halves every `FAIR_HALF_LIFE`, a lead worth less than
 //! one message is forgotten, and a sender with no lead and nothing claimed unsettled is

@@ -1,7 +1,9 @@
-//! The claim ledger: the one place where a claimed row's life is accounted for. It is
-//! owned by the claim side of the loop ([`super::claim_side`]), whose handlers and the
-//! worker handlers call its verbs; it reads and writes nothing but its own counters and
-//! the policy it feeds.
+//! The claim ledger: the one place where a claimed row's life is accounted for, and the
+//! statistics not yet flushed. It is owned by the claim side of the loop
+//! ([`super::claim_side`]); the claim, worker and shutdown handlers call its verbs, the
+//! housekeeping takes its deltas for a flush and hands back a failed one's. It builds
+//! the claim policy the configuration asks for and feeds it; it reads and writes
+//! nothing else.
 //!
 //! The [`Ledger`] applies each transition of a claim exactly once — claimed (with how
 //! many distinct senders each stage served, §7), started

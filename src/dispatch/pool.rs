@@ -2,10 +2,13 @@
 //! workers, the start-failure cooldown and the overload throttle — and the pure
 //! decisions over them: the free capacity a claim may ask for, which worker takes the
 //! next id (packing work onto as few workers as possible), how long a cooldown lasts,
-//! how far a throttle halves the cap.
+//! how far a throttle halves the cap, when a worker retires ([`retires`]) and which
+//! stage a 75 throttles ([`throttle_rule`]).
 //!
-//! The loop owns the pools and the worker processes; here a worker is seen only through
-//! its [`WorkerView`], so every decision is unit-tested without processes.
+//! The table of pools and the worker processes belong to [`super::pools`], which calls
+//! these decisions (and the worker handlers read [`THROTTLE_WINDOW`] for a log line).
+//! Here a worker is seen only through its [`WorkerView`]; nothing here does I/O or
+//! touches a process, so every decision is unit-tested without processes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -262,7 +265,7 @@ pub enum Throttle {
 }
 
 /// The throttle rule (§8.3) for a 75 at `now`, the last episode having started at
-/// `last`: the 75s of one worker batch, closer together than [`THROTTLE_GAP`], are one
+/// `last`: the 75s of one worker batch, closer together than `THROTTLE_GAP`, are one
 /// episode and throttle once; a new episode halves the cap of the stage that runs the
 /// most worker processes.
 pub fn throttle_rule(

@@ -3,8 +3,10 @@
 //! the dispatcher (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the
 //! queue of claims handed to it in order, writing ids in one buffer, reading status
 //! lines until `WouldBlock`, and killing (its whole session, helpers and their children
-//! included) and reaping. What to do with a line or a death is the loop's decision
-//! ([`super::event_loop`]).
+//! included) and reaping. It decides nothing: what to do with a line or a death is
+//! decided by the worker handlers ([`super::workers`], which also start each process)
+//! and the pool decisions, and the table that holds every process is
+//! [`super::pools`]'s. It touches no state but its own process's.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};

@@ -10,7 +10,7 @@
 //! overlay may not set) are logged as errors at every reload, and the rest of the
 //! overlay applies. `[pepsi-dispatch]` itself is never reloaded.
 //!
-//! [`plan`] is pure but for its log lines; the handler [`Dispatcher::on_reload_read`],
+//! [`plan`] is pure but for its log lines; the handler `Dispatcher::on_reload_read`,
 //! called by the loop's event dispatch, carries the plan out through the verbs of the
 //! pools ([`super::pools`]), the housekeeping and the loop. The reload's request state
 //! lives in [`super::housekeeping`], not here.

@@ -1,13 +1,17 @@
-//! Which rows fill a stage's free capacity: the claim policy, pure (no I/O).
+//! Which rows fill a stage's free capacity: the claim policy's vocabulary — the
+//! [`ClaimPolicy`] trait, the [`ClaimRequest`] (with the fair claim's
+//! [`FairRequest`]) and what a claim served — and the plain [`OldestFirst`] policy.
+//! Pure (no I/O), and it uses no other file of the dispatcher but the claim record.
 //!
-//! The loop computes each stage's free capacity and asks the policy for a
+//! The claim side computes each stage's free capacity and asks the policy for a
 //! [`ClaimRequest`]; the coordinator turns the request into its one statement. The
 //! policy hears about every claim statement's answer (where each stage's sender window
 //! ended, how many senders each stage served) and every claimed row's life (claimed,
 //! ran for so long, requeued without running, killed at MAX_RUNTIME) from the claim
-//! [`Ledger`](super::ledger::Ledger), so a policy that charges senders for worker time
-//! ([`FairPolicy`](super::fair::FairPolicy), SPEC §7) plugs in here without reshaping
-//! the loop. `FAIR_SCHEDULING = no` keeps [`OldestFirst`].
+//! ledger (`ledger.rs`), so a policy that charges senders for worker time (the fair
+//! policy of `fair.rs`, SPEC §7) plugs in without reshaping the loop. The ledger
+//! builds the policy the configuration asks for; `FAIR_SCHEDULING = no` keeps
+//! [`OldestFirst`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
