@@ -1,12 +1,20 @@
 //! The small thread pool for work off the loop and off the queue-write path: statistics
-//! flushes, the body GC, reading the configuration overlay for a reload, counting rows
-//! at unknown stages, and writing the stages injecting roles may inject into. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
+//! flushes, the body GC, reading a reload's inputs (the configuration overlay and the
+//! file), counting rows at unknown stages, and writing the stages injecting roles may
+//! inject into. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
+//!
+//! The loop's housekeeping ([`super::housekeeping`]) sends the jobs; each answers, if
+//! at all, with an event. A job reads or writes the database and, for a reload, the
+//! configuration file; it touches no state of the loop.
+
+use std::path::{Path, PathBuf};
 
 use crossbeam_channel::{Receiver, Sender};
 use postgres::types::Type;
 
-use super::events::{Event, EventSender};
+use super::events::{Event, EventSender, ReloadFile, ReloadInput};
 use super::stats::{self, Deltas};
+use crate::config::Config;
 use crate::db::pool::Pool;
 use crate::db::{self, sql};
 
@@ -22,8 +30,9 @@ pub enum Job {
     Flush(Box<Deltas>),
     /// Run `pepsi.workqueue_body_gc`.
     BodyGc,
-    /// Read `pepsi.config_override`.
-    ReadOverlay,
+    /// Read a reload's inputs: `pepsi.config_override` and the configuration file at
+    /// this path.
+    ReadReload(PathBuf),
     /// Count pending rows at stages other than these.
     UnknownStages(Vec<String>),
     /// Write the stages an injecting role may inject into (`[pepsi] INJECT_STAGES` of
@@ -60,8 +69,10 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Job::Flush(d) => {
                     events.send(Event::Flushed(Err((e.message, d))));
                 }
-                Job::ReadOverlay => {
-                    events.send(Event::Overlay(Err(e.message)));
+                Job::ReadReload(path) => {
+                    let overlay = Err(e.message);
+                    let file = read_config_file(&path);
+                    events.send(Event::ReloadRead(Box::new(ReloadInput { overlay, file })));
                 }
                 Job::BodyGc => {
                     events.send(Event::BodyGcDone { more: true });
@@ -91,10 +102,10 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 events.send(Event::BodyGcDone { more: true });
             }
         },
-        Job::ReadOverlay => {
-            events.send(Event::Overlay(
-                db::read_overlay(&mut **conn).map_err(|e| db::describe(&e)),
-            ));
+        Job::ReadReload(path) => {
+            let overlay = db::read_overlay(&mut **conn).map_err(|e| db::describe(&e));
+            let file = read_config_file(&path);
+            events.send(Event::ReloadRead(Box::new(ReloadInput { overlay, file })));
         }
         Job::UnknownStages(known) => {
             match conn.query_typed(sql::UNKNOWN_STAGES, &[(&known, Type::TEXT_ARRAY)]) {
@@ -130,8 +141,21 @@ fn name(job: &Job) -> &'static str {
     match job {
         Job::Flush(_) => "statistics flush",
         Job::BodyGc => "body GC",
-        Job::ReadOverlay => "configuration reload",
+        Job::ReadReload(_) => "configuration reload",
         Job::UnknownStages(_) => "unknown-stage count",
         Job::InjectStages(_) => "entry stages",
+    }
+}
+
+/// Reads the configuration file for a reload. A file that cannot be opened right now
+/// (replaced, briefly missing) is not a broken configuration: the reload keeps the
+/// graph and tries again.
+pub fn read_config_file(path: &Path) -> ReloadFile {
+    if let Err(e) = std::fs::File::open(path) {
+        return ReloadFile::Unreadable(e.to_string());
+    }
+    match Config::load(Some(path)) {
+        Ok(c) => ReloadFile::Parsed(Box::new(c)),
+        Err(errors) => ReloadFile::Invalid(errors),
     }
 }

@@ -14,6 +14,11 @@
 //! writes run through the transient-error retry helper; a write that fails otherwise
 //! (a lock timeout included) is tried again with backoff, so no row is left running by
 //! a passing error while the dispatcher lives.
+//!
+//! Started by `run` (the module's root); the loop's handlers send it [`Command`]s and it
+//! answers with events. It reads and writes no state of the loop: everything it needs
+//! comes in the command (a claim's request, the claims to write), and what a claim
+//! asked of each stage stays with the loop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +28,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use postgres::Client;
 use postgres::types::Type;
 
+use super::claim::{Claim, StrikeKind};
 use super::events::{Event, EventSender};
-use super::ledger::{Claim, StrikeKind};
 use super::scheduler::ClaimRequest;
 use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
 use super::statements;
@@ -237,11 +242,9 @@ impl Coordinator {
                 return false;
             }
             match &command {
-                Command::Claim(request) if self.reconcile_due => {
+                Command::Claim(_) if self.reconcile_due => {
                     log::debug!("coordinator: no claim until the reconcile after the reconnect");
-                    self.events.send(Event::ClaimFailed {
-                        asked: request.asked().to_vec(),
-                    });
+                    self.events.send(Event::ClaimFailed);
                     return true;
                 }
                 Command::Reconcile { generation, .. }
@@ -279,10 +282,8 @@ impl Coordinator {
             }
             match command {
                 // The loop asks again when it can.
-                Command::Claim(request) => {
-                    self.events.send(Event::ClaimFailed {
-                        asked: request.asked().to_vec(),
-                    });
+                Command::Claim(_) => {
+                    self.events.send(Event::ClaimFailed);
                     return true;
                 }
                 Command::FlipPaused => {

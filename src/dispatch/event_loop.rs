@@ -1,38 +1,64 @@
-//! The poll loop: owns every worker process, the stage table and all pool state.
+//! The poll loop: the one struct that owns every mutable thing of the loop thread
+//! ([`Dispatcher`]), its turn, its event and timer dispatch, and its policy step.
+//! Started by `run` (the module's root) and left only for shutdown.
 //!
 //! Each turn, in a fixed order: poll → drain the signal sockets and set flags → drain
 //! the event channel (coordinator, listener, thread pool) → child I/O, reading until
 //! `WouldBlock` → the timers that are due (one deadline list, [`super::timers`], also
-//! gave the poll its timeout) → one policy step that assigns claimed ids to workers
-//! (starting workers as needed) and claims when a wake-up asked for it. Handlers record
-//! facts; the policy step decides. Nothing here returns early on an error: only
-//! shutdown leaves the loop.
+//! gave the poll its timeout) → one policy step that starts a reload's reads when one
+//! was asked for, assigns claimed ids to workers (starting workers as needed) and claims
+//! when a wake-up asked for it. Handlers record facts; the policy step decides. Nothing
+//! here returns early on an error: only shutdown leaves the loop.
 //!
-//! The handlers live by concern: [`super::claims`] (claims, the paused clock, lock loss
-//! and reconcile), [`super::workers`] (worker I/O, answers, deaths, assignment),
-//! [`super::reload`] (hot reload), [`super::shutdown`]. This file is the loop, its event
-//! dispatch and its timers.
+//! The state is three owners, each changed only through its verbs —
+//! [`Pools`] (stages and workers), [`ClaimSide`] (gate, paused clock, deferred rows,
+//! ledger) and [`Housekeeping`] (the thread pool's chores) — plus values the handlers
+//! read and only this file writes (the configuration, through `Dispatcher::adopt`;
+//! the stop, through `Dispatcher::fail` and `Dispatcher::on_shutdown_signal`).
+//!
+//! Every handler is an `impl Dispatcher` method; this file dispatches to each by name
+//! and defines none of the others. Where each is defined:
+//!
+//! ```text
+//! handler                    file           reached from
+//! on_claimed                 claims.rs      on_event: Event::Claimed
+//! on_claim_failed            claims.rs      on_event: Event::ClaimFailed
+//! on_lock_lost               claims.rs      on_event: Event::LockLost
+//! on_lock_regained           claims.rs      on_event: Event::LockRegained
+//! on_paused_due              claims.rs      on_due: Due::PausedDue
+//! on_deferred_due            claims.rs      on_due: Due::DeferredResume
+//! claim                      claims.rs      policy (the claim step)
+//! write_to, read_from        workers.rs     run (pipe readiness), shutdown
+//! worker_gone                workers.rs     read_from, on_due: Hang, StartTimeout,
+//!                                           StuckClosing
+//! assign                     workers.rs     policy (the assignment step)
+//! on_reload_read             reload.rs      on_event: Event::ReloadRead
+//! shutdown                   shutdown.rs    run, after the last turn
+//! on_event, on_due, policy,  event_loop.rs  run
+//! on_shutdown_signal
+//! send, requeue, flush_stats event_loop.rs  the handlers (helpers)
+//! ```
+//!
+//! An event or timer that concerns one owner only (a flip answered, a pause learnt, a
+//! GC run done, a flush ended, a cooldown over) calls that owner's verb right in the
+//! dispatch.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::{Events, Poll, Token};
 
 use super::background::Job;
-use super::claims::DEFER_GRACE;
-use super::claims::{ClaimGate, PausedClock};
+use super::claim::Claim;
+use super::claim_side::ClaimSide;
 use super::coordinator::Command;
 use super::events::Event;
-use super::ledger::{Claim, Ledger};
-use super::pool::StagePool;
-use super::process::{Phase, WorkerProc};
-use super::reload::ReloadState;
-use super::scheduler;
+use super::housekeeping::Housekeeping;
+use super::pools::Pools;
 use super::signals::{self, Signals};
-use super::timers::{self, Clocks, Due, StageClock, WorkerClock};
+use super::timers::{self, Clocks, Due};
 use super::verdict::End;
 use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
@@ -47,60 +73,49 @@ pub const SHUTDOWN_TOKEN: Token = Token(0);
 pub const RELOAD_TOKEN: Token = Token(1);
 /// Token of the waker other threads use.
 pub const WAKER_TOKEN: Token = Token(2);
-/// Child pipe tokens start here and are never reused.
-const FIRST_CHILD_TOKEN: usize = 16;
 
 /// Why the loop ended.
-pub(super) enum Stop {
+enum Stop {
     /// SIGINT / SIGTERM: exit 0.
     Signal,
     /// A failure that decides the exit status.
     Fail(Failure),
 }
 
-/// The loop and everything it owns.
+/// The loop and everything it owns. The fields other files read are `pub(super)`;
+/// those they change are owners ([`Pools`], [`ClaimSide`], [`Housekeeping`]) changed
+/// only through their verbs, or written only here (`config` and `graph` by
+/// `Self::adopt`, `stop` by `Self::fail` and `Self::on_shutdown_signal`).
 pub struct Dispatcher {
+    /// The poller; other files use only its registry.
     pub(super) poll: Poll,
-    pub(super) signals: Signals,
-    pub(super) events: Receiver<Event>,
-    pub(super) coordinator: Sender<Command>,
+    signals: Signals,
+    events: Receiver<Event>,
+    coordinator: Sender<Command>,
     /// The coordinator thread died: shutdown resets the rows itself.
-    pub(super) coordinator_dead: bool,
-    jobs: Sender<Job>,
-    pub(super) stopping: Arc<AtomicBool>,
+    coordinator_dead: bool,
+    stopping: Arc<AtomicBool>,
+    /// The service account's environment for the workers (read only).
     pub(super) account_env: Vec<(&'static str, String)>,
     /// The keeper master, when the dispatcher was started as root: keepers for the
-    /// workers of stages that run a command.
+    /// workers of stages that run a command (read only).
     pub(super) master: Option<Master>,
+    /// The configuration (replaced only by `Self::adopt`).
     pub(super) config: Config,
+    /// The stage graph (replaced only by `Self::adopt`).
     pub(super) graph: StageGraph,
+    /// `[pepsi-dispatch]`, never reloaded (read only).
     pub(super) opts: DispatchOptions,
-    pub(super) stages: BTreeMap<String, StagePool>,
-    pub(super) workers: HashMap<u64, WorkerProc>,
-    pub(super) tokens: HashMap<Token, u64>,
-    next_token: usize,
-    pub(super) next_serial: u64,
     /// Drawn at random at start: with a worker's serial it names the worker's database
-    /// sessions (`protocol::dispatched_session_name`).
+    /// sessions (`protocol::dispatched_session_name`) (read only).
     pub(super) session_tag: u32,
-    pub(super) gate: ClaimGate,
-    pub(super) paused: PausedClock,
-    pub(super) ledger: Ledger,
-    /// Ids read by a worker that died with several ids read: each runs alone next time,
-    /// so the culprit ends up alone at the front of its worker's queue.
-    pub(super) suspects: HashSet<i64>,
-    pub(super) reload: ReloadState,
-    /// Claims deferred for 74 (their worker lost the database), oldest first, with when:
-    /// resumed early once the dispatcher's own session works (§8.4 "Early resume").
-    pub(super) deferred: Vec<(Claim, Instant)>,
-    pub(super) last_throttle: Option<Instant>,
-    pub(super) flush_in_flight: bool,
-    last_flush: Instant,
-    next_stats_tick: Instant,
-    pub(super) active_since_gc: bool,
-    was_busy: bool,
-    unknown_checked: Instant,
-    pub(super) stop: Option<Stop>,
+    /// The stage pools and worker processes.
+    pub(super) pools: Pools,
+    /// The claim gate, the paused clock, the deferred rows and the claim ledger.
+    pub(super) claim_side: ClaimSide,
+    /// The thread pool's chores: statistics, body GC, unknown stages, reload reads.
+    pub(super) housekeeping: Housekeeping,
+    stop: Option<Stop>,
 }
 
 /// What [`Dispatcher::new`] needs.
@@ -147,44 +162,22 @@ impl Dispatcher {
             .map_err(|e| Failure::general(format!("cannot register the signal sockets: {e}")))?;
         let now = Instant::now();
         let opts = parts.config.dispatch.clone();
-        let stages = parts
-            .graph
-            .stages()
-            .map(|s| (s.name.clone(), StagePool::new(s.clone())))
-            .collect();
         Ok(Dispatcher {
             poll: parts.poll,
             signals: parts.signals,
             events: parts.events,
             coordinator: parts.coordinator,
             coordinator_dead: false,
-            jobs: parts.jobs,
             stopping: parts.stopping,
             account_env: parts.account.map(|a| a.env()).unwrap_or_default(),
             master: parts.master,
-            next_stats_tick: now + opts.stats_interval,
-            ledger: Ledger::new(scheduler::from_options(&opts)),
+            pools: Pools::new(&parts.graph),
+            claim_side: ClaimSide::new(&opts, now),
+            housekeeping: Housekeeping::new(parts.jobs, now, opts.stats_interval),
             config: parts.config,
             graph: parts.graph,
             opts,
-            stages,
-            workers: HashMap::new(),
-            tokens: HashMap::new(),
-            next_token: FIRST_CHILD_TOKEN,
-            next_serial: 1,
             session_tag: session_tag(),
-            gate: ClaimGate::new(now),
-            paused: PausedClock::default(),
-            suspects: HashSet::new(),
-            reload: ReloadState::default(),
-            deferred: Vec::new(),
-            last_throttle: None,
-            flush_in_flight: false,
-            last_flush: now,
-            active_since_gc: true,
-            was_busy: false,
-            // The first count runs at the first turn.
-            unknown_checked: now.checked_sub(timers::UNKNOWN_STAGE_GAP).unwrap_or(now),
             stop: None,
         })
     }
@@ -207,21 +200,16 @@ impl Dispatcher {
             let mut writable = Vec::new();
             for event in events.iter() {
                 match event.token() {
-                    SHUTDOWN_TOKEN => {
-                        if signals::drain(&mut self.signals.shutdown) && self.stop.is_none() {
-                            log::info!("shutdown requested by signal");
-                            self.stop = Some(Stop::Signal);
-                        }
-                    }
+                    SHUTDOWN_TOKEN => self.on_shutdown_signal(),
                     RELOAD_TOKEN => {
                         if signals::drain(&mut self.signals.reload) {
                             log::info!("SIGHUP: reloading the stage configuration");
-                            self.reload.want = true;
+                            self.housekeeping.want_reload();
                         }
                     }
                     WAKER_TOKEN => {}
                     token => {
-                        if let Some(&serial) = self.tokens.get(&token) {
+                        if let Some(serial) = self.pools.serial_of(token) {
                             if event.is_readable() || event.is_read_closed() || event.is_error() {
                                 readable.push(serial);
                             }
@@ -247,25 +235,76 @@ impl Dispatcher {
             }
             self.policy();
         }
-        self.shutdown()
+        // A coordinator waiting out an outage gives up; so does the listener.
+        self.stopping.store(true, Ordering::Relaxed);
+        self.shutdown();
+        match self.stop.take().unwrap_or(Stop::Signal) {
+            Stop::Signal => {
+                log::info!("stopped");
+                Ok(())
+            }
+            Stop::Fail(f) => Err(f),
+        }
     }
 
-    /// Two fresh pipe tokens for a new worker.
-    pub(super) fn next_tokens(&mut self) -> (Token, Token) {
-        let tokens = (Token(self.next_token), Token(self.next_token + 1));
-        self.next_token += 2;
-        tokens
+    // ---- the loop's own state, for the handler files -------------------------------
+
+    /// Is the loop ending?
+    pub(super) fn stopping(&self) -> bool {
+        self.stop.is_some()
     }
 
-    /// Hands a job to the thread pool (whose channel lives as long as the loop).
-    pub(super) fn send_job(&self, job: Job) {
-        let _ = self.jobs.send(job);
+    /// Ends the loop with this failure, whatever ended it before.
+    pub(super) fn fail(&mut self, failure: Failure) {
+        self.stop = Some(Stop::Fail(failure));
     }
 
+    /// The shutdown-signal socket may hold a byte: a SIGINT or SIGTERM ends the loop
+    /// (unless something ended it already).
+    pub(super) fn on_shutdown_signal(&mut self) {
+        if signals::drain(&mut self.signals.shutdown) && self.stop.is_none() {
+            log::info!("shutdown requested by signal");
+            self.stop = Some(Stop::Signal);
+        }
+    }
+
+    /// Replaces the configuration and the stage graph (a reload).
+    pub(super) fn adopt(&mut self, config: Config, graph: StageGraph) {
+        self.config = config;
+        self.graph = graph;
+    }
+
+    /// Sends a command to the coordinator.
     pub(super) fn send(&self, command: Command) {
         if self.coordinator.send(command).is_err() {
             log::error!("the coordinator thread is gone");
         }
+    }
+
+    /// Hands a command to the coordinator at shutdown: false when the coordinator
+    /// thread is gone (died, or its channel closed).
+    pub(super) fn coordinator_takes(&self, command: Command) -> bool {
+        !self.coordinator_dead && self.coordinator.send(command).is_ok()
+    }
+
+    /// The next event from another thread, waiting until `deadline` (at shutdown).
+    pub(super) fn next_event_before(&self, deadline: Instant) -> Result<Event, RecvTimeoutError> {
+        self.events.recv_deadline(deadline)
+    }
+
+    /// Puts claims back to pending without their having run: settled in the ledger,
+    /// then written by the coordinator.
+    pub(super) fn requeue(&mut self, claims: Vec<Claim>) {
+        if claims.is_empty() {
+            return;
+        }
+        self.claim_side.ledger().requeued(&claims);
+        self.send(Command::Requeue(claims));
+    }
+
+    /// Flushes the statistics (unless there are none or a flush is in flight).
+    pub(super) fn flush_stats(&mut self) {
+        self.housekeeping.flush(self.claim_side.ledger());
     }
 
     // ---- events from other threads -------------------------------------------------
@@ -274,15 +313,16 @@ impl Dispatcher {
         match event {
             Event::Claimed {
                 claims,
-                asked,
                 next_paused,
                 windows,
-            } => self.on_claimed(claims, &asked, next_paused, &windows),
-            Event::ClaimFailed { asked } => self.on_claim_failed(&asked),
-            Event::Flipped { count, next_paused } => self.on_flipped(count, next_paused),
-            Event::FlipFailed => self.on_flip_failed(),
-            Event::Paused(due) => self.paused.learn(Some(due), Instant::now()),
-            Event::BodyGcDone { more } => self.active_since_gc |= more,
+            } => self.on_claimed(claims, next_paused, &windows),
+            Event::ClaimFailed => self.on_claim_failed(),
+            Event::Flipped { count, next_paused } => {
+                self.claim_side.flipped(count, next_paused, Instant::now())
+            }
+            Event::FlipFailed => self.claim_side.flip_failed(Instant::now()),
+            Event::Paused(due) => self.claim_side.learn_paused(Some(due), Instant::now()),
+            Event::BodyGcDone { more } => self.housekeeping.gc_done(more),
             Event::LockLost => self.on_lock_lost(),
             Event::LockRegained(generation) => self.on_lock_regained(generation),
             Event::Fatal(failure) => {
@@ -305,33 +345,31 @@ impl Dispatcher {
             Event::ResetDone(_) => {}
             Event::Resumed(count) => {
                 if count > 0 {
-                    self.gate.want = true;
+                    self.claim_side.want();
                 }
             }
             Event::Notify(channel) => match channel.as_str() {
-                sql::CHANNEL_WORKQUEUE => self.gate.want = true,
-                sql::CHANNEL_CONFIG_CHANGED => self.reload.want = true,
+                sql::CHANNEL_WORKQUEUE => self.claim_side.want(),
+                sql::CHANNEL_CONFIG_CHANGED => self.housekeeping.want_reload(),
                 sql::CHANNEL_TELEMETRY_CHANGED => {
                     log::info!("telemetry setting changed: retiring every worker");
-                    self.retire_all();
+                    self.pools.retire_all(self.poll.registry());
                 }
                 other => log::debug!("ignoring a notification on {other}"),
             },
             // Notifications sent while the session was away are lost: catch up with a
             // claim, and re-read the configuration in case it changed meanwhile.
             Event::ListenerUp => {
-                self.gate.want = true;
-                self.reload.want = true;
+                self.claim_side.want();
+                self.housekeeping.want_reload();
             }
             Event::ListenerLost => self.send(Command::Check),
-            Event::Overlay(result) => self.on_overlay(result),
+            Event::ReloadRead(input) => self.on_reload_read(*input),
             Event::Flushed(result) => {
-                self.flush_in_flight = false;
-                if let Err((e, deltas)) = result {
+                if let Err(e) = self.housekeeping.flushed(result, self.claim_side.ledger()) {
                     log::warn!(
                         "statistics flush failed ({e}); keeping the counts for the next one"
                     );
-                    self.ledger.deltas.merge(&deltas);
                 }
             }
             Event::UnknownStages(list) => {
@@ -350,50 +388,23 @@ impl Dispatcher {
 
     /// A snapshot of every clock, for [`timers::deadlines`].
     fn clocks(&self, now: Instant) -> Clocks {
-        let workers = self
-            .workers
-            .values()
-            .map(|w| WorkerClock {
-                serial: w.serial,
-                starting: w.phase == Phase::Starting,
-                started: w.started,
-                front_since: w.queue.front().and_then(|s| s.head_since),
-                idle_since: (w.phase == Phase::Ready && w.queue.is_empty()).then_some(w.idle_since),
-                closing_since: w.closing_since,
-            })
-            .collect();
-        let stages = self
-            .stages
-            .iter()
-            .filter(|(_, s)| {
-                s.cooldown_until.is_some() || s.throttle.is_some() || s.overload_until.is_some()
-            })
-            .map(|(name, s)| StageClock {
-                name: name.clone(),
-                cooldown: s.cooldown_until,
-                throttle: s.throttle.map(|t| t.1),
-                overload: s.overload_until,
-            })
-            .collect();
-        let idle_flush = (self.was_busy && !self.busy() && !self.flush_in_flight)
-            .then(|| self.last_flush + timers::IDLE_FLUSH_GAP);
         Clocks {
             now,
             max_runtime: self.opts.max_runtime,
             idle_timeout: self.opts.worker_idle_timeout,
             poll_interval: self.opts.poll_interval,
-            workers,
-            stages,
-            can_claim: self.gate.open(),
-            want_claim: self.gate.want,
-            last_claim: self.gate.last,
-            claim_retry: self.gate.retry_at,
-            paused_due: self.paused.deadline(self.gate.lock_held),
-            reload_retry: self.reload.retry_at,
-            deferred_resume: self.deferred.first().map(|d| d.1 + DEFER_GRACE),
-            stats_tick: self.next_stats_tick,
-            idle_flush,
-            unknown_checked: self.unknown_checked,
+            workers: self.pools.worker_clocks(),
+            stages: self.pools.stage_clocks(),
+            can_claim: self.claim_side.open(),
+            want_claim: self.claim_side.wanted(),
+            last_claim: self.claim_side.last_claim(),
+            claim_retry: self.claim_side.retry_at(),
+            paused_due: self.claim_side.paused_due(),
+            reload_retry: self.housekeeping.reload_retry_at(),
+            deferred_resume: self.claim_side.resume_at(),
+            stats_tick: self.housekeeping.stats_tick_at(),
+            idle_flush: self.housekeeping.idle_flush_at(|| self.busy()),
+            unknown_checked: self.housekeeping.unknown_checked(),
         }
     }
 
@@ -402,7 +413,7 @@ impl Dispatcher {
             Due::Hang(serial) => self.worker_gone(serial, End::Hang),
             Due::StartTimeout(serial) => self.worker_gone(serial, End::StartTimeout),
             Due::StuckClosing(serial) => {
-                if let Some(w) = self.workers.get(&serial) {
+                if let Some(w) = self.pools.worker(serial) {
                     log::warn!(
                         "{}: worker {serial} (pid {}) did not exit within {}s of its end of input; killing it",
                         w.stage,
@@ -412,79 +423,42 @@ impl Dispatcher {
                 }
                 self.worker_gone(serial, End::Crash("it did not exit at end of input".into()));
             }
-            Due::Idle(serial) => {
-                if let Some(w) = self.workers.get_mut(&serial) {
-                    log::debug!("{}: stopping idle worker {serial} (pid {})", w.stage, w.pid);
-                    w.close_stdin(self.poll.registry());
-                }
-            }
+            Due::Idle(serial) => self.pools.stop_idle(serial, self.poll.registry()),
             Due::CooldownEnd(stage) => {
-                if let Some(s) = self.stages.get_mut(&stage) {
-                    s.cooldown_until = None;
-                }
-                self.gate.want = true;
+                self.pools.end_cooldown(&stage);
+                self.claim_side.want();
             }
             Due::ThrottleEnd(stage) => {
-                if let Some(s) = self.stages.get_mut(&stage) {
-                    log::info!(
-                        "{stage}: the overload throttle window passed; PARALLELISM back to {}",
-                        s.section.parallelism
-                    );
-                    s.throttle = None;
-                }
-                self.gate.want = true;
+                self.pools.end_throttle(&stage);
+                self.claim_side.want();
             }
             Due::OverloadEnd(stage) => {
-                if let Some(s) = self.stages.get_mut(&stage) {
-                    s.overload_until = None;
-                }
-                self.gate.want = true;
+                self.pools.end_overload(&stage);
+                self.claim_side.want();
             }
-            Due::DeferredResume => self.resume_deferred(now),
+            Due::DeferredResume => self.on_deferred_due(now),
             Due::Claim => {}
-            Due::Heartbeat => self.gate.want = true,
-            Due::ClaimRetry => {
-                self.gate.retry_at = None;
-                self.gate.want = true;
-            }
-            Due::PausedDue => self.flip_paused(),
-            Due::ReloadRetry => {
-                self.reload.retry_at = None;
-                self.reload.want = true;
-            }
+            Due::Heartbeat => self.claim_side.want(),
+            Due::ClaimRetry => self.claim_side.retry_due(),
+            Due::PausedDue => self.on_paused_due(),
+            Due::ReloadRetry => self.housekeeping.reload_retry_due(),
             Due::StatsTick => {
-                self.next_stats_tick = now + self.opts.stats_interval;
-                self.flush_stats();
-                if std::mem::take(&mut self.active_since_gc) {
-                    let _ = self.jobs.send(Job::BodyGc);
-                }
+                self.housekeeping.stats_tick(
+                    now,
+                    self.opts.stats_interval,
+                    self.claim_side.ledger(),
+                );
             }
-            Due::IdleFlush => {
-                self.was_busy = false;
-                self.flush_stats();
-            }
+            Due::IdleFlush => self.housekeeping.idle_flush(self.claim_side.ledger()),
             Due::UnknownStages => {
-                self.unknown_checked = now;
-                let known: Vec<String> = self.stages.keys().cloned().collect();
-                let _ = self.jobs.send(Job::UnknownStages(known));
+                let known = self.pools.stage_names();
+                self.housekeeping.count_unknown(now, known);
             }
         }
     }
 
     fn busy(&self) -> bool {
-        self.gate.in_flight
-            || self.workers.values().any(|w| !w.queue.is_empty())
-            || self.stages.values().any(|s| !s.queue.is_empty())
-    }
-
-    pub(super) fn flush_stats(&mut self) {
-        if self.ledger.deltas.is_empty() || self.flush_in_flight {
-            return;
-        }
-        self.flush_in_flight = true;
-        self.last_flush = Instant::now();
-        let deltas = std::mem::take(&mut self.ledger.deltas);
-        let _ = self.jobs.send(Job::Flush(Box::new(deltas)));
+        self.claim_side.in_flight() || self.pools.busy()
     }
 
     // ---- policy --------------------------------------------------------------------
@@ -493,15 +467,12 @@ impl Dispatcher {
         if self.stop.is_some() {
             return;
         }
-        if self.reload.want && !self.reload.in_flight {
-            self.reload.want = false;
-            self.reload.in_flight = true;
-            let _ = self.jobs.send(Job::ReadOverlay);
-        }
+        self.housekeeping.start_reload(&self.config.path);
         self.assign();
         self.claim();
         // A finished burst's numbers show at once (§10): remember that it was busy.
-        self.was_busy |= self.busy();
+        let busy = self.busy();
+        self.housekeeping.note_busy(busy);
     }
 }
 

@@ -1,28 +1,29 @@
-//! The messages other threads send to the loop thread, the sender that wakes the
-//! poller after each one (send first, then wake, so the loop never sleeps past it), and
-//! the watch on every helper thread: one that dies tells the loop, which shuts down with
-//! exit 70 (EX_SOFTWARE) instead of freezing with a claim forever in flight.
+//! The messages other threads send to the loop thread (among them what a reload read),
+//! the sender that wakes the poller after each one (send first, then wake, so the loop
+//! never sleeps past it), and the watch on every helper thread: one that dies tells the
+//! loop, which shuts down with exit 70 (EX_SOFTWARE) instead of freezing with a claim
+//! forever in flight. Vocabulary and the sender only: used by every thread, it uses no
+//! file of the dispatcher that uses it back.
 
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
-use super::ledger::Claim;
+use super::claim::Claim;
 use super::stats::Deltas;
 use crate::config::graph::OverrideRow;
+use crate::config::{Config, ConfigError};
 use crate::exit::Failure;
 
 /// Something the loop must learn about.
 #[derive(Debug)]
 pub enum Event {
-    /// A claim finished: the rows, what was asked per stage, the seconds until the
-    /// earliest paused row is due (negative when overdue), if any, and where a fair
-    /// claim's sender windows ended.
+    /// A claim finished: the rows, the seconds until the earliest paused row is due
+    /// (negative when overdue), if any, and where a fair claim's sender windows ended.
+    /// (What it asked of each stage the loop remembers itself.)
     Claimed {
         /// The claimed rows.
         claims: Vec<Claim>,
-        /// The capacity asked per stage.
-        asked: Vec<(String, i32)>,
         /// Seconds until the earliest paused row is due.
         next_paused: Option<f64>,
         /// A fair claim's sender windows: per stage asked, the last sender considered
@@ -31,10 +32,7 @@ pub enum Event {
         windows: Vec<(String, Option<String>)>,
     },
     /// A claim could not be made (database trouble); nothing was claimed.
-    ClaimFailed {
-        /// The capacity asked per stage.
-        asked: Vec<(String, i32)>,
-    },
+    ClaimFailed,
     /// Due paused rows were flipped to pending.
     Flipped {
         /// How many.
@@ -71,8 +69,8 @@ pub enum Event {
     ListenerUp,
     /// The LISTEN session was lost: the database may have restarted.
     ListenerLost,
-    /// The overlay was read for a reload.
-    Overlay(Result<Vec<OverrideRow>, String>),
+    /// A reload's inputs were read.
+    ReloadRead(Box<ReloadInput>),
     /// A statistics flush ended; on failure the deltas come back to be retried.
     Flushed(Result<(), (String, Box<Deltas>)>),
     /// Rows wait at stages that have no section: (stage, count).
@@ -84,6 +82,27 @@ pub enum Event {
         /// The panic message.
         why: String,
     },
+}
+
+/// What a reload read off the loop, on the thread pool (§9): the overlay and the
+/// configuration file.
+#[derive(Debug)]
+pub struct ReloadInput {
+    /// `pepsi.config_override`, or why it cannot be read right now.
+    pub overlay: Result<Vec<OverrideRow>, String>,
+    /// The configuration file.
+    pub file: ReloadFile,
+}
+
+/// The configuration file as a reload read it.
+#[derive(Debug)]
+pub enum ReloadFile {
+    /// It was read and parses.
+    Parsed(Box<Config>),
+    /// It cannot be opened right now (replaced, briefly missing): why.
+    Unreadable(String),
+    /// It does not parse.
+    Invalid(Vec<ConfigError>),
 }
 
 /// Sends events to the loop and wakes it.

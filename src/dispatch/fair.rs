@@ -8,9 +8,10 @@
 //! [`FairPolicy`] is a [`ClaimPolicy`]: the claim ledger tells it each claimed row's
 //! life exactly once (charged the stage's average when claimed, corrected to the
 //! measured time when it ran, refunded when it went back without running, charged the
-//! whole MAX_RUNTIME when killed), and the loop asks it for each claim's request. It
-//! does no I/O and reads no clock of its own beyond `Instant::now()` in the trait
-//! methods: every rule is an inherent method taking `now`, unit-tested here.
+//! whole MAX_RUNTIME when killed), and the claim side asks it, through the ledger, for
+//! each claim's request. It does no I/O, touches no state but its own, and reads no
+//! clock of its own beyond `Instant::now()` in the trait methods: every rule is an
+//! inherent method taking `now`, unit-tested here.
 //!
 //! Memory is bounded: a lead halves every `FAIR_HALF_LIFE`, a lead worth less than
 //! one message is forgotten, and a sender with no lead and nothing claimed unsettled is
@@ -20,8 +21,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::ledger::Claim;
-use super::scheduler::{ClaimPolicy, ClaimRequest, Served};
+use super::claim::Claim;
+use super::scheduler::{ClaimPolicy, ClaimRequest, FairRequest, Served};
 use crate::config::DispatchOptions;
 
 /// A stage's average time per message before its first measurement: a guess, replaced
@@ -42,27 +43,6 @@ const AVG_MIN_US: f64 = 1.0;
 /// FIFO credit is counted in hundredths of a slot so `cap × percent / 100` accumulates
 /// exactly (ten claims of 0.1 slot make exactly one slot).
 const CREDIT_PER_SLOT: u64 = 100;
-
-/// The parameters of one fair claim statement (`sql::CLAIM_FAIR`), stage arrays
-/// parallel to `asked`, lead arrays parallel to each other.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FairRequest {
-    /// Per stage, the free capacity (`$1` stages, `$2` caps).
-    pub asked: Vec<(String, i32)>,
-    /// `$3`: of each cap, the slots for the stage's oldest rows regardless of sender.
-    pub fifo: Vec<i32>,
-    /// `$4`: the stage's average worker time per message, µs, > 0.
-    pub avg_us: Vec<f64>,
-    /// `$5`: the sender window starts after this sender (`None`: from the first).
-    pub cursor: Vec<Option<String>>,
-    /// `$6`: the stage of each known lead.
-    pub lead_stage: Vec<String>,
-    /// `$7`: its sender.
-    pub lead_sender: Vec<String>,
-    /// `$8`: its lead, µs. Senders without a lead are left out: the statement sets them
-    /// level with the least-served waiting sender.
-    pub lead_us: Vec<f64>,
-}
 
 /// One sender at one stage.
 #[derive(Clone, Debug)]

@@ -1,10 +1,9 @@
-//! The claim record and the claim ledger: the one place where a claimed row's life is
-//! accounted for.
-//!
-//! A [`Claim`] is created by the coordinator from a row the claim statement returned and
-//! travels unchanged through the loop: the stage's claimed queue, a worker's slot, and
-//! back to the coordinator in a requeue, strike or deferral, whose write it guards with
-//! its token (§6 "Claim tokens").
+//! The claim ledger: the one place where a claimed row's life is accounted for, and the
+//! statistics not yet flushed. It is owned by the claim side of the loop
+//! ([`super::claim_side`]); the claim, worker and shutdown handlers call its verbs, the
+//! housekeeping takes its deltas for a flush and hands back a failed one's. It builds
+//! the claim policy the configuration asks for and feeds it; it reads and writes
+//! nothing else.
 //!
 //! The [`Ledger`] applies each transition of a claim exactly once — claimed (with how
 //! many distinct senders each stage served, §7), started
@@ -17,45 +16,14 @@
 //! The ledger does no I/O; the loop calls it from its handlers.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::scheduler::{ClaimPolicy, served};
+use super::claim::{Claim, StrikeKind};
+use super::fair::FairPolicy;
+use super::scheduler::{ClaimPolicy, OldestFirst, served};
 use super::stats::Deltas;
+use crate::config::DispatchOptions;
 use crate::protocol::Report;
-
-/// One row taken by one claim statement, end to end.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claim {
-    /// `workqueue_id`.
-    pub id: i64,
-    /// The stage it was claimed at; every write of the claim is guarded by it.
-    pub stage: String,
-    /// Its fairness key (§7).
-    pub sender_key: String,
-    /// The claim token stamped on the row; every write of the claim is guarded by it.
-    pub token: i64,
-    /// When the claim's answer reached the loop.
-    pub claimed_at: Instant,
-}
-
-/// Why a claim was struck.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StrikeKind {
-    /// Its worker crashed (or spoke garbage) while it was at the front.
-    Crashed,
-    /// It was unanswered for MAX_RUNTIME at the front of its worker's queue.
-    TimedOut,
-}
-
-impl StrikeKind {
-    /// The `failure_class` a third strike records.
-    pub fn class(self) -> &'static str {
-        match self {
-            StrikeKind::Crashed => "crashed",
-            StrikeKind::TimedOut => "timed-out",
-        }
-    }
-}
 
 /// Where a live claim is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +87,7 @@ pub struct Ledger {
     /// answer for one stage not yet read when the claim at the next stage arrives.
     live: HashMap<(i64, i64), Step>,
     /// Statistics not yet flushed.
-    pub deltas: Deltas,
+    deltas: Deltas,
     policy: Box<dyn ClaimPolicy>,
 }
 
@@ -130,6 +98,16 @@ impl Ledger {
             live: HashMap::new(),
             deltas: Deltas::default(),
             policy,
+        }
+    }
+
+    /// An empty ledger feeding the policy the configuration asks for: fair between
+    /// senders (§7) unless `FAIR_SCHEDULING = no`, then oldest first.
+    pub fn for_options(opts: &DispatchOptions) -> Ledger {
+        if opts.fair_scheduling {
+            Ledger::new(Box::new(FairPolicy::new(opts)))
+        } else {
+            Ledger::new(Box::new(OldestFirst))
         }
     }
 
@@ -268,6 +246,20 @@ impl Ledger {
         }
     }
 
+    /// The statistics not yet flushed, taken for a flush; none when nothing was
+    /// counted (no deltas, no write, §10).
+    pub fn take_deltas(&mut self) -> Option<Deltas> {
+        if self.deltas.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.deltas))
+    }
+
+    /// Deltas a failed flush handed back: kept for the next one.
+    pub fn restore_deltas(&mut self, deltas: &Deltas) {
+        self.deltas.merge(deltas);
+    }
+
     /// A worker process was started.
     pub fn worker_started(&mut self) {
         self.deltas.worker_starts = self.deltas.worker_starts.saturating_add(1);
@@ -277,7 +269,8 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::scheduler::OldestFirst;
+    use crate::dispatch::scheduler::ClaimRequest;
+    use std::time::Instant;
 
     fn claim(id: i64, token: i64) -> Claim {
         Claim {
@@ -287,6 +280,28 @@ mod tests {
             token,
             claimed_at: Instant::now(),
         }
+    }
+
+    fn options(text: &str) -> DispatchOptions {
+        let path = std::path::PathBuf::from("/t.conf");
+        let sections = crate::config::raw::parse(&path, text).expect("parses");
+        crate::config::Config::from_sections(path, sections)
+            .expect("valid")
+            .dispatch
+    }
+
+    #[test]
+    fn fair_scheduling_no_claims_oldest_first_and_yes_claims_fair() {
+        let caps = vec![("a".to_string(), 4)];
+        let mut off = Ledger::for_options(&options("[pepsi-dispatch]\nFAIR_SCHEDULING = no\n"));
+        assert_eq!(
+            off.policy().request(caps.clone()),
+            ClaimRequest::Oldest(caps.clone())
+        );
+        let mut on = Ledger::for_options(&options(""));
+        let r = on.policy().request(caps.clone());
+        assert!(matches!(r, ClaimRequest::Fair(_)), "{r:?}");
+        assert_eq!(r.asked(), &caps[..]);
     }
 
     #[test]

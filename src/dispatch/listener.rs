@@ -4,6 +4,9 @@
 //!
 //! After every (re)connect it reports `ListenerUp`, because notifications sent while it
 //! was away are lost and the loop must catch up with a claim (§6).
+//!
+//! Started by `run` (the module's root); it talks to the loop only through events and
+//! writes nothing to the database.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

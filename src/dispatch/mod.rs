@@ -2,30 +2,53 @@
 //! messages and hands their ids to elastic pools of worker processes (SPEC §6–§11).
 //!
 //! Threads, each owning its state and talking over crossbeam channels:
-//! - the loop thread ([`event_loop`]) owns every worker process ([`process`]), the stage
-//!   table ([`pool`]) and the claim [`ledger`]; it polls the child pipes, the signal
-//!   sockets ([`signals`]) and a `mio::Waker`, with its handlers split by concern
-//!   ([`claims`], [`workers`], [`reload`], [`shutdown`]) and its pure decisions apart ([`pool`],
-//!   [`verdict`], [`timers`], [`scheduler`] and its fair policy between senders, [`fair`]);
-//! - the coordinator ([`coordinator`]) owns the claiming connection and the advisory
-//!   lock and performs every queue write, serially;
+//! - the loop thread ([`event_loop`]) owns every mutable thing of the loop in one
+//!   struct, `Dispatcher`, made of three owners changed only through their verbs:
+//!   [`pools`] (the stage pools and the worker processes), [`claim_side`] (the claim
+//!   gate, the paused clock, the rows deferred for 74 and the claim [`ledger`]) and
+//!   [`housekeeping`] (the thread pool's chores). It polls the child pipes, the signal
+//!   sockets ([`signals`]) and a `mio::Waker`;
+//! - the coordinator ([`coordinator`], its statements in [`statements`]) owns the
+//!   claiming connection and the advisory lock ([`session`]) and performs every queue
+//!   write, serially;
 //! - the listener ([`listener`]) owns the LISTEN session;
 //! - a small thread pool ([`background`]) flushes statistics ([`stats`]), runs the body
-//!   GC and reads the overlay for reloads.
+//!   GC and reads a reload's inputs (the overlay and the file).
 //!
 //! Other threads send [`events::Event`]s and wake the loop; the loop sends commands
 //! and jobs. A helper thread that dies makes the loop shut down cleanly with exit 70.
 //! Nothing here is async.
+//!
+//! The loop's files, by role:
+//! - handlers, each an `impl Dispatcher` of one concern (the table in [`event_loop`]
+//!   names every handler and its file): [`claims`], [`workers`], [`reload`],
+//!   [`shutdown`];
+//! - owners of the loop's state, with verbs: [`pools`], [`claim_side`],
+//!   [`housekeeping`], [`ledger`];
+//! - pure decisions: [`pool`] (capacity, picking a worker, cooldowns, the retire and
+//!   throttle rules), [`verdict`] (a worker's end), [`timers`] (every deadline),
+//!   [`scheduler`] and [`fair`] (which rows a claim takes), [`reload`]'s plan;
+//! - mechanism: [`process`] (one worker process);
+//! - vocabulary shared by many, using none of them back: [`claim`] (the claim record),
+//!   [`worker_view`] (a worker's phase and view), [`events`] (the loop's messages).
+//!
+//! Dependencies go one way: handlers use the loop and the owners; the loop uses the
+//! owners; owners use the decisions, the mechanism and the vocabulary; no two files use
+//! each other, directly or through a chain. `pepsi-dispatch check` is `config::check`.
 
 pub mod background;
+pub mod claim;
+pub mod claim_side;
 pub mod claims;
 pub mod coordinator;
 pub mod event_loop;
 pub mod events;
 pub mod fair;
+pub mod housekeeping;
 pub mod ledger;
 pub mod listener;
 pub mod pool;
+pub mod pools;
 pub mod process;
 pub mod reload;
 pub mod scheduler;
@@ -36,6 +59,7 @@ pub mod statements;
 pub mod stats;
 pub mod timers;
 pub mod verdict;
+pub mod worker_view;
 pub mod workers;
 
 use std::sync::Arc;

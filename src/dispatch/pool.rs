@@ -2,16 +2,19 @@
 //! workers, the start-failure cooldown and the overload throttle — and the pure
 //! decisions over them: the free capacity a claim may ask for, which worker takes the
 //! next id (packing work onto as few workers as possible), how long a cooldown lasts,
-//! how far a throttle halves the cap.
+//! how far a throttle halves the cap, when a worker retires ([`retires`]) and which
+//! stage a 75 throttles ([`throttle_rule`]).
 //!
-//! The loop owns the pools and the worker processes; here a worker is seen only through
-//! its [`WorkerView`], so every decision is unit-tested without processes.
+//! The table of pools and the worker processes belong to [`super::pools`], which calls
+//! these decisions (and the worker handlers read [`THROTTLE_WINDOW`] for a log line).
+//! Here a worker is seen only through its [`WorkerView`]; nothing here does I/O or
+//! touches a process, so every decision is unit-tested without processes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::ledger::Claim;
-use super::process::Phase;
+use super::claim::Claim;
+use super::worker_view::{Phase, WorkerView};
 use crate::config::StageSection;
 
 /// Start-failure cooldown: the first, doubling up to the cap.
@@ -19,6 +22,8 @@ const COOLDOWN_FIRST: Duration = Duration::from_secs(2);
 const COOLDOWN_CAP: Duration = Duration::from_secs(60);
 /// A 75 halves the biggest stage's cap for this long.
 pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
+/// Overload halvings closer together than this are one episode (a batch of 75s).
+const THROTTLE_GAP: Duration = Duration::from_secs(1);
 /// A death by an outside signal before `ready` cools the stage for at most this.
 const COOLDOWN_BRIEF: Duration = Duration::from_secs(2);
 /// After a 75 the stage claims nothing for this long, doubling up to the cap (§8.3).
@@ -37,28 +42,9 @@ pub enum Cooldown {
     Database,
 }
 
-/// What the pool decisions need to know of a worker.
-#[derive(Clone, Copy, Debug)]
-pub struct WorkerView {
-    /// Its serial.
-    pub serial: u64,
-    /// Where it is in its life.
-    pub phase: Phase,
-    /// It is retired as soon as it is ready.
-    pub retire_on_ready: bool,
-    /// It runs a suspect alone.
-    pub isolated: bool,
-    /// Ids it was ever handed.
-    pub assigned_total: u64,
-    /// Ids it holds now.
-    pub queued: usize,
-}
-
-impl WorkerView {
-    /// Does it still take ids (starting or ready, not retiring)?
-    fn takes_ids(&self) -> bool {
-        matches!(self.phase, Phase::Starting | Phase::Ready) && !self.retire_on_ready
-    }
+/// Does the worker still take ids (starting or ready, not retiring)?
+fn takes_ids(w: &WorkerView) -> bool {
+    matches!(w.phase, Phase::Starting | Phase::Ready) && !w.retire_on_ready
 }
 
 /// Where the next claimed id of a stage goes.
@@ -138,7 +124,7 @@ impl StagePool {
         if self.removed || self.overload_until.is_some_and(|t| t > now) {
             return 0;
         }
-        let retiring = workers.iter().filter(|w| !w.takes_ids()).count() as u32;
+        let retiring = workers.iter().filter(|w| !takes_ids(w)).count() as u32;
         let usable = if self.cooling(now) {
             workers.len() as u32 - retiring
         } else {
@@ -146,7 +132,7 @@ impl StagePool {
         };
         let held: usize = workers
             .iter()
-            .filter(|w| w.takes_ids())
+            .filter(|w| takes_ids(w))
             .map(|w| w.queued)
             .sum::<usize>()
             + self.queue.len()
@@ -166,7 +152,7 @@ impl StagePool {
         let target = workers
             .iter()
             .filter(|w| {
-                w.takes_ids()
+                takes_ids(w)
                     && !w.isolated
                     && w.assigned_total < self.section.max_messages
                     && w.queued < limit
@@ -256,6 +242,43 @@ impl StagePool {
         let cap = (self.cap() / 2).max(1);
         self.throttle = Some((cap, now + THROTTLE_WINDOW));
         cap
+    }
+}
+
+/// The retire rule (§8.1, §9): a worker takes no more ids once it was handed
+/// `max_messages` ids (it is recycled when its pipeline drains), or when it was asked to
+/// retire while it started (a reload). Applied when the worker reports ready and each
+/// time it is handed an id.
+pub fn retires(w: &WorkerView, max_messages: u64) -> bool {
+    w.retire_on_ready || w.assigned_total >= max_messages
+}
+
+/// What a 75 does to the PARALLELISM caps (§8.3), by [`throttle_rule`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Throttle {
+    /// The 75 belongs to an overload episode already throttled: nothing more.
+    SameEpisode,
+    /// A new episode: halve this stage's cap (it runs the most workers).
+    Halve(String),
+    /// A new episode, and no stage runs a worker: nothing to halve.
+    Nobody,
+}
+
+/// The throttle rule (§8.3) for a 75 at `now`, the last episode having started at
+/// `last`: the 75s of one worker batch, closer together than `THROTTLE_GAP`, are one
+/// episode and throttle once; a new episode halves the cap of the stage that runs the
+/// most worker processes.
+pub fn throttle_rule(
+    stages: &BTreeMap<String, StagePool>,
+    last: Option<Instant>,
+    now: Instant,
+) -> Throttle {
+    if last.is_some_and(|t| t + THROTTLE_GAP > now) {
+        return Throttle::SameEpisode;
+    }
+    match biggest(stages) {
+        Some(name) => Throttle::Halve(name),
+        None => Throttle::Nobody,
     }
 }
 
@@ -390,6 +413,41 @@ mod tests {
         stages.insert("a".to_string(), a);
         stages.insert("b".to_string(), b);
         assert_eq!(biggest(&stages), Some("b".to_string()));
+    }
+
+    #[test]
+    fn a_burst_of_75s_throttles_once_and_only_a_stage_with_workers() {
+        let now = Instant::now();
+        let mut stages = BTreeMap::new();
+        assert_eq!(throttle_rule(&stages, None, now), Throttle::Nobody);
+        let mut a = pool(4, 4);
+        a.workers = vec![1];
+        stages.insert("a".to_string(), a);
+        assert_eq!(
+            throttle_rule(&stages, None, now),
+            Throttle::Halve("a".into())
+        );
+        let soon = now + Duration::from_millis(500);
+        assert_eq!(
+            throttle_rule(&stages, Some(now), soon),
+            Throttle::SameEpisode
+        );
+        let later = now + THROTTLE_GAP;
+        assert_eq!(
+            throttle_rule(&stages, Some(now), later),
+            Throttle::Halve("a".into())
+        );
+    }
+
+    #[test]
+    fn a_worker_retires_at_max_messages_or_when_asked_while_starting() {
+        let mut w = view(1, Phase::Ready, 0);
+        assert!(!retires(&w, 10));
+        w.assigned_total = 10;
+        assert!(retires(&w, 10));
+        let mut s = view(2, Phase::Starting, 0);
+        s.retire_on_ready = true;
+        assert!(retires(&s, 10));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! the dispatcher (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the
 //! queue of claims handed to it in order, writing ids in one buffer, reading status
 //! lines until `WouldBlock`, and killing (its whole session, helpers and their children
-//! included) and reaping. What to do with a line or a death is the loop's decision
-//! ([`super::event_loop`]).
+//! included) and reaping. It decides nothing: what to do with a line or a death is
+//! decided by the worker handlers ([`super::workers`], which also start each process)
+//! and the pool decisions, and the table that holds every process is
+//! [`super::pools`]'s. It touches no state but its own process's.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -16,25 +18,12 @@ use std::time::{Duration, Instant};
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
-use super::ledger::Claim;
-use super::pool::WorkerView;
+use super::claim::Claim;
+use super::worker_view::{Phase, WorkerView};
 use crate::protocol;
 
 /// A line longer than this is garbage (the protocol's lines are short).
 const MAX_LINE: usize = 64 * 1024;
-
-/// Where a worker is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Started; no `ready` yet.
-    Starting,
-    /// Ready and taking ids.
-    Ready,
-    /// Takes no more ids; its stdin is closed once its queue drains.
-    Retiring,
-    /// Its stdin is closed; it should exit.
-    Closing,
-}
 
 /// A claim handed to the worker.
 #[derive(Clone, Debug)]

@@ -1,22 +1,25 @@
 //! Hot reload (§9): on `config_changed`, SIGHUP or a (re)connected LISTEN session the
-//! loop has the thread pool read `pepsi.config_override`; with it, [`plan`] re-reads the
-//! file and decides — keep the graph and retry (the file or overlay cannot be read right
+//! loop's housekeeping has the thread pool read the reload's inputs — the overlay
+//! (`pepsi.config_override`) and the configuration file — off the loop; with them,
+//! [`plan`] decides — keep the graph and retry (the file or overlay cannot be read right
 //! now), shut down with exit 78 (the new graph is invalid, or a built-in stage's section
 //! is, as its workers would find: routing by one pipeline while new workers run another,
 //! or refuse to run, is worse than stopping), nothing to do (nothing workers read
 //! changed), or apply (logging the new configuration's warnings): rebuild the stage
 //! table and retire every worker. Overlay rows the graph leaves out (a `PROGRAM` the
 //! overlay may not set) are logged as errors at every reload, and the rest of the
-//! overlay applies.
-//! `[pepsi-dispatch]` itself is never reloaded.
+//! overlay applies. `[pepsi-dispatch]` itself is never reloaded.
+//!
+//! [`plan`] is pure but for its log lines; the handler `Dispatcher::on_reload_read`,
+//! called by the loop's event dispatch, carries the plan out through the verbs of the
+//! pools ([`super::pools`]), the housekeeping and the loop. The reload's request state
+//! lives in [`super::housekeeping`], not here.
 
 use std::time::{Duration, Instant};
 
-use super::event_loop::{Dispatcher, Stop};
-use super::ledger::Claim;
-use super::pool::StagePool;
+use super::event_loop::Dispatcher;
+use super::events::{ReloadFile, ReloadInput};
 use crate::config::check;
-use crate::config::graph::OverrideRow;
 use crate::config::raw::join_errors;
 use crate::config::{Config, StageGraph};
 use crate::exit::Failure;
@@ -37,22 +40,27 @@ pub enum Plan {
     Apply(Box<Config>, StageGraph),
 }
 
-/// Re-reads the file at `current.path` and lays `overlay` over it.
-pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Plan {
-    // A file that cannot be read right now (replaced, briefly missing) is not a broken
-    // configuration: keep the graph and try again, as for the overlay.
-    if let Err(e) = std::fs::File::open(&current.path) {
-        return Plan::Retry(format!("cannot read {} ({e})", current.path.display()));
-    }
-    let file = match Config::load(Some(&current.path)) {
-        Ok(c) => c,
-        Err(errors) => {
+/// Lays the overlay the reload read over the file it read (at `current.path`).
+pub fn plan(current: &Config, graph: &StageGraph, input: ReloadInput) -> Plan {
+    let overlay = match input.overlay {
+        Ok(rows) => rows,
+        Err(e) => return Plan::Retry(format!("cannot read pepsi.config_override ({e})")),
+    };
+    let file = match input.file {
+        ReloadFile::Parsed(c) => *c,
+        // A file that cannot be read right now (replaced, briefly missing) is not a
+        // broken configuration: keep the graph and try again, as for the overlay.
+        ReloadFile::Unreadable(e) => {
+            return Plan::Retry(format!("cannot read {} ({e})", current.path.display()));
+        }
+        ReloadFile::Invalid(errors) => {
             return Plan::Fatal(Failure::config(format!(
                 "the reloaded configuration does not parse; shutting down:\n{}",
                 join_errors(&errors)
             )));
         }
     };
+    let overlay = &overlay[..];
     let programs = &file.pepsi.program_path;
     check::log_refused_rows(&file.stage_sections, programs, overlay);
     let new_graph = match file.graph(overlay) {
@@ -92,13 +100,10 @@ pub fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Pl
 }
 
 impl Dispatcher {
-    /// The overlay was read (or not) for a reload.
-    pub(super) fn on_overlay(&mut self, overlay: Result<Vec<OverrideRow>, String>) {
-        self.reload.in_flight = false;
-        let plan = match overlay {
-            Ok(rows) => plan(&self.config, &self.graph, &rows),
-            Err(e) => Plan::Retry(format!("cannot read pepsi.config_override ({e})")),
-        };
+    /// The reload's inputs were read: plan and carry it out.
+    pub(super) fn on_reload_read(&mut self, input: ReloadInput) {
+        self.housekeeping.reload_read();
+        let plan = plan(&self.config, &self.graph, input);
         let settled = matches!(plan, Plan::Unchanged | Plan::Apply(..));
         match plan {
             Plan::Retry(why) => {
@@ -106,9 +111,10 @@ impl Dispatcher {
                     "{why}; keeping the current stage graph and retrying the reload in {}s",
                     RELOAD_RETRY.as_secs()
                 );
-                self.reload.retry_at = Some(Instant::now() + RELOAD_RETRY);
+                self.housekeeping
+                    .retry_reload(Instant::now() + RELOAD_RETRY);
             }
-            Plan::Fatal(failure) => self.stop = Some(Stop::Fail(failure)),
+            Plan::Fatal(failure) => self.fail(failure),
             Plan::Unchanged => log::debug!("configuration re-read: unchanged"),
             Plan::Apply(config, graph) => self.apply_reload(*config, graph),
         }
@@ -116,7 +122,7 @@ impl Dispatcher {
         // and the write a database outage lost is made good then.
         if settled {
             let stages = self.config.inject_stages(&self.graph);
-            self.send_job(super::background::Job::InjectStages(stages));
+            self.housekeeping.inject_stages(stages);
         }
     }
 
@@ -128,48 +134,29 @@ impl Dispatcher {
             "stage configuration reloaded: {} stages; retiring every worker",
             graph.stages().count()
         );
-        let mut back: Vec<Claim> = Vec::new();
-        for (name, s) in self.stages.iter_mut() {
-            match graph.get(name) {
-                Some(section) => {
-                    s.section = section.clone();
-                    s.removed = false;
-                }
-                None => {
-                    s.removed = true;
-                    back.extend(s.queue.drain(..));
-                }
-            }
-        }
-        for section in graph.stages() {
-            self.stages
-                .entry(section.name.clone())
-                .or_insert_with(|| StagePool::new(section.clone()));
-        }
-        self.config = config;
-        self.graph = graph;
+        let back = self.pools.adopt(&graph);
+        self.adopt(config, graph);
         self.requeue(back);
-        self.retire_all();
-        self.stages
-            .retain(|_, s| !(s.removed && s.workers.is_empty()));
-        self.gate.want = true;
+        self.pools.retire_all(self.poll.registry());
+        self.pools.drop_removed();
+        self.claim_side.want();
     }
-}
-
-/// The reload's own state in the loop.
-#[derive(Default)]
-pub struct ReloadState {
-    /// A reload was asked for.
-    pub want: bool,
-    /// The overlay is being read.
-    pub in_flight: bool,
-    /// When a reload that could not read its inputs is tried again.
-    pub retry_at: Option<Instant>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::graph::OverrideRow;
+    use crate::dispatch::background::read_config_file;
+
+    /// The plan for a reload that read `overlay` and the file as it is now.
+    fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Plan {
+        let input = ReloadInput {
+            overlay: Ok(overlay.to_vec()),
+            file: read_config_file(&current.path),
+        };
+        super::plan(current, graph, input)
+    }
 
     fn config_at(dir: &std::path::Path, text: &str) -> Config {
         let path = dir.join("pepsi.conf");
@@ -253,6 +240,15 @@ mod tests {
             Plan::Apply(_, new) => assert_eq!(new.get("a").unwrap().program, "/tmp/x"),
             other => panic!("{other:?}"),
         }
+        // An overlay that cannot be read is not a new configuration either.
+        let unread = ReloadInput {
+            overlay: Err("the database is away".into()),
+            file: read_config_file(&current.path),
+        };
+        assert!(matches!(
+            super::plan(&current, &graph, unread),
+            Plan::Retry(why) if why.contains("pepsi.config_override")
+        ));
         std::fs::remove_file(dir.join("pepsi.conf")).unwrap();
         assert!(matches!(plan(&current, &graph, &[]), Plan::Retry(_)));
         let _ = std::fs::remove_dir_all(&dir);

@@ -1,20 +1,22 @@
-//! Which rows fill a stage's free capacity: the claim policy, pure (no I/O).
+//! Which rows fill a stage's free capacity: the claim policy's vocabulary — the
+//! [`ClaimPolicy`] trait, the [`ClaimRequest`] (with the fair claim's
+//! [`FairRequest`]) and what a claim served — and the plain [`OldestFirst`] policy.
+//! Pure (no I/O), and it uses no other file of the dispatcher but the claim record.
 //!
-//! The loop computes each stage's free capacity and asks the policy for a
+//! The claim side computes each stage's free capacity and asks the policy for a
 //! [`ClaimRequest`]; the coordinator turns the request into its one statement. The
 //! policy hears about every claim statement's answer (where each stage's sender window
 //! ended, how many senders each stage served) and every claimed row's life (claimed,
 //! ran for so long, requeued without running, killed at MAX_RUNTIME) from the claim
-//! [`Ledger`](super::ledger::Ledger), so a policy that charges senders for worker time
-//! ([`FairPolicy`](super::fair::FairPolicy), SPEC §7) plugs in here without reshaping
-//! the loop. `FAIR_SCHEDULING = no` keeps [`OldestFirst`].
+//! ledger (`ledger.rs`), so a policy that charges senders for worker time (the fair
+//! policy of `fair.rs`, SPEC §7) plugs in without reshaping the loop. The ledger
+//! builds the policy the configuration asks for; `FAIR_SCHEDULING = no` keeps
+//! [`OldestFirst`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::fair::{FairPolicy, FairRequest};
-use super::ledger::Claim;
-use crate::config::DispatchOptions;
+use super::claim::Claim;
 
 /// One claim statement's worth of work.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +35,27 @@ impl ClaimRequest {
             ClaimRequest::Fair(fair) => &fair.asked,
         }
     }
+}
+
+/// The parameters of one fair claim statement (`sql::CLAIM_FAIR`), stage arrays
+/// parallel to `asked`, lead arrays parallel to each other.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FairRequest {
+    /// Per stage, the free capacity (`$1` stages, `$2` caps).
+    pub asked: Vec<(String, i32)>,
+    /// `$3`: of each cap, the slots for the stage's oldest rows regardless of sender.
+    pub fifo: Vec<i32>,
+    /// `$4`: the stage's average worker time per message, µs, > 0.
+    pub avg_us: Vec<f64>,
+    /// `$5`: the sender window starts after this sender (`None`: from the first).
+    pub cursor: Vec<Option<String>>,
+    /// `$6`: the stage of each known lead.
+    pub lead_stage: Vec<String>,
+    /// `$7`: its sender.
+    pub lead_sender: Vec<String>,
+    /// `$8`: its lead, µs. Senders without a lead are left out: the statement sets them
+    /// level with the least-served waiting sender.
+    pub lead_us: Vec<f64>,
 }
 
 /// What one claim statement gave one stage.
@@ -101,29 +124,10 @@ impl ClaimPolicy for OldestFirst {
     }
 }
 
-/// The policy the configuration asks for: fair between senders unless
-/// `FAIR_SCHEDULING = no`.
-pub fn from_options(opts: &DispatchOptions) -> Box<dyn ClaimPolicy> {
-    if opts.fair_scheduling {
-        Box::new(FairPolicy::new(opts))
-    } else {
-        Box::new(OldestFirst)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
     use std::time::Instant;
-
-    fn options(text: &str) -> DispatchOptions {
-        let path = PathBuf::from("/t.conf");
-        let sections = crate::config::raw::parse(&path, text).expect("parses");
-        crate::config::Config::from_sections(path, sections)
-            .expect("valid")
-            .dispatch
-    }
 
     #[test]
     fn oldest_first_asks_exactly_the_capacities() {
@@ -131,20 +135,6 @@ mod tests {
         let caps = vec![("a".to_string(), 4), ("b".to_string(), 16)];
         let r = p.request(caps.clone());
         assert_eq!(r, ClaimRequest::Oldest(caps.clone()));
-        assert_eq!(r.asked(), &caps[..]);
-    }
-
-    #[test]
-    fn fair_scheduling_no_claims_oldest_first_and_yes_claims_fair() {
-        let caps = vec![("a".to_string(), 4)];
-        let mut off = from_options(&options("[pepsi-dispatch]\nFAIR_SCHEDULING = no\n"));
-        assert_eq!(
-            off.request(caps.clone()),
-            ClaimRequest::Oldest(caps.clone())
-        );
-        let mut on = from_options(&options(""));
-        let r = on.request(caps.clone());
-        assert!(matches!(r, ClaimRequest::Fair(_)), "{r:?}");
         assert_eq!(r.asked(), &caps[..]);
     }
 

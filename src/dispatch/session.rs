@@ -4,8 +4,10 @@
 //! killed or orphaned workers, and the start-up steps in order — riding out a database
 //! that is away for as long as it takes.
 //!
-//! The coordinator thread owns the session once the loop runs; these functions are
-//! also what it uses to take the session and the lock back after a loss.
+//! Called by `run` (the module's root) at start; the coordinator thread owns the
+//! session once the loop runs, and uses these functions to take the session and the
+//! lock back after a loss; shutdown uses [`reset_alone`] when the coordinator died. No
+//! state of its own, none of the loop's.
 
 use std::time::{Duration, Instant};
 

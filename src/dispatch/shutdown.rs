@@ -4,51 +4,43 @@
 //! pending through the coordinator's reset — or, when the coordinator thread died and
 //! its lock with it, through a connection of the loop's own that takes the lock first —
 //! and the last statistics are flushed.
+//!
+//! Called once by the loop ([`super::event_loop`]) after its last turn, which has set
+//! the flag the coordinator and the listener watch and decides the exit status after.
+//! Everything goes through the owners' verbs and the loop's own helpers.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::coordinator::Command;
-use super::event_loop::{Dispatcher, Stop};
+use super::event_loop::Dispatcher;
 use super::events::Event;
-use super::ledger::Claim;
 use super::session;
-use crate::exit::Failure;
 
 /// How long shutdown waits for the coordinator's reset and the last flush.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
 
 impl Dispatcher {
-    pub(super) fn shutdown(mut self) -> Result<(), Failure> {
-        // A coordinator waiting out an outage gives up; so does the listener.
-        self.stopping.store(true, Ordering::Relaxed);
-        log::info!("shutting down: stopping {} workers", self.workers.len());
-        let serials: Vec<u64> = self.workers.keys().copied().collect();
+    /// Stops every worker, resets the rows and flushes the last statistics; the loop
+    /// ([`super::event_loop`]) calls it once, after its last turn, and decides the exit.
+    pub(super) fn shutdown(&mut self) {
+        log::info!(
+            "shutting down: stopping {} workers",
+            self.pools.worker_count()
+        );
         // Answers already in the pipes are outcomes committed: count them before the
-        // kill. (`stop` is still set: a death found here blames nobody.)
-        for &serial in &serials {
+        // kill. (The loop's stop is still set: a death found here blames nobody.)
+        for serial in self.pools.serials() {
             self.read_from(serial);
         }
-        let stop = self.stop.take().unwrap_or(Stop::Signal);
-        let mut sessions = Vec::new();
-        for serial in serials {
-            if let Some((mut w, _)) = self.remove_worker(serial, true) {
-                sessions.push(std::mem::take(&mut w.session));
-                let held: Vec<Claim> = w.queue.drain(..).map(|s| s.claim).collect();
-                self.ledger.dropped(&held);
-            }
-        }
+        let (sessions, held) = self.pools.kill_all(self.poll.registry());
+        self.claim_side.ledger().dropped(&held);
         let deadline = Instant::now() + SHUTDOWN_WAIT;
         // Every running row is this dispatcher's (claimed, in flight, or from a claim
         // still in the coordinator's queue, which runs before the reset). The killed
         // workers' statements go first, so that no lock they hold stalls the reset.
-        let sent = !self.coordinator_dead
-            && (sessions.is_empty()
-                || self
-                    .coordinator
-                    .send(Command::TerminateSessions(sessions))
-                    .is_ok())
-            && self.coordinator.send(Command::Reset).is_ok();
+        let sent = (sessions.is_empty()
+            || self.coordinator_takes(Command::TerminateSessions(sessions)))
+            && self.coordinator_takes(Command::Reset);
         if sent {
             self.wait_for_reset(deadline);
         } else {
@@ -69,18 +61,11 @@ impl Dispatcher {
         self.wait_for_flush(deadline);
         self.flush_stats();
         self.wait_for_flush(deadline);
-        match stop {
-            Stop::Signal => {
-                log::info!("stopped");
-                Ok(())
-            }
-            Stop::Fail(f) => Err(f),
-        }
     }
 
     fn wait_for_reset(&mut self, deadline: Instant) {
         loop {
-            match self.events.recv_deadline(deadline) {
+            match self.next_event_before(deadline) {
                 Ok(Event::ResetDone(Ok(n))) => {
                     log::info!("{n} in-flight rows back to pending");
                     return;
@@ -93,8 +78,9 @@ impl Dispatcher {
                 Ok(Event::Claimed {
                     claims, windows, ..
                 }) => {
-                    self.ledger.claimed(&claims, &windows);
-                    self.ledger.dropped(&claims);
+                    let ledger = self.claim_side.ledger();
+                    ledger.claimed(&claims, &windows);
+                    ledger.dropped(&claims);
                 }
                 Ok(Event::ThreadDied { thread, .. }) if thread == "coordinator" => {
                     log::warn!(
@@ -114,13 +100,13 @@ impl Dispatcher {
     }
 
     fn wait_for_flush(&mut self, deadline: Instant) {
-        while self.flush_in_flight {
-            match self.events.recv_deadline(deadline) {
-                Ok(Event::Flushed(Ok(()))) => self.flush_in_flight = false,
-                Ok(Event::Flushed(Err((e, deltas)))) => {
-                    log::warn!("a statistics flush failed at shutdown: {e}");
-                    self.flush_in_flight = false;
-                    self.ledger.deltas.merge(&deltas);
+        while self.housekeeping.flush_in_flight() {
+            match self.next_event_before(deadline) {
+                Ok(Event::Flushed(result)) => {
+                    let ledger = self.claim_side.ledger();
+                    if let Err(e) = self.housekeeping.flushed(result, ledger) {
+                        log::warn!("a statistics flush failed at shutdown: {e}");
+                    }
                 }
                 Ok(_) => {}
                 Err(_) => return,

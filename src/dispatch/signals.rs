@@ -1,8 +1,10 @@
 //! Signals as readable sockets for the poll loop: SIGINT and SIGTERM ask for shutdown,
 //! SIGHUP for a configuration reload (the same as a `config_changed` notification).
 //!
-//! signal-hook writes a byte to a socket from the handler; the loop drains the socket
-//! and acts on the flag. Registered before any worker starts.
+//! signal-hook writes a byte to a socket from the handler; the loop
+//! ([`super::event_loop`]) drains the socket and acts on the flag. Installed by `run`
+//! (the module's root) before the wait for the database and before any worker starts.
+//! It decides nothing.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;

@@ -1,15 +1,16 @@
 //! The coordinator's claim statement and guarded writes over claims, and the reading
 //! of their answers: which rows a claim took (a row failed by the loop limit is logged
 //! and left out), where a fair claim's sender windows ended, and the rows a requeue or
-//! an early resume wrote. Called only by the coordinator thread, on its session.
+//! an early resume wrote. Called only by the coordinator thread, on its session; it
+//! holds no state.
 
 use std::time::Instant;
 
 use postgres::Client;
 use postgres::types::Type;
 
+use super::claim::Claim;
 use super::events::Event;
-use super::ledger::Claim;
 use super::scheduler::ClaimRequest;
 use crate::db::pool::Connection;
 use crate::db::{self, sql};
@@ -131,7 +132,6 @@ pub fn claim(
         .collect();
     Ok(Event::Claimed {
         claims,
-        asked: request.asked().to_vec(),
         next_paused,
         windows,
     })

@@ -4,6 +4,9 @@
 //!
 //! Best effort by design: deltas not yet flushed die with the dispatcher; a failed
 //! flush hands its deltas back to be merged and retried.
+//!
+//! The ledger counts into [`Deltas`]; the thread pool ([`super::background`]) calls
+//! [`flush`]. Neither the counters nor the flush touch any other state.
 
 use std::collections::BTreeMap;
 

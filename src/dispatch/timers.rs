@@ -5,6 +5,9 @@
 //!
 //! A deadline whose action is blocked (a claim or flip in flight, the lock lost) is left
 //! out, so the loop sleeps until the event that unblocks it instead of spinning.
+//!
+//! Called by the loop ([`super::event_loop`]), which fills the snapshot from its
+//! owners; pure: it changes nothing, and the owners use only its types and constants.
 
 use std::time::{Duration, Instant};
 

@@ -3,12 +3,13 @@
 //! of its ids had reached its stdin pipe — to a [`Verdict`]: who is struck, what goes
 //! back to pending, which ids become suspects, whether the stage cools down.
 //!
-//! The loop records the facts ([`Death`]) and applies the verdict; nothing here does
-//! I/O, so every rule is unit-tested without processes or a database.
+//! The worker handlers ([`super::workers`]) record the facts ([`Death`]) and apply the
+//! verdict; nothing here does I/O or touches any state, so every rule is unit-tested
+//! without processes or a database.
 
 use std::time::{Duration, Instant};
 
-use super::ledger::{Claim, StrikeKind};
+use super::claim::{Claim, StrikeKind};
 use super::pool::Cooldown;
 
 /// How a worker went away.

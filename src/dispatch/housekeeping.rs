@@ -1,0 +1,203 @@
+//! The loop's housekeeping (§9, §10): the channel to the thread pool
+//! ([`super::background`]) and the state of every chore the loop hands it — statistics
+//! flushes (one in flight at most, every `STATS_INTERVAL` and when the pipeline goes
+//! idle), the body GC (only after activity), the count of rows at unknown stages, the
+//! stages an injecting role may inject into, and the reads of a reload (asked for, in
+//! flight, retried).
+//!
+//! One owner with verbs, a field of the loop's `Dispatcher`: the loop's event and timer
+//! dispatch, the worker handlers ([`super::workers`], which note activity), the reload
+//! handler ([`super::reload`]) and shutdown change it only through them. It sends jobs
+//! and nothing else; the statistics it flushes are the claim ledger's, taken and handed
+//! back through the ledger's own verbs.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::background::Job;
+use super::ledger::Ledger;
+use super::stats::Deltas;
+use super::timers;
+
+/// A reload's own state in the loop.
+#[derive(Default)]
+struct ReloadRequest {
+    /// A reload was asked for.
+    want: bool,
+    /// The reload's inputs are being read.
+    in_flight: bool,
+    /// When a reload that could not read its inputs is tried again.
+    retry_at: Option<Instant>,
+}
+
+/// The housekeeping's state and its verbs.
+pub struct Housekeeping {
+    jobs: Sender<Job>,
+    flush_in_flight: bool,
+    last_flush: Instant,
+    next_stats_tick: Instant,
+    /// A pass ran since the last body GC (or the last one hit its limit or failed).
+    active_since_gc: bool,
+    /// The pipeline was busy since the last idle flush.
+    was_busy: bool,
+    unknown_checked: Instant,
+    reload: ReloadRequest,
+}
+
+impl Housekeeping {
+    /// Housekeeping that hands its jobs to `jobs`: the first statistics tick one
+    /// `stats_interval` from now, the first count of rows at unknown stages at the
+    /// first turn.
+    pub fn new(jobs: Sender<Job>, now: Instant, stats_interval: Duration) -> Housekeeping {
+        Housekeeping {
+            jobs,
+            flush_in_flight: false,
+            last_flush: now,
+            next_stats_tick: now + stats_interval,
+            active_since_gc: true,
+            was_busy: false,
+            unknown_checked: now.checked_sub(timers::UNKNOWN_STAGE_GAP).unwrap_or(now),
+            reload: ReloadRequest::default(),
+        }
+    }
+
+    /// Hands a job to the thread pool (whose channel lives as long as the loop).
+    fn send(&self, job: Job) {
+        let _ = self.jobs.send(job);
+    }
+
+    // ---- statistics and the body GC (§10) ------------------------------------------
+
+    /// A worker pass ran: the next statistics tick runs the body GC.
+    pub fn note_active(&mut self) {
+        self.active_since_gc = true;
+    }
+
+    /// A body GC run ended; `more` when it hit its limit or failed.
+    pub fn gc_done(&mut self, more: bool) {
+        self.active_since_gc |= more;
+    }
+
+    /// Flushes the ledger's statistics, unless there are none or a flush is in flight.
+    pub fn flush(&mut self, ledger: &mut Ledger) {
+        if self.flush_in_flight {
+            return;
+        }
+        let Some(deltas) = ledger.take_deltas() else {
+            return;
+        };
+        self.flush_in_flight = true;
+        self.last_flush = Instant::now();
+        self.send(Job::Flush(Box::new(deltas)));
+    }
+
+    /// A flush ended. A failed one hands its deltas back to the ledger for the next,
+    /// and its error to the caller, to log.
+    pub fn flushed(
+        &mut self,
+        result: Result<(), (String, Box<Deltas>)>,
+        ledger: &mut Ledger,
+    ) -> Result<(), String> {
+        self.flush_in_flight = false;
+        result.map_err(|(e, deltas)| {
+            ledger.restore_deltas(&deltas);
+            e
+        })
+    }
+
+    /// Is a flush in flight?
+    pub fn flush_in_flight(&self) -> bool {
+        self.flush_in_flight
+    }
+
+    /// The `STATS_INTERVAL` tick: flush, and run the body GC after activity.
+    pub fn stats_tick(&mut self, now: Instant, interval: Duration, ledger: &mut Ledger) {
+        self.next_stats_tick = now + interval;
+        self.flush(ledger);
+        if std::mem::take(&mut self.active_since_gc) {
+            self.send(Job::BodyGc);
+        }
+    }
+
+    /// Remembers that the pipeline was busy this turn, for the idle flush.
+    pub fn note_busy(&mut self, busy: bool) {
+        self.was_busy |= busy;
+    }
+
+    /// The pipeline went idle: flush the burst's statistics.
+    pub fn idle_flush(&mut self, ledger: &mut Ledger) {
+        self.was_busy = false;
+        self.flush(ledger);
+    }
+
+    /// When the idle flush may run: the pipeline was busy and is not now (`busy` is
+    /// asked only then), and no flush is in flight; at most once a
+    /// [`timers::IDLE_FLUSH_GAP`].
+    pub fn idle_flush_at(&self, busy: impl FnOnce() -> bool) -> Option<Instant> {
+        (self.was_busy && !busy() && !self.flush_in_flight)
+            .then(|| self.last_flush + timers::IDLE_FLUSH_GAP)
+    }
+
+    /// The next `STATS_INTERVAL` tick.
+    pub fn stats_tick_at(&self) -> Instant {
+        self.next_stats_tick
+    }
+
+    // ---- rows at unknown stages, entry stages --------------------------------------
+
+    /// Counts the pending rows at stages other than `known`.
+    pub fn count_unknown(&mut self, now: Instant, known: Vec<String>) {
+        self.unknown_checked = now;
+        self.send(Job::UnknownStages(known));
+    }
+
+    /// When rows at unknown stages were last counted.
+    pub fn unknown_checked(&self) -> Instant {
+        self.unknown_checked
+    }
+
+    /// Writes the stages an injecting role may inject into.
+    pub fn inject_stages(&self, stages: Vec<String>) {
+        self.send(Job::InjectStages(stages));
+    }
+
+    // ---- reloads (§9) --------------------------------------------------------------
+
+    /// A reload is asked for (a signal, a notification, a reconnected LISTEN session).
+    pub fn want_reload(&mut self) {
+        self.reload.want = true;
+    }
+
+    /// A reload that could not read its inputs is due again.
+    pub fn reload_retry_due(&mut self) {
+        self.reload.retry_at = None;
+        self.reload.want = true;
+    }
+
+    /// When a reload asked for and none in flight: has the thread pool read its inputs,
+    /// the overlay and the file at `path`.
+    pub fn start_reload(&mut self, path: &Path) {
+        if self.reload.want && !self.reload.in_flight {
+            self.reload.want = false;
+            self.reload.in_flight = true;
+            self.send(Job::ReadReload(path.to_path_buf()));
+        }
+    }
+
+    /// The reload's inputs arrived.
+    pub fn reload_read(&mut self) {
+        self.reload.in_flight = false;
+    }
+
+    /// The reload's inputs could not be read: try again at `at`.
+    pub fn retry_reload(&mut self, at: Instant) {
+        self.reload.retry_at = Some(at);
+    }
+
+    /// When a failed reload is tried again.
+    pub fn reload_retry_at(&self) -> Option<Instant> {
+        self.reload.retry_at
+    }
+}
