@@ -723,10 +723,6 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = dir.path("out");
     shared_dir(&out);
-    // The program the dispatcher starts, reachable by RUN_AS (nobody).
-    let program = dir.path("pepsi-stage-exec");
-    std::fs::copy(env!("CARGO_BIN_EXE_pepsi-stage"), &program).unwrap();
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
     let psql = crate::util::pg::psql();
     let host = db
         .connection()
@@ -762,27 +758,8 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
             conf = dir.path("pepsi.conf").display(),
         ),
     );
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        &format!(
-            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\nUSER = daemon\n",
-            program.display(),
-            command.display()
-        ),
-    );
-    let text = std::fs::read_to_string(&conf)
-        .unwrap()
-        .replace("RUN_AS = root", "RUN_AS = nobody");
-    std::fs::write(&conf, text).unwrap();
     // The file is RUN_AS's to read (group nogroup), nobody else's.
-    std::process::Command::new("chgrp")
-        .arg("nogroup")
-        .arg(&conf)
-        .status()
-        .unwrap();
-    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let conf = crate::util::scenario::switched_accounts(&dir, &db, &command);
     // What the command tries must work for an account the database admits: RUN_AS.
     let control = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--"])

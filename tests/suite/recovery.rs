@@ -514,9 +514,6 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment_a
     let out = dir.path("out");
     std::fs::create_dir(&out).unwrap();
     open(&out, 0o1777);
-    let program = dir.path("pepsi-stage-exec");
-    std::fs::copy(env!("CARGO_BIN_EXE_pepsi-stage"), &program).unwrap();
-    open(&program, 0o755);
     let script = dir.write(
         "env.sh",
         &format!(
@@ -525,21 +522,7 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment_a
         ),
     );
     open(&script, 0o755);
-    let conf = conf(
-        &dir,
-        &db,
-        "",
-        &format!(
-            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\nUSER = daemon\n",
-            program.display(),
-            script.display()
-        ),
-    );
-    let text = std::fs::read_to_string(&conf)
-        .unwrap()
-        .replace("RUN_AS = root", "RUN_AS = nobody");
-    std::fs::write(&conf, text).unwrap();
-    open(&conf, 0o644);
+    let conf = crate::util::scenario::switched_accounts(&dir, &db, &script);
     let mut c = db.client();
     inject_many(&mut c, "e", "a@x.example", 1);
     let mut d = Dispatcher::start(

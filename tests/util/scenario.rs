@@ -220,3 +220,42 @@ impl Builder {
         (s, c)
     }
 }
+
+/// A configuration in which the dispatcher, started as root, switches to `nobody`
+/// (`RUN_AS`) and runs stage `e`, an exec stage whose `command` runs as `daemon`
+/// (`USER`): the accounts of production, where the keeper master switches. The stage
+/// program is a copy of `pepsi-stage` in `dir` (reachable by `nobody`), `dir` itself
+/// is searchable by everyone, and the file is readable by `RUN_AS` (group `nogroup`)
+/// and nobody else but root. Root only.
+pub fn switched_accounts(dir: &TempDir, db: &TestDb, command: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    mode(&dir.0, 0o755);
+    let program = dir.path("pepsi-stage-exec");
+    std::fs::copy(env!("CARGO_BIN_EXE_pepsi-stage"), &program).unwrap();
+    mode(&program, 0o755);
+    let conf = conf(
+        dir,
+        db,
+        "",
+        &format!(
+            "[stage-e]\nPROGRAM = {}\nCOMMAND = {}\nUSER = daemon\n",
+            program.display(),
+            command.display()
+        ),
+    );
+    let text = std::fs::read_to_string(&conf)
+        .unwrap()
+        .replace("RUN_AS = root", "RUN_AS = nobody");
+    std::fs::write(&conf, text).unwrap();
+    let chgrp = std::process::Command::new("chgrp")
+        .arg("nogroup")
+        .arg(&conf)
+        .status()
+        .unwrap();
+    assert!(chgrp.success());
+    mode(&conf, 0o640);
+    conf
+}
