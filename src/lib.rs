@@ -86,6 +86,7 @@ pub mod db;
 pub mod dispatch;
 pub mod escape;
 pub mod exit;
+pub mod ingress;
 pub mod keeper;
 pub mod logging;
 pub mod mailbox;

@@ -167,6 +167,27 @@ fixed_keys! {
     ["pepsi-failure-bouncer"]
     /// Where failed rows are moved; required by the bouncer only.
     BOUNCE_STAGE = Text(None),
+
+    ["pepsi-ingress"]
+    /// Where `pepsi-ingress` listens: `unix:PATH` (LMTP), `lmtp:HOST:PORT`,
+    /// `smtp:HOST:PORT`, separated by blanks or commas; by default LMTP on the loopback
+    /// interface, for a Postfix `content_filter`.
+    LISTEN = Text(Some("lmtp:127.0.0.1:10025")),
+    /// The stage mail enters at; required by `pepsi-ingress` only.
+    STAGE = Text(None),
+    /// The largest message accepted, in bytes (SIZE).
+    MAX_MESSAGE_SIZE = Number(10_240_000, 1..=2_000_000_000),
+    /// The most recipients of one message.
+    MAX_RECIPIENTS = Number(1000, 1..=100_000),
+    /// The most sessions at once.
+    MAX_SESSIONS = Number(100, 1..=10_000),
+    /// How long a session may wait for the client's next command or data.
+    TIMEOUT = PositiveSeconds(300),
+    /// Errors (5xx replies) a session may cause before it is closed.
+    MAX_ERRORS = Number(20, 1..=10_000),
+    /// The clients whose XFORWARD is believed: addresses, networks (`/bits`) and
+    /// `unix`; none by default.
+    XFORWARD_FROM = Text(None),
 }
 
 impl<K> Key<K> {
@@ -363,7 +384,8 @@ mod tests {
                 "pepsi",
                 "pepsi-postgres",
                 "pepsi-dispatch",
-                "pepsi-failure-bouncer"
+                "pepsi-failure-bouncer",
+                "pepsi-ingress"
             ]
         );
     }

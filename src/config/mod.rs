@@ -31,6 +31,7 @@ pub mod check;
 pub mod cycles;
 pub mod fixed;
 pub mod graph;
+pub mod ingress;
 pub mod keys;
 pub mod overlay;
 #[cfg(test)]
@@ -204,6 +205,8 @@ pub struct Config {
     pub dispatch: DispatchOptions,
     /// `[pepsi-failure-bouncer]`.
     pub bouncer: BouncerOptions,
+    /// `[pepsi-ingress]`.
+    pub ingress: ingress::IngressOptions,
     /// The file's `[stage-*]` sections, before the overlay.
     pub stage_sections: Vec<Section>,
     /// Unknown sections and unknown keys of the fixed sections, as warnings (logged by
@@ -286,6 +289,8 @@ impl Config {
             origin: fixed::BOUNCE_STAGE.value(f).map(|v| v.origin.clone()),
         };
 
+        let ingress = ingress::IngressOptions::read(f, &mut p);
+
         let stage_sections = sections
             .iter()
             .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
@@ -298,6 +303,7 @@ impl Config {
                 postgres,
                 dispatch,
                 bouncer,
+                ingress,
                 stage_sections,
                 warnings,
             })

@@ -96,6 +96,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("008_sender_key_plpgsql.sql"),
     migration!("009_fair_claim_small_stages.sql"),
     migration!("010_containment.sql"),
+    migration!("011_ingress.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

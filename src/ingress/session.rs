@@ -1,0 +1,589 @@
+//! One LMTP (RFC 2033) or SMTP (RFC 5321) session of `pepsi-ingress`, from the
+//! greeting to the close: the commands, PIPELINING (RFC 2920: replies are written when
+//! the client has sent everything it had, so a pipelined burst is answered in one
+//! write), the data with its dot-stuffing and size limit, and the end of the data:
+//! the message handed to the committer ([`super::commit`]) and answered only with
+//! what became of it — 250 after its commit, 451 when the database could not take it,
+//! 552/554 when it is refused; in LMTP one reply per recipient.
+//!
+//! Every wait is bounded by the socket's read timeout (set by the acceptor, `mod.rs`):
+//! a client that says nothing for that long gets 421 4.4.2 and is closed. A command
+//! line longer than [`MAX_COMMAND`] is 500 5.5.2 (the rest of the line skipped); more
+//! than `MAX_ERRORS` 5xx replies close the session with 421 4.7.0. Called by `mod.rs`,
+//! one thread per session; it knows nothing of the database but the committer.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::commit::{Committer, Message, Outcome};
+use super::counters::Counters;
+use super::params::{self, MailFrom, RcptTo};
+use super::reply::Reply;
+use crate::config::ingress::Protocol;
+use crate::queue::message;
+
+/// The longest command line read whole (RFC 5321 §4.5.3.1.4 says 512 octets; the
+/// extensions' parameters need more).
+pub const MAX_COMMAND: usize = 4096;
+
+/// What a session is allowed and how it presents itself.
+pub struct Settings<'a> {
+    /// LMTP or SMTP.
+    pub protocol: Protocol,
+    /// The name in the greeting and the answer to EHLO/LHLO.
+    pub hostname: &'a str,
+    /// `MAX_MESSAGE_SIZE`.
+    pub max_size: u64,
+    /// `MAX_RECIPIENTS`.
+    pub max_recipients: usize,
+    /// `MAX_ERRORS`.
+    pub max_errors: u32,
+    /// May this client use XFORWARD (`XFORWARD_FROM`)?
+    pub xforward: bool,
+    /// Set when the daemon shuts down: the session ends at its next command.
+    pub stopping: &'a AtomicBool,
+}
+
+/// How a session ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The client said QUIT.
+    Quit,
+    /// The client closed the connection.
+    Closed,
+    /// The client said nothing for the timeout.
+    Timeout,
+    /// Too many errors.
+    TooManyErrors,
+    /// The daemon shuts down.
+    ShuttingDown,
+    /// The connection failed.
+    Failed(String),
+}
+
+/// What a session did, for its log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// The name the client gave in HELO/EHLO/LHLO.
+    pub helo: Option<String>,
+    /// Messages queued.
+    pub accepted: u64,
+    /// Their recipients.
+    pub recipients: u64,
+    /// Messages answered 4xx at the end of the data.
+    pub deferred: u64,
+    /// Messages answered 5xx at the end of the data.
+    pub refused: u64,
+    /// How it ended.
+    pub end: End,
+}
+
+/// A line read from the client.
+enum Line {
+    /// A line, with its line end.
+    Text(Vec<u8>),
+    /// A line longer than the limit (read and dropped up to its end).
+    TooLong,
+    /// The client closed the connection.
+    Eof,
+}
+
+/// The transaction in progress.
+#[derive(Default)]
+struct Transaction {
+    mail: Option<MailFrom>,
+    rcpts: Vec<RcptTo>,
+}
+
+/// What XFORWARD said about the real client.
+#[derive(Default)]
+struct Forwarded {
+    addr: Option<IpAddr>,
+    login: Option<String>,
+}
+
+/// A session.
+struct Session<'a, R: Read, W: Write> {
+    settings: &'a Settings<'a>,
+    peer: Option<IpAddr>,
+    committer: &'a Committer,
+    counters: &'a Counters,
+    reader: BufReader<R>,
+    writer: W,
+    out: Vec<u8>,
+    errors: u32,
+    helo: Option<String>,
+    tx: Transaction,
+    forwarded: Forwarded,
+    summary: Summary,
+}
+
+/// Serves one session on `reader`/`writer` (two handles of one connection, whose read
+/// timeout is the session timeout) with a client at `peer` (`None`: a Unix socket's).
+pub fn serve<R: Read, W: Write>(
+    reader: R,
+    writer: W,
+    settings: &Settings<'_>,
+    peer: Option<IpAddr>,
+    committer: &Committer,
+    counters: &Counters,
+) -> Summary {
+    let mut s = Session {
+        settings,
+        peer,
+        committer,
+        counters,
+        reader: BufReader::with_capacity(64 * 1024, reader),
+        writer,
+        out: Vec::new(),
+        errors: 0,
+        helo: None,
+        tx: Transaction::default(),
+        forwarded: Forwarded::default(),
+        summary: Summary {
+            helo: None,
+            accepted: 0,
+            recipients: 0,
+            deferred: 0,
+            refused: 0,
+            end: End::Closed,
+        },
+    };
+    let end = s.run();
+    s.summary.helo = s.helo.take();
+    s.summary.end = end;
+    s.summary
+}
+
+/// Is this error a read timeout?
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl<R: Read, W: Write> Session<'_, R, W> {
+    fn run(&mut self) -> End {
+        let greeting = match self.settings.protocol {
+            Protocol::Lmtp => "LMTP",
+            Protocol::Smtp => "ESMTP",
+        };
+        self.say(&Reply::plain(
+            220,
+            format!("{} {greeting} Pepsi", self.settings.hostname),
+        ));
+        loop {
+            // Everything the client pipelined is answered in one write, before waiting
+            // for more (RFC 2920).
+            if self.reader.buffer().is_empty() {
+                if let Err(e) = self.flush() {
+                    return End::Failed(e.to_string());
+                }
+                if self.settings.stopping.load(Ordering::Relaxed) {
+                    self.say(&Reply::new(
+                        421,
+                        "4.3.2",
+                        "Service shutting down, try again later",
+                    ));
+                    let _ = self.flush();
+                    return End::ShuttingDown;
+                }
+            }
+            let line = match self.read_line(MAX_COMMAND) {
+                Ok(Line::Text(l)) => l,
+                Ok(Line::TooLong) => {
+                    if let Some(end) = self.error(Reply::new(500, "5.5.2", "Line too long")) {
+                        return end;
+                    }
+                    continue;
+                }
+                Ok(Line::Eof) => return End::Closed,
+                Err(e) if timed_out(&e) => {
+                    self.say(&Reply::new(
+                        421,
+                        "4.4.2",
+                        "Timeout exceeded, closing the connection",
+                    ));
+                    let _ = self.flush();
+                    return End::Timeout;
+                }
+                Err(e) => return End::Failed(e.to_string()),
+            };
+            match self.command(&line) {
+                Ok(None) => {}
+                Ok(Some(end)) => {
+                    let _ = self.flush();
+                    return end;
+                }
+                Err(e) if timed_out(&e) => {
+                    self.say(&Reply::new(
+                        421,
+                        "4.4.2",
+                        "Timeout exceeded, closing the connection",
+                    ));
+                    let _ = self.flush();
+                    return End::Timeout;
+                }
+                Err(e) => return End::Failed(e.to_string()),
+            }
+        }
+    }
+
+    /// Queues a reply.
+    fn say(&mut self, reply: &Reply) {
+        self.out.extend_from_slice(&reply.wire());
+    }
+
+    /// Writes the queued replies.
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.out.is_empty() {
+            self.writer.write_all(&self.out)?;
+            self.writer.flush()?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Queues an error reply, counting it; `Some` when the session must end.
+    fn error(&mut self, reply: Reply) -> Option<End> {
+        self.say(&reply);
+        if reply.code >= 500 {
+            self.errors += 1;
+            if self.errors > self.settings.max_errors {
+                self.say(&Reply::new(
+                    421,
+                    "4.7.0",
+                    "Too many errors, closing the connection",
+                ));
+                return Some(End::TooManyErrors);
+            }
+        }
+        None
+    }
+
+    /// Reads one line (up to LF) of at most `max` bytes.
+    fn read_line(&mut self, max: usize) -> io::Result<Line> {
+        let mut line = Vec::new();
+        let mut too_long = false;
+        loop {
+            let buf = match self.reader.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if buf.is_empty() {
+                return Ok(if line.is_empty() && !too_long {
+                    Line::Eof
+                } else if too_long {
+                    Line::TooLong
+                } else {
+                    Line::Text(line)
+                });
+            }
+            let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            if !too_long {
+                if line.len() + take > max {
+                    too_long = true;
+                    line.clear();
+                } else {
+                    line.extend_from_slice(&buf[..take]);
+                }
+            }
+            self.reader.consume(take);
+            if done {
+                return Ok(if too_long {
+                    Line::TooLong
+                } else {
+                    Line::Text(line)
+                });
+            }
+        }
+    }
+
+    /// Handles one command line; `Some` when the session ends.
+    fn command(&mut self, line: &[u8]) -> io::Result<Option<End>> {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end_matches(['\r', '\n']);
+        let (verb, arg) = match text.split_once(' ') {
+            Some((v, a)) => (v.to_ascii_uppercase(), a),
+            None => (text.to_ascii_uppercase(), ""),
+        };
+        let lmtp = self.settings.protocol == Protocol::Lmtp;
+        let reply = match verb.as_str() {
+            "LHLO" | "EHLO" | "HELO" if (verb == "LHLO") == lmtp => {
+                match self.hello(arg, verb != "HELO") {
+                    Ok(()) => return Ok(None),
+                    Err(r) => r,
+                }
+            }
+            "EHLO" | "HELO" | "LHLO" => Reply::new(
+                500,
+                "5.5.1",
+                if lmtp {
+                    "This is LMTP: say LHLO"
+                } else {
+                    "This is SMTP: say EHLO or HELO"
+                },
+            ),
+            "MAIL" => self.mail(arg),
+            "RCPT" => self.rcpt(arg),
+            "DATA" => return self.data(arg),
+            "RSET" => {
+                self.reset();
+                Reply::new(250, "2.0.0", "Ok")
+            }
+            "NOOP" => Reply::new(250, "2.0.0", "Ok"),
+            "QUIT" => {
+                self.say(&Reply::new(221, "2.0.0", "Bye"));
+                return Ok(Some(End::Quit));
+            }
+            "VRFY" => Reply::new(252, "2.5.2", "Cannot VRFY a user; send some mail"),
+            "HELP" => Reply::new(214, "2.0.0", "See RFC 5321 and RFC 2033"),
+            "XFORWARD" => self.xforward(arg),
+            "" => Reply::new(500, "5.5.2", "Error: bad syntax"),
+            _ => Reply::new(500, "5.5.2", "Error: command not recognized"),
+        };
+        Ok(self.error(reply))
+    }
+
+    /// EHLO/LHLO (`extended`) or HELO: its reply queued, or the error.
+    fn hello(&mut self, arg: &str, extended: bool) -> Result<(), Reply> {
+        let name = arg.trim();
+        if name.is_empty() {
+            return Err(Reply::new(501, "5.5.4", "Syntax: EHLO/LHLO/HELO hostname"));
+        }
+        self.reset();
+        self.helo = Some(crate::escape::Visible(name).to_string());
+        if !extended {
+            self.say(&Reply::plain(250, self.settings.hostname.to_string()));
+            return Ok(());
+        }
+        let mut lines = vec![
+            self.settings.hostname.to_string(),
+            "PIPELINING".to_string(),
+            format!("SIZE {}", self.settings.max_size),
+            "8BITMIME".to_string(),
+            "SMTPUTF8".to_string(),
+            "ENHANCEDSTATUSCODES".to_string(),
+            "DSN".to_string(),
+        ];
+        if self.settings.xforward {
+            lines.push("XFORWARD NAME ADDR PROTO HELO LOGIN".to_string());
+        }
+        self.out.extend_from_slice(&Reply::lines(250, "", &lines));
+        Ok(())
+    }
+
+    /// MAIL FROM.
+    fn mail(&mut self, arg: &str) -> Reply {
+        if self.helo.is_none() {
+            return Reply::new(503, "5.5.1", "Error: send EHLO or LHLO first");
+        }
+        if self.tx.mail.is_some() {
+            return Reply::new(503, "5.5.1", "Error: nested MAIL command");
+        }
+        let Some(rest) = strip_keyword(arg, "FROM:") else {
+            return Reply::new(501, "5.5.4", "Syntax: MAIL FROM:<address>");
+        };
+        match params::mail_from(rest, self.settings.max_size) {
+            Ok(mail) => {
+                self.tx.mail = Some(mail);
+                Reply::new(250, "2.1.0", "Ok")
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// RCPT TO.
+    fn rcpt(&mut self, arg: &str) -> Reply {
+        let Some(mail) = &self.tx.mail else {
+            return Reply::new(503, "5.5.1", "Error: need MAIL command");
+        };
+        let Some(rest) = strip_keyword(arg, "TO:") else {
+            return Reply::new(501, "5.5.4", "Syntax: RCPT TO:<address>");
+        };
+        if self.tx.rcpts.len() >= self.settings.max_recipients {
+            return Reply::new(452, "4.5.3", "Error: too many recipients");
+        }
+        match params::rcpt_to(rest, mail.smtputf8) {
+            Ok(rcpt) => {
+                self.tx.rcpts.push(rcpt);
+                Reply::new(250, "2.1.5", "Ok")
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// XFORWARD (Postfix), from a client `XFORWARD_FROM` trusts, outside a transaction.
+    fn xforward(&mut self, arg: &str) -> Reply {
+        if !self.settings.xforward {
+            return Reply::new(550, "5.7.0", "Error: insufficient authorization");
+        }
+        if self.tx.mail.is_some() {
+            return Reply::new(503, "5.5.1", "Error: MAIL transaction in progress");
+        }
+        match params::xforward(arg) {
+            Ok(attrs) => {
+                for (key, value) in attrs {
+                    match key.as_str() {
+                        "ADDR" => {
+                            self.forwarded.addr =
+                                value.as_deref().and_then(params::forwarded_address)
+                        }
+                        "LOGIN" => self.forwarded.login = value.filter(|l| !l.is_empty()),
+                        _ => {}
+                    }
+                }
+                Reply::new(250, "2.0.0", "Ok")
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// Ends the transaction (and what XFORWARD said for it).
+    fn reset(&mut self) {
+        self.tx = Transaction::default();
+        self.forwarded = Forwarded::default();
+    }
+
+    /// DATA: the message, then its fate.
+    fn data(&mut self, arg: &str) -> io::Result<Option<End>> {
+        if !arg.trim().is_empty() {
+            return Ok(self.error(Reply::new(501, "5.5.4", "Syntax: DATA")));
+        }
+        if self.tx.mail.is_none() {
+            return Ok(self.error(Reply::new(503, "5.5.1", "Error: need MAIL command")));
+        }
+        if self.tx.rcpts.is_empty() {
+            return Ok(self.error(Reply::new(554, "5.5.1", "Error: no valid recipients")));
+        }
+        self.say(&Reply::plain(354, "End data with <CR><LF>.<CR><LF>"));
+        self.flush()?;
+        let max = self.settings.max_size as usize;
+        let mut data = Vec::new();
+        let mut too_big = false;
+        loop {
+            let line = match self.read_line(max + 2)? {
+                Line::Text(l) => l,
+                Line::TooLong => {
+                    too_big = true;
+                    continue;
+                }
+                Line::Eof => return Ok(Some(End::Closed)),
+            };
+            if line == b".\r\n" || line == b".\n" {
+                break;
+            }
+            let line = line.strip_prefix(b".").unwrap_or(&line);
+            if !too_big {
+                if data.len() + line.len() > max {
+                    too_big = true;
+                    data = Vec::new();
+                } else {
+                    data.extend_from_slice(line);
+                }
+            }
+        }
+        let tx = std::mem::take(&mut self.tx);
+        let forwarded = std::mem::take(&mut self.forwarded);
+        let reply_ok = |id: i64| Reply::new(250, "2.0.0", format!("Ok: queued as {id}"));
+        let outcome = if too_big {
+            Err(Reply::new(
+                552,
+                "5.3.4",
+                format!("Message size exceeds the limit of {max} bytes"),
+            ))
+        } else {
+            self.queue(&tx, forwarded, &data)
+        };
+        let lmtp = self.settings.protocol == Protocol::Lmtp;
+        let replies: Vec<Reply> = match &outcome {
+            Ok(id) if lmtp => tx
+                .rcpts
+                .iter()
+                .map(|_| Reply::new(250, "2.1.5", format!("Ok: queued as {id}")))
+                .collect(),
+            Ok(id) => vec![reply_ok(*id)],
+            Err(r) if lmtp => vec![r.clone(); tx.rcpts.len()],
+            Err(r) => vec![r.clone()],
+        };
+        match &outcome {
+            Ok(_) => {
+                self.summary.accepted += 1;
+                self.summary.recipients += tx.rcpts.len() as u64;
+            }
+            Err(r) if r.code < 500 => {
+                self.summary.deferred += 1;
+                Counters::bump(&self.counters.deferred, 1);
+            }
+            Err(_) => {
+                self.summary.refused += 1;
+                Counters::bump(&self.counters.refused, 1);
+            }
+        }
+        for r in &replies {
+            self.say(r);
+        }
+        Ok(None)
+    }
+
+    /// Hands a received message to the committer: its id once committed, or the reply
+    /// that says why not.
+    fn queue(&self, tx: &Transaction, forwarded: Forwarded, data: &[u8]) -> Result<i64, Reply> {
+        let mail = tx.mail.as_ref().expect("DATA needs MAIL");
+        let parsed = message::read(data).map_err(|why| {
+            Reply::new(
+                554,
+                "5.6.0",
+                format!("Message refused: {}", crate::escape::Visible(&why)),
+            )
+        })?;
+        let mut state = serde_json::Map::new();
+        if let Some(dsn) = params::dsn_state(mail, &tx.rcpts) {
+            state.insert("dsn".into(), dsn);
+        }
+        let msg = Message {
+            mail_from: mail.address.clone(),
+            rcpt_to: tx.rcpts.iter().map(|r| r.address.clone()).collect(),
+            headers: parsed.headers,
+            body: parsed.body,
+            auth_user: forwarded.login,
+            client_ip: forwarded.addr.or(self.peer),
+            header_from: parsed.header_from,
+            subject: parsed.subject,
+            state: serde_json::Value::Object(state),
+        };
+        match self.committer.commit(msg) {
+            Outcome::Queued(id) => Ok(id),
+            Outcome::Deferred => Err(Reply::new(
+                451,
+                "4.3.0",
+                "Temporary failure: the mail queue is unavailable, try again later",
+            )),
+            Outcome::Refused(why) => {
+                log::warn!(
+                    "a message from <{}> was refused by the queue: {}",
+                    crate::escape::Visible(&mail.address),
+                    crate::escape::Visible(&why)
+                );
+                Err(Reply::new(
+                    554,
+                    "5.6.0",
+                    "Message refused by the mail queue",
+                ))
+            }
+        }
+    }
+}
+
+/// `arg` after a keyword such as `FROM:`, matched without regard to case.
+fn strip_keyword<'a>(arg: &'a str, keyword: &str) -> Option<&'a str> {
+    let head = arg.get(..keyword.len())?;
+    head.eq_ignore_ascii_case(keyword)
+        .then(|| &arg[keyword.len()..])
+}
