@@ -31,6 +31,9 @@
 //! - [`bouncer`] is `pepsi-failure-bouncer`: one thread and one connection that move
 //!   failed and timed-out rows to the bounce stage, as they fail (LISTEN) or in a
 //!   sweep.
+//! - [`ingress`] is `pepsi-ingress serve`: mail in over LMTP and SMTP, a thread per
+//!   session and one committer thread that queues what the sessions accepted in group
+//!   commits and answers each message only once its commit returned.
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
