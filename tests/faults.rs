@@ -15,8 +15,10 @@
 //! cargo test --test faults -- --nocapture
 //! ```
 //!
-//! Beside it, the failure bouncer's PostgreSQL restart. The tests of this binary that
-//! restart its cluster take [`CLUSTER`] first, so they run one at a time.
+//! Beside it, the failure bouncer's PostgreSQL restart, and `pepsi-ingress` answering
+//! 451 while PostgreSQL is stopped and 250 once it is started again. The tests of this
+//! binary that restart or stop its cluster take [`CLUSTER`] first, so they run one at
+//! a time.
 
 mod util;
 
@@ -33,6 +35,8 @@ use postgres::{Client, NoTls};
 use pepsi::protocol;
 use util::bouncer::Bouncer;
 use util::dispatcher::{Dispatcher, alive, fault_worker, session_name_of};
+use util::ingress::{self, Ingress};
+use util::scenario::programs;
 use util::{TempDir, TestDb, claim, inject, pg, row_at, stage, wait_until, write_config};
 
 /// Held by a test while it runs against this binary's cluster in a way another test's
@@ -1078,4 +1082,86 @@ fn the_failure_bouncer_rides_out_a_postgres_restart_and_sweeps_what_failed_meanw
         1,
         "one outage line a minute at most:\n{log}"
     );
+}
+
+/// Starts this binary's cluster again when dropped, should a test that stopped it fail
+/// before it started it again itself (then pg_ctl refuses, which is fine).
+struct StartsAgain;
+
+impl Drop for StartsAgain {
+    fn drop(&mut self) {
+        let _ = pg::start_again();
+    }
+}
+
+#[test]
+fn the_ingress_answers_451_while_postgres_is_stopped_and_250_again_once_it_is_back() {
+    let _cluster = cluster();
+    if !pg::is_throwaway() {
+        println!("skipped (needs the throwaway cluster, the tests use DATABASE_URL)");
+        return;
+    }
+    let db = TestDb::new();
+    let dir = TempDir::new("faults-ingress");
+    let target = format!("127.0.0.1:{}", ingress::free_port());
+    let conf = write_config(
+        &dir,
+        &db,
+        &format!(
+            "[pepsi-ingress]\n{}\n{}",
+            ingress::section(&format!("lmtp:{target}"), ""),
+            programs(ingress::PIPELINE)
+        ),
+    );
+    let mut daemon = Ingress::start(&conf);
+    assert_eq!(
+        ingress::data_codes(&ingress::send_lmtp(&target, &["r@y.example"])),
+        [250]
+    );
+
+    let _starts_again = StartsAgain;
+    pg::stop().unwrap();
+    let away = ingress::send_lmtp(&target, &["r1@y.example", "r2@y.example"]);
+    assert_eq!(ingress::data_codes(&away), [451, 451], "{away}");
+    for reply in away["data"].as_array().unwrap() {
+        assert!(reply[1].as_str().unwrap().starts_with("4.3.0 "), "{away}");
+    }
+    assert!(daemon.try_wait().is_none(), "it exited:\n{}", daemon.log());
+
+    pg::start_again().unwrap();
+    let back = Instant::now();
+    // Messages answered 451 meanwhile (the daemon retries its connection from 250 ms,
+    // doubling up to 5 s).
+    let mut deferred = 1;
+    wait_until(
+        Duration::from_secs(15),
+        "a message is accepted again",
+        || {
+            let out = ingress::send_lmtp(&target, &["r@y.example"]);
+            let codes = ingress::data_codes(&out);
+            assert!(codes == [451] || codes == [250], "{out}");
+            deferred += usize::from(codes == [451]);
+            codes == [250]
+        },
+    );
+    println!(
+        "ingress: accepting again {:?} after PostgreSQL was started again ({deferred} messages deferred)",
+        back.elapsed()
+    );
+    let mut c = db.client();
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.workqueue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2, "the deferred messages left no row");
+    assert!(daemon.terminate().success(), "{}", daemon.log());
+    // Written at shutdown, over the connection it made again.
+    let (accepted, counted): (i64, i64) = c
+        .query_one("SELECT accepted, deferred FROM pepsi.ingress_stats", &[])
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!((accepted, counted), (2, deferred as i64));
+    let log = daemon.log();
+    assert!(log.contains("deferring mail (451)"), "{log}");
+    assert!(log.contains("the database is back"), "{log}");
 }

@@ -16,6 +16,7 @@ mod fair;
 mod fair_sql;
 mod foundation;
 mod guarantees;
+mod ingress;
 mod poison;
 mod queue_config;
 mod queue_inject;

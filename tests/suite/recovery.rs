@@ -265,7 +265,7 @@ fn a_message_deferred_for_74_is_resumed_within_seconds_not_30() {
 /// database through a directory of our own, where the socket appears only as a
 /// symbolic link we can take away and put back: the database, as far as Pepsi can
 /// tell, goes away and comes back. `None` on a server that is not reached by a socket.
-fn linked_connection(db: &TestDb, dir: &TempDir) -> Option<(PathBuf, PathBuf, String)> {
+pub(super) fn linked_connection(db: &TestDb, dir: &TempDir) -> Option<(PathBuf, PathBuf, String)> {
     let mut host = None;
     let mut rest = Vec::new();
     for part in db.conninfo.split_whitespace() {

@@ -6,6 +6,7 @@
 
 pub mod bouncer;
 pub mod dispatcher;
+pub mod ingress;
 pub mod logged;
 pub mod notify;
 pub mod pg;
@@ -30,6 +31,7 @@ pub fn bin(name: &str) -> PathBuf {
         "pepsi-dispatch" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-dispatch")),
         "pepsi-failure-bouncer" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-failure-bouncer")),
         "pepsi-queue" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-queue")),
+        "pepsi-ingress" => PathBuf::from(env!("CARGO_BIN_EXE_pepsi-ingress")),
         other => panic!("unknown program {other}"),
     }
 }

@@ -6,9 +6,10 @@
 //! a private temporary directory, run as the `postgres` account when the tests run as
 //! root (initdb refuses root). It is stopped and removed when the test binary exits.
 //! Each test gets its own database, cloned from a template that already holds the
-//! schema. A test binary that owns its cluster may also restart it ([`restart`]) and
-//! change its settings ([`admin`] with `ALTER SYSTEM`): every test binary has a cluster
-//! of its own, so this disturbs no other binary's tests.
+//! schema. A test binary that owns its cluster may also restart it ([`restart`]), stop
+//! it and start it again ([`stop`], [`start_again`]) and change its settings
+//! ([`admin`] with `ALTER SYSTEM`): every test binary has a cluster of its own, so this
+//! disturbs no other binary's tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -453,4 +454,32 @@ pub fn restart(fast: bool) -> Result<(), String> {
         .arg(dir.join("server.log"))
         .args(["-m", if fast { "fast" } else { "smart" }])
         .args(["-w", "-t", "60", "restart"]))
+}
+
+/// Stops the throwaway cluster (`pg_ctl stop -m fast`: every session terminated) and
+/// leaves it stopped until [`start_again`]. Only for a test binary that owns its
+/// cluster and runs nothing else against it meanwhile. Fails on an external server.
+pub fn stop() -> Result<(), String> {
+    let Some(dir) = server().cluster.as_ref() else {
+        return Err("the tests use an external server: it cannot be stopped".into());
+    };
+    run(as_owner(&find_bindir()?.join("pg_ctl"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-m", "fast", "-w", "-t", "60", "stop"]))
+}
+
+/// Starts the throwaway cluster again after [`stop`] and waits until it accepts
+/// connections.
+pub fn start_again() -> Result<(), String> {
+    let Some(dir) = server().cluster.as_ref() else {
+        return Err("the tests use an external server: it cannot be started".into());
+    };
+    // `-l` for the reason `restart` gives.
+    run(as_owner(&find_bindir()?.join("pg_ctl"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-l")
+        .arg(dir.join("server.log"))
+        .args(["-w", "-t", "60", "start"]))
 }
