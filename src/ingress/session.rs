@@ -182,13 +182,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     return End::Failed(e.to_string());
                 }
                 if self.settings.stopping.load(Ordering::Relaxed) {
-                    self.say(&Reply::new(
-                        421,
-                        "4.3.2",
-                        "Service shutting down, try again later",
-                    ));
-                    let _ = self.flush();
-                    return End::ShuttingDown;
+                    return self.shutting_down();
                 }
             }
             let line = match self.read_line(MAX_COMMAND) {
@@ -199,7 +193,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     }
                     continue;
                 }
-                Ok(Line::Eof) => return End::Closed,
+                Ok(Line::Eof) => return self.closed(),
                 Err(e) if timed_out(&e) => {
                     self.say(&Reply::new(
                         421,
@@ -229,6 +223,28 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                 Err(e) => return End::Failed(e.to_string()),
             }
         }
+    }
+
+    /// The end of the client's input: its own close, or the daemon's shutdown ending
+    /// the wait (the read side shut down), which the client is told with a 421 (RFC
+    /// 5321 §3.8); a message whose data had not ended is then sent again later.
+    fn closed(&mut self) -> End {
+        if self.settings.stopping.load(Ordering::Relaxed) {
+            self.shutting_down()
+        } else {
+            End::Closed
+        }
+    }
+
+    /// Tells the client the service is shutting down and ends the session.
+    fn shutting_down(&mut self) -> End {
+        self.say(&Reply::new(
+            421,
+            "4.3.2",
+            "Service shutting down, try again later",
+        ));
+        let _ = self.flush();
+        End::ShuttingDown
     }
 
     /// Queues a reply.
@@ -474,7 +490,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     too_big = true;
                     continue;
                 }
-                Line::Eof => return Ok(Some(End::Closed)),
+                Line::Eof => return Ok(Some(self.closed())),
             };
             if line == b".\r\n" || line == b".\n" {
                 break;

@@ -774,14 +774,16 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
     let mut c = db.client();
     let id = crate::util::inject(&mut c, "e", "a@x.example", &["r@y.example"]);
     let mut d = Dispatcher::start(&conf, &[]);
+    // The file exists once the shell opened it, its number a moment later.
+    let pid_written = || {
+        std::fs::read_to_string(out.join("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+    };
     wait_until(Duration::from_secs(30), "the command runs", || {
-        out.join("pid").exists()
+        pid_written().is_some()
     });
-    let command_pid: u32 = std::fs::read_to_string(out.join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_written().unwrap();
     // Its descriptors once it is the `sleep` it execs (the shell before it holds its
     // script open): the three, nothing of the worker's or the keeper's.
     wait_until(Duration::from_secs(10), "the command execs sleep", || {

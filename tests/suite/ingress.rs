@@ -594,6 +594,37 @@ fn a_client_that_stops_mid_data_gets_421_after_the_timeout_while_another_is_serv
 }
 
 #[test]
+fn a_shutdown_tells_a_waiting_client_and_one_in_mid_data_421_and_stores_nothing_half_sent() {
+    let port = free_port();
+    let mut t = open(
+        Scenario::new("i-stop"),
+        &format!("lmtp:127.0.0.1:{port}"),
+        "",
+    );
+    let mut idle = Raw::connect(port, 30 * SEC);
+    assert_eq!(idle.command("LHLO idle.example").0, 250);
+    let mut half = Raw::connect(port, 30 * SEC);
+    assert_eq!(half.command("LHLO half.example").0, 250);
+    assert_eq!(half.command("MAIL FROM:<a@x.example>").0, 250);
+    assert_eq!(half.command("RCPT TO:<r@y.example>").0, 250);
+    assert_eq!(half.command("DATA").0, 354);
+    half.send(b"From: a@x.example\r\nSubject: half\r\n\r\nHalf a mess");
+
+    assert!(t.daemon.terminate().success(), "{}", t.daemon.log());
+    for (who, client) in [("idle", &mut idle), ("mid-data", &mut half)] {
+        let (code, text) = client
+            .try_reply()
+            .unwrap_or_else(|e| panic!("no reply to the {who} client at shutdown: {e}"));
+        assert_eq!((code, &text[..5]), (421, "4.3.2"), "{who}: {text}");
+        assert!(client.closed(), "{who}: closed after the 421");
+    }
+    assert!(
+        rows(&mut t.c).is_empty(),
+        "nothing of the half-sent message"
+    );
+}
+
+#[test]
 fn a_kill_9_during_a_burst_loses_no_message_that_was_answered_250() {
     let (listen, target) = tcp("lmtp");
     let mut t = open(Scenario::new("i-kill"), &listen, "");
