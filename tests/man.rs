@@ -2,10 +2,12 @@
 //! the code: every configuration key is documented in its place in `pepsi.conf.5`,
 //! every built-in stage has its entry in `pepsi-stage.8`, every command, option and
 //! exit status of `pepsi-queue` (as the program itself lists them) is in
-//! `pepsi-queue.8`, every page another page refers to exists, the example `pepsi.conf`
-//! loads as shipped and with everything in it uncommented, and `mandoc -T lint -W
-//! warning` finds nothing. No database: `pepsi-queue` is only asked for its help and run
-//! with a configuration file that does not exist.
+//! `pepsi-queue.8`, every program of `src/bin/` has its page (and `pepsi.conf.5` names
+//! it), every page another page refers to exists, the example `pepsi.conf` loads as
+//! shipped and with everything in it uncommented (its `[pepsi-ingress] STAGE` an entry
+//! stage of its pipeline), and `mandoc -T lint -W warning` finds nothing. No
+//! database: `pepsi-queue` is only asked for its help and run with a configuration file
+//! that does not exist.
 //!
 //! A page is read the way a reader scans it: an item is a `.TP` entry (or a further tag
 //! of it, `.TQ`), named by the first word of its tag line, under the `.SH` and `.SS`
@@ -581,6 +583,63 @@ fn every_page_a_page_refers_to_exists() {
     }
 }
 
+/// The programs of the package: one per `src/bin/*.rs`, as `packaging/build-deb`
+/// makes them.
+fn programs() -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin"))
+            .expect("src/bin exists")
+            .map(|e| e.expect("a directory entry").file_name())
+            .filter_map(|n| n.to_str()?.strip_suffix(".rs").map(str::to_string))
+            .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_program_has_its_page_and_pepsi_conf_5_names_it() {
+    let files: BTreeSet<String> = pages()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let conf = Page::read("pepsi.conf.5");
+    let description = plain(
+        conf.text
+            .split(".SH DESCRIPTION")
+            .nth(1)
+            .and_then(|rest| rest.split("\n.SH ").next())
+            .expect("pepsi.conf.5 has a DESCRIPTION"),
+    );
+    let programs = programs();
+    assert!(
+        programs.iter().any(|p| p == "pepsi-ingress"),
+        "{programs:?}"
+    );
+    for program in &programs {
+        let page = format!("{program}.8");
+        assert!(
+            files.contains(&page),
+            "packaging/man has no page {page} for the program {program}"
+        );
+        // The page names its program in NAME.
+        let text = std::fs::read_to_string(packaging(&format!("man/{page}"))).unwrap();
+        let name = text
+            .split(".SH NAME\n")
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap_or_default();
+        assert!(
+            name.starts_with(program.as_str()),
+            "{page} names {program} in NAME: {name:?}"
+        );
+        // `.BR program (8)` reads `program (8)` here, its macro name left in.
+        assert!(
+            description.contains(&format!("{program} (8)")),
+            "pepsi.conf.5 names {program}(8) among the programs that read the file"
+        );
+    }
+}
+
 /// The example configuration's text.
 fn example() -> (PathBuf, String) {
     let path = packaging("pepsi.conf");
@@ -651,6 +710,17 @@ fn the_example_configuration_uncommented_is_a_valid_pipeline_without_warnings() 
         graph.contains(bounce),
         "BOUNCE_STAGE {bounce} names a stage"
     );
+    // pepsi-ingress would start with it: STAGE is an entry stage of the pipeline.
+    let (stage, _) = config
+        .ingress
+        .stage
+        .as_ref()
+        .expect("the example sets [pepsi-ingress] STAGE");
+    assert_eq!(
+        pepsi::ingress::stage_problem(&config, &graph, stage),
+        None,
+        "[pepsi-ingress] STAGE of the example"
+    );
 }
 
 #[test]
@@ -703,6 +773,15 @@ fn the_example_shows_every_fixed_key_at_its_default() {
         "FAIR_FIFO_PERCENT"
     );
     assert_eq!(s.max_hops, d.max_hops, "MAX_HOPS");
+    // STAGE and XFORWARD_FROM have no default: the example shows what a Postfix
+    // content filter on this host would set.
+    let (s, d) = (&shown.ingress, &default.ingress);
+    assert_eq!(s.listen, d.listen, "LISTEN");
+    assert_eq!(s.max_message_size, d.max_message_size, "MAX_MESSAGE_SIZE");
+    assert_eq!(s.max_recipients, d.max_recipients, "MAX_RECIPIENTS");
+    assert_eq!(s.max_sessions, d.max_sessions, "MAX_SESSIONS");
+    assert_eq!(s.timeout, d.timeout, "TIMEOUT");
+    assert_eq!(s.max_errors, d.max_errors, "MAX_ERRORS");
 }
 
 /// Is this a CI run (where mandoc must be installed)?

@@ -7,9 +7,10 @@
 //! built-in stages, `systemd-analyze verify` of every installed unit, and runs the
 //! installed programs — started as root, so they switch to `pepsi` — against a
 //! throwaway database: `pepsi-setup schema`, `pepsi-dispatch check`, `pepsi-queue
-//! status` when the package has it, `pepsi-failure-bouncer sweep`, and a dispatcher
-//! that runs a message through two stages. Last, `dpkg --purge` and what must and
-//! must not remain.
+//! status` when the package has it, `pepsi-failure-bouncer sweep`, a dispatcher that
+//! runs a message through two stages, and, when the package has it, `pepsi-ingress`
+//! taking a message over LMTP on a Unix socket it made as root before switching. Last,
+//! `dpkg --purge` and what must and must not remain.
 //!
 //! It needs root, dpkg, lintian, systemd-analyze and adduser, and a machine where
 //! `pepsi` is not installed; without them it says so and passes, except with `CI`
@@ -20,7 +21,9 @@
 mod util;
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -257,6 +260,64 @@ fn as_pepsi(db: &TestDb) -> String {
     connection
 }
 
+/// The real user ids of a running process (`Uid:` of `/proc/PID/status`).
+fn uids(pid: u32) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace()
+        .skip(1)
+        .map(|u| u.parse().unwrap())
+        .collect()
+}
+
+/// Hands one message from `from` to `to` to `pepsi-ingress` over LMTP on the Unix
+/// socket `socket`; the id it says the message was queued as.
+fn deliver_over_lmtp(socket: &Path, from: &str, to: &str) -> i64 {
+    let stream = UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    // One reply, its continuation lines included; it must have the code `code`.
+    let mut expect = |code: &str| -> String {
+        let mut reply = String::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            assert!(
+                line.starts_with(code),
+                "pepsi-ingress answered {line:?}, not {code}"
+            );
+            reply.push_str(&line);
+            if line.as_bytes().get(3) != Some(&b'-') {
+                return reply;
+            }
+        }
+    };
+    expect("220");
+    let mut say = |text: &str| writer.write_all(text.as_bytes()).unwrap();
+    say("LHLO package.test\r\n");
+    expect("250");
+    say(&format!("MAIL FROM:<{from}>\r\n"));
+    expect("250");
+    say(&format!("RCPT TO:<{to}>\r\n"));
+    expect("250");
+    say("DATA\r\n");
+    expect("354");
+    say("From: <sender@example.org>\r\nSubject: over LMTP\r\n\r\nHello by LMTP.\r\n.\r\n");
+    let queued = expect("250");
+    say("QUIT\r\n");
+    expect("221");
+    queued
+        .trim_end()
+        .rsplit(' ')
+        .next()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("no id in {queued:?}"))
+}
+
 /// The `.deb` to test: `PEPSI_DEB`, else one built by `packaging/build-deb` into `out`.
 fn package(out: &TempDir) -> PathBuf {
     if let Some(deb) = std::env::var_os("PEPSI_DEB").filter(|v| !v.is_empty()) {
@@ -479,6 +540,13 @@ fn the_package_installs_runs_and_purges_cleanly() {
             "{units:?}"
         );
     }
+    let ingress = Path::new("/usr/bin/pepsi-ingress").exists();
+    if ingress {
+        assert!(
+            units.contains(&"pepsi-ingress.service".to_string()),
+            "{units:?}"
+        );
+    }
     for unit in &units {
         let path = format!("{UNIT_DIR}/{unit}");
         assert_eq!(stat(&path), (0, 0, 0o644), "{path}");
@@ -506,6 +574,11 @@ fn the_package_installs_runs_and_purges_cleanly() {
     for enabled in ["pepsi-dispatch.service", "pepsi-failure-bouncer.service"] {
         assert!(wants.join(enabled).is_symlink(), "{enabled} is enabled");
     }
+    // The ingress is not: it needs [pepsi-ingress] STAGE, and opens a port.
+    assert!(
+        !wants.join("pepsi-ingress.service").is_symlink(),
+        "pepsi-ingress.service is not enabled by the package"
+    );
     // A unit the package does not enable, enabled by the administrator (systemctl
     // enable works without a running systemd): purge must remove its links too.
     for unit in units.iter().filter(|u| u.ends_with(".timer")) {
@@ -534,15 +607,20 @@ fn the_package_installs_runs_and_purges_cleanly() {
         &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", delivered.display()),
     );
     std::fs::set_permissions(&deliver, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The ingress's socket, in a directory only root may write: pepsi-ingress makes it
+    // before it switches to pepsi.
+    let socket = dir.path("lmtp");
     let conf = dir.write(
         "pepsi.conf",
         &format!(
             "[pepsi-postgres]\nCONNECTION = {connection}\n\n\
              [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n\n\
+             [pepsi-ingress]\nLISTEN = unix:{}\nSTAGE = in\n\n\
              [stage-in]\nPROGRAM = pepsi-stage-pass\nNEXT = deliver\n\n\
              [stage-deliver]\nPROGRAM = pepsi-stage-exec\nCOMMAND = {}\nNEXT = out\n\n\
              [stage-out]\nPROGRAM = pepsi-stage-discard\n\n\
              [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT = out\n",
+            socket.display(),
             deliver.display()
         ),
     );
@@ -592,14 +670,49 @@ fn the_package_installs_runs_and_purges_cleanly() {
         exec_uid,
         "the command ran as pepsi-exec"
     );
-    let status = std::fs::read_to_string(format!("/proc/{}/status", dispatcher.pid())).unwrap();
-    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let dispatcher_uids = uids(dispatcher.pid());
     assert!(
-        uids.split_whitespace()
-            .skip(1)
-            .all(|u| u == uid.to_string()),
-        "the dispatcher runs as pepsi: {uids}"
+        dispatcher_uids.iter().all(|u| *u == uid),
+        "the dispatcher runs as pepsi: {dispatcher_uids:?}"
     );
+
+    // A message over LMTP, through the installed pepsi-ingress: started as root, it
+    // makes its socket and then runs as pepsi; the dispatcher delivers the message.
+    if ingress {
+        let mut ingress = Logged::spawn(
+            "pepsi-ingress",
+            Command::new("/usr/bin/pepsi-ingress").args(["-c", conf, "serve"]),
+        );
+        ingress.wait_log("accepting mail for stage in", Duration::from_secs(30));
+        let ingress_uids = uids(ingress.pid());
+        assert!(
+            ingress_uids.iter().all(|u| *u == uid),
+            "pepsi-ingress runs as pepsi: {ingress_uids:?}"
+        );
+        assert_eq!(
+            stat(socket.to_str().unwrap()).0,
+            0,
+            "the socket was made as root"
+        );
+        let id = deliver_over_lmtp(&socket, "sender@example.org", "rcpt@example.org");
+        wait_until(
+            Duration::from_secs(30),
+            "the LMTP message is delivered",
+            || util::row_at(&mut client, id).is_none(),
+        );
+        let mail = std::fs::read_to_string(delivered.join(format!("{id}.eml")))
+            .unwrap_or_else(|e| panic!("message {id}: {e}\n{}", dispatcher.log()));
+        assert!(mail.contains("Hello by LMTP."), "{mail}");
+        ingress.signal(libc::SIGTERM);
+        let exit = ingress.wait(Duration::from_secs(30));
+        assert!(exit.success(), "{exit}:\n{}", ingress.log());
+        // It wrote its counters at shutdown, as pepsi.
+        let accepted: i64 = client
+            .query_one("SELECT accepted FROM pepsi.ingress_stats", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(accepted, 1, "{}", ingress.log());
+    }
     dispatcher.signal(libc::SIGTERM);
     let exit = dispatcher.wait(Duration::from_secs(30));
     assert!(exit.success(), "{exit}:\n{}", dispatcher.log());

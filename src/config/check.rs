@@ -6,7 +6,7 @@
 //! it as if written), the stage graph and its cycles, every built-in stage's section
 //! (with the same `configure` its worker runs), each `PROGRAM` executable by the
 //! `[pepsi] RUN_AS` account, `[pepsi-failure-bouncer] BOUNCE_STAGE` naming a stage of
-//! the graph, and the schema version — through the dispatcher's connection
+//! the graph, `[pepsi-ingress] STAGE` an entry stage of it, and the schema version — through the dispatcher's connection
 //! (`DISPATCH_CONNECTION`, else `CONNECTION`), and through the workers' too when that
 //! is another. It prints every problem, one a line, and exits 0 (warnings allowed) or
 //! 78.
@@ -26,8 +26,8 @@
 //! It lives beside the configuration it checks and on top of it: it uses the other
 //! files of `config` (the fixed values it falls back to where the file is wrong come
 //! from [`fixed`]'s table), the stages' own checks, the database, the failure
-//! bouncer's and the keeper's rules, and [`super::account`] for what the `RUN_AS`
-//! account may run; no other file of `config` uses it. It decides nothing about
+//! bouncer's, the ingress's and the keeper's rules, and [`super::account`] for what
+//! the `RUN_AS` account may run; no other file of `config` uses it. It decides nothing about
 //! messages and changes nothing: it reads the file and the database, and writes only
 //! to stdout.
 
@@ -45,6 +45,7 @@ use crate::bouncer;
 use crate::cli::{Invocation, Program};
 use crate::db::{self, schema};
 use crate::exit::Failure;
+use crate::ingress;
 use crate::stages;
 use crate::worker::settings::{self, SettingRow};
 
@@ -377,6 +378,15 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             &value.origin,
             &laid.sections,
         ));
+    }
+    // pepsi-ingress queues its mail at [pepsi-ingress] STAGE: an entry stage of this
+    // graph, or it refuses to start. Its other values were checked with the file.
+    if let (Ok(config), Some(graph)) = (&config, &graph) {
+        if let Some((stage, origin)) = &config.ingress.stage {
+            if let Some(problem) = ingress::stage_problem(config, graph, stage) {
+                found.add_errors([ConfigError::at(origin.clone(), problem)]);
+            }
+        }
     }
     for stage in &checked {
         if let Err(e) = program_runs(&stage.program, account.as_ref()) {

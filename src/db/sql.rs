@@ -560,6 +560,13 @@ pub const QUEUE_DISPATCH_STATS: &str = "SELECT stages_executed, claims, rows_cla
             extract(epoch FROM now())::float8 \
        FROM pepsi.dispatch_stats";
 
+/// `pepsi-ingress`'s counters (one row, `pepsi.ingress_stats`). No parameters.
+/// Returns (sessions, accepted, recipients, deferred, refused, commits (int8 each),
+/// updated as epoch seconds float8). Locks nothing.
+pub const QUEUE_INGRESS_STATS: &str = "SELECT sessions, accepted, recipients, deferred, refused, \
+            commits, extract(epoch FROM updated)::float8 \
+       FROM pepsi.ingress_stats";
+
 /// Is a dispatcher running: does a session hold the dispatcher's advisory lock (see
 /// [`DISPATCH_LOCK_HOLDER`])? $1 the key (int8). Returns a boolean.
 pub const DISPATCHER_RUNNING: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks l \

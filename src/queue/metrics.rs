@@ -1,13 +1,14 @@
 //! `pepsi-queue metrics [--output FILE]`: the status snapshot in the Prometheus text
 //! exposition format (version 0.0.4), for the node exporter's textfile collector.
 //!
-//! Counters come from `pepsi.stage_stats` and `pepsi.dispatch_stats` (`_total` names;
-//! busy time in seconds), gauges from the queue: rows and the oldest row's age by stage
-//! and status (every status of every stage, 0 when empty, so an alert sees a series
-//! fall to 0 rather than vanish), rows at stages without a section, whether a
-//! dispatcher holds its lock, and when it last flushed its statistics. `--output`
-//! writes a temporary file beside FILE, syncs it and renames it over FILE, so the
-//! collector never reads half a file.
+//! Counters come from `pepsi.stage_stats`, `pepsi.dispatch_stats` and
+//! `pepsi.ingress_stats` (`_total` names; busy time in seconds), gauges from the
+//! queue: rows and the oldest row's age by stage and status (every status of every
+//! stage, 0 when empty, so an alert sees a series fall to 0 rather than vanish), rows
+//! at stages without a section, whether a dispatcher holds its lock, and when the
+//! dispatcher and `pepsi-ingress` last wrote their statistics. `--output` writes a
+//! temporary file beside FILE, syncs it and renames it over FILE, so the collector
+//! never reads half a file.
 //!
 //! Label values are escaped as the format requires and, beyond it, their control and
 //! invisible formatting characters written out ([`crate::escape`]): a stage name read
@@ -17,7 +18,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-use super::status::{DISPATCH_COUNTERS, STAGE_COUNTERS, Snapshot};
+use super::status::{DISPATCH_COUNTERS, INGRESS_COUNTERS, STAGE_COUNTERS, Snapshot};
 use super::{Session, emit};
 use crate::escape::{self, Visible};
 use crate::exit::{EX_CANTCREAT, Failure};
@@ -105,6 +106,16 @@ const DISPATCH_HELP: [&str; 4] = [
     "Claim statements that claimed rows.",
     "Rows claimed.",
     "Worker processes started.",
+];
+
+/// The help text of each ingress counter, by column.
+const INGRESS_HELP: [&str; 6] = [
+    "LMTP and SMTP sessions pepsi-ingress served.",
+    "Messages pepsi-ingress accepted: committed to the queue and answered 250.",
+    "Recipients of the messages pepsi-ingress accepted.",
+    "Messages pepsi-ingress answered 4xx at the end of their data (the database away).",
+    "Messages pepsi-ingress answered 5xx at the end of their data (too large, no header block, refused).",
+    "Transactions that queued accepted messages (several messages each under load).",
 ];
 
 /// The snapshot in the text format.
@@ -200,6 +211,19 @@ pub fn render(s: &Snapshot) -> String {
         "1 when a session holds the dispatcher's lock (a dispatcher is running), else 0.",
     );
     f.sample(&[], u8::from(s.dispatcher_running).to_string());
+
+    for (i, column) in INGRESS_COUNTERS.iter().enumerate() {
+        let name = format!("pepsi_ingress_{column}_total");
+        let mut f = Family::new(&mut out, &name, "counter", INGRESS_HELP[i]);
+        f.sample(&[], s.ingress.counters[i].to_string());
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_ingress_stats_updated_timestamp_seconds",
+        "gauge",
+        "When pepsi-ingress last added to its statistics (Unix time; only when they changed).",
+    );
+    f.sample(&[], number(s.ingress.updated));
     out
 }
 
@@ -263,7 +287,7 @@ pub fn run(session: &mut Session, output: Option<&Path>) -> Result<(), Failure> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::status::{Cell, DispatchStats, StageStats};
+    use crate::queue::status::{Cell, DispatchStats, IngressStats, StageStats};
 
     #[test]
     fn families_have_help_and_type_and_labels_are_escaped() {
@@ -282,6 +306,10 @@ mod tests {
                 updated: 95.5,
                 updated_text: String::new(),
             }],
+            ingress: IngressStats {
+                counters: [7, 20, 31, 2, 1, 9],
+                updated: 99.25,
+            },
             ..Snapshot::default()
         };
         s.cells.entry("we\"ird\\\n".into()).or_default().insert(
@@ -306,6 +334,10 @@ mod tests {
         assert!(text.contains("pepsi_dispatch_rows_claimed_total 3\n"));
         assert!(text.contains("pepsi_dispatch_stats_age_seconds 10\n"));
         assert!(text.contains("pepsi_dispatcher_up 0\n"));
+        assert!(text.contains("# TYPE pepsi_ingress_accepted_total counter\n"));
+        assert!(text.contains("pepsi_ingress_sessions_total 7\n"));
+        assert!(text.contains("pepsi_ingress_commits_total 9\n"));
+        assert!(text.contains("pepsi_ingress_stats_updated_timestamp_seconds 99.25\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(

@@ -1,7 +1,8 @@
 //! `pepsi-queue status`, and the snapshot it shares with `metrics`: rows per stage and
 //! status with the oldest age, the age shape per stage (Postfix `qshape`), the rows at
-//! stages that have no section, the statistics tables and whether a dispatcher holds
-//! its lock — all read in one read-only transaction, so the numbers agree.
+//! stages that have no section, the statistics tables (`metrics` alone shows
+//! `pepsi.ingress_stats`) and whether a dispatcher holds its lock — all read in one
+//! read-only transaction, so the numbers agree.
 //!
 //! [`Snapshot::read`] is the only database access; everything else here is rendering.
 //! Stage names come from rows as well as from the configuration: the text shows them
@@ -78,6 +79,25 @@ pub struct DispatchStats {
 pub const DISPATCH_COUNTERS: [&str; 4] =
     ["stages_executed", "claims", "rows_claimed", "worker_starts"];
 
+/// The one row of `pepsi.ingress_stats`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IngressStats {
+    /// sessions, accepted, recipients, deferred, refused, commits.
+    pub counters: [i64; 6],
+    /// When `pepsi-ingress` last added to them (epoch seconds).
+    pub updated: f64,
+}
+
+/// The names of [`IngressStats::counters`], as in the table.
+pub const INGRESS_COUNTERS: [&str; 6] = [
+    "sessions",
+    "accepted",
+    "recipients",
+    "deferred",
+    "refused",
+    "commits",
+];
+
 /// Everything `status` and `metrics` show, read at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -91,6 +111,8 @@ pub struct Snapshot {
     pub stage_stats: Vec<StageStats>,
     /// `pepsi.dispatch_stats`.
     pub dispatch: DispatchStats,
+    /// `pepsi.ingress_stats`.
+    pub ingress: IngressStats,
     /// Does a session hold the dispatcher's lock.
     pub dispatcher_running: bool,
     /// The database's clock (epoch seconds).
@@ -153,6 +175,13 @@ impl Snapshot {
             updated_text: d.get(5),
         };
         let now: f64 = d.get(6);
+        let i = tx
+            .query_one(sql::QUEUE_INGRESS_STATS, &[])
+            .map_err(failed)?;
+        let ingress = IngressStats {
+            counters: std::array::from_fn(|n| i.get(n)),
+            updated: i.get(6),
+        };
         let dispatcher_running: bool = tx
             .query_one(sql::DISPATCHER_RUNNING, &[&sql::DISPATCH_LOCK_KEY])
             .map_err(failed)?
@@ -165,6 +194,7 @@ impl Snapshot {
             configured: configured_stages(&session.config, &overlay),
             stage_stats,
             dispatch,
+            ingress,
             dispatcher_running,
             now,
         })

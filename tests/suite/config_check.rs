@@ -624,6 +624,60 @@ fn a_cycle_is_a_warning_of_check_and_at_start() {
 }
 
 #[test]
+fn check_wants_the_ingress_stage_to_be_an_entry_stage_and_names_its_line() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-ingress");
+    let with_stage = |stage: &str| {
+        config(
+            &dir,
+            &db,
+            &format!("{GOOD}\n[pepsi-ingress]\nSTAGE = {stage}\nXFORWARD_FROM = 127.0.0.1\n"),
+        )
+    };
+    // An entry stage: nothing routes to it.
+    let conf = with_stage("in");
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("configuration OK (0 warnings)"),
+        "{}",
+        both(&out)
+    );
+    // The overlay counts: with a NEXT routing to it, it is no entry stage any more.
+    let out = check(&conf, &["--overlay", "stage-out", "NEXT", "in"]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let expect = format!(
+        "error: {}:{}: [pepsi-ingress] STAGE \"in\" is not one of [pepsi] INJECT_STAGES (none)",
+        conf.display(),
+        line_of(&conf, "STAGE")
+    );
+    assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    // A stage some NEXT routes to, and a stage without a section: errors naming them
+    // and the line.
+    for (stage, why) in [
+        (
+            "filter",
+            "[pepsi-ingress] STAGE \"filter\" is not one of [pepsi] INJECT_STAGES (in): \
+             pepsi-ingress may inject only into an entry stage",
+        ),
+        (
+            "nowhere",
+            "[pepsi-ingress] STAGE names stage \"nowhere\", which has no [stage-nowhere] section",
+        ),
+    ] {
+        let conf = with_stage(stage);
+        let out = check(&conf, &[]);
+        assert_eq!(out.status.code(), Some(78), "{stage}: {}", both(&out));
+        let expect = format!(
+            "error: {}:{}: {why}",
+            conf.display(),
+            line_of(&conf, "STAGE")
+        );
+        assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    }
+}
+
+#[test]
 fn check_without_a_database_still_checks_the_file() {
     let dir = TempDir::new("c-nodb");
     let conf = dir.write(

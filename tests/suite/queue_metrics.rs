@@ -1,6 +1,7 @@
 //! `pepsi-queue metrics` (`src/queue/metrics.rs`): the Prometheus text format checked
-//! by `promtool` and against the tables, label values escaped, and `--output` replacing
-//! its file whole.
+//! by `promtool` and against the tables (the queue, the dispatcher's and the stages'
+//! statistics, `pepsi-ingress`'s counters), label values escaped, and `--output`
+//! replacing its file whole.
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -58,6 +59,12 @@ fn metrics_pass_promtool_and_match_the_tables() {
     varied_queue(&mut c);
     // A stage name that needs escaping in a label.
     inject(&mut c, "we\"ird\\", "a@x.example", &["r@y.example"]);
+    // pepsi-ingress's counters, as it would have added to them.
+    c.batch_execute(
+        "UPDATE pepsi.ingress_stats SET sessions = 11, accepted = 23, recipients = 42, \
+           deferred = 3, refused = 2, commits = 7, updated = now() - interval '5 seconds'",
+    )
+    .unwrap();
     let out = queue(&s.conf, &["metrics"]);
     expect(&out, 0);
     let text = stdout(&out);
@@ -139,6 +146,29 @@ fn metrics_pass_promtool_and_match_the_tables() {
     assert_eq!(m["pepsi_dispatch_stats_updated_timestamp_seconds"], updated);
     assert!(m["pepsi_dispatch_stats_age_seconds"] >= 29.0);
     assert_eq!(m["pepsi_dispatcher_up"], 0.0);
+    for (name, want) in [
+        ("sessions", 11.0),
+        ("accepted", 23.0),
+        ("recipients", 42.0),
+        ("deferred", 3.0),
+        ("refused", 2.0),
+        ("commits", 7.0),
+    ] {
+        let family = format!("pepsi_ingress_{name}_total");
+        assert_eq!(m[&family], want, "{name}");
+        assert!(
+            text.contains(&format!("# TYPE {family} counter\n")),
+            "{family}\n{text}"
+        );
+    }
+    let updated: f64 = c
+        .query_one(
+            "SELECT extract(epoch FROM updated)::float8 FROM pepsi.ingress_stats",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(m["pepsi_ingress_stats_updated_timestamp_seconds"], updated);
 }
 
 #[test]
