@@ -1,11 +1,12 @@
 //! The group commit of `pepsi-ingress` (SPEC §16): one thread owning the database
 //! session, to which every session hands the messages it accepted and waits for the
 //! answer. It takes whatever has arrived since its last commit, queues it all in one
-//! statement (`sql::INJECT_MANY`, each message through `pepsi.workqueue_inject`) in one
-//! transaction with synchronous commit, and answers each message — queued with its id,
-//! deferred, or refused — only once that commit has returned. So a burst of N messages
-//! of concurrent sessions costs one commit and one `NOTIFY workqueue`, and no session's
-//! 250 ever precedes its message's commit.
+//! statement (`sql::INJECT_MANY`, each message through `pepsi.workqueue_inject`,
+//! prepared once per connection) in one transaction with synchronous commit, and
+//! answers each message — queued with its id, deferred, or refused — only once that
+//! commit has returned. So a burst of N messages of concurrent sessions costs one
+//! commit and one `NOTIFY workqueue`, and no session's 250 ever precedes its message's
+//! commit.
 //!
 //! The database away or refusing connections is a deferral (451) for every message
 //! until a reconnect succeeds (retried from 250 ms, doubling to 5 s); a message the
@@ -21,9 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use postgres::Client;
 
 use super::counters::Counters;
+use crate::db::pool::Connection;
 use crate::db::{self, ErrorKind, schema, sql};
 
 /// The most messages in one commit.
@@ -98,7 +99,9 @@ struct Thread {
     config: postgres::Config,
     stage: String,
     counters: Arc<Counters>,
-    client: Option<Client>,
+    /// The session, with the insert prepared on it once (parsed and planned once per
+    /// connection, not once per commit: a commit is then one round trip).
+    client: Option<Connection>,
     /// Not before this is a connection tried again.
     retry_at: Instant,
     backoff: Duration,
@@ -166,7 +169,7 @@ impl Thread {
 
     /// The session, (re)connected when it is time to try; `None` while the database is
     /// unavailable.
-    fn client(&mut self) -> Option<&mut Client> {
+    fn client(&mut self) -> Option<&mut Connection> {
         if self.client.is_none() {
             if Instant::now() < self.retry_at {
                 return None;
@@ -183,7 +186,7 @@ impl Thread {
                         log::info!("the database is back: accepting mail again");
                     }
                     self.backoff = FIRST_BACKOFF;
-                    self.client = Some(c);
+                    self.client = Some(Connection::new(c));
                 }
                 Err(e) => {
                     self.unavailable(&e);
@@ -279,8 +282,9 @@ impl Thread {
         let froms = col(&|m| m.header_from.clone());
         let subjects = col(&|m| m.subject.clone());
         let states = col(&|m| Some(m.state.to_string()));
-        let rows = client.query(
+        let rows = client.query_prepared(
             sql::INJECT_MANY,
+            &[],
             &[
                 &stage, &senders, &rcpts, &headers, &bodies, &logins, &clients, &froms, &subjects,
                 &states,
