@@ -28,7 +28,7 @@
 //!   for comparison, `pepsi.ingress_stats` as the daemon wrote it at its SIGTERM
 //!   (its whole life, warm-up included);
 //! - where a commit's time goes: the statement's mean execution time against the
-//!   time per commit, the statements `workqueue_inject` runs inside it with their time
+//!   time per commit, the statements `workqueue_inject_many` runs inside it with their time
 //!   per message (`pg_stat_statements.track = all`, as the throwaway cluster has it),
 //!   and the WAL flushes of the run (`pg_stat_wal`: count and mean time; WAL bytes per
 //!   message from the WAL position; full-page images);
@@ -218,7 +218,7 @@ fn inject_statement(c: &mut Client) -> Option<(i64, i64, f64)> {
         "/* bench */ SELECT sum(s.calls)::int8, sum(s.rows)::int8, \
                 sum(s.total_exec_time) / greatest(sum(s.calls), 1) \
            FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
-          WHERE d.datname = current_database() AND s.query LIKE '%workqueue_inject%unnest%' \
+          WHERE d.datname = current_database() AND s.query LIKE '%workqueue_inject_many%' AND s.toplevel \
             AND s.query NOT LIKE '%/* bench */%' \
          HAVING sum(s.calls) > 0",
         &[],
@@ -228,7 +228,7 @@ fn inject_statement(c: &mut Client) -> Option<(i64, i64, f64)> {
     .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
-/// The statements run inside the committer's statement (by `workqueue_inject`, when
+/// The statements run inside the committer's statement (by `workqueue_inject_many`, when
 /// `pg_stat_statements.track = all`, as on the throwaway cluster) that took the most
 /// time over the run: (calls, total ms, planning ms, text).
 fn nested_statements(c: &mut Client) -> Vec<(i64, f64, f64, String)> {

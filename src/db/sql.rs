@@ -615,19 +615,26 @@ pub const QUEUE_SHOW: &str = "SELECT q.workqueue_id, q.stage, q.status::text, \
 pub const INJECT: &str = "SELECT pepsi.workqueue_inject($1::text, $2::text, $3::text[], $4::bytea, \
             $5::bytea, $6::text, $7::text::inet, $8::text, $9::text, $10::text::jsonb)";
 
-/// `pepsi-ingress`'s group commit (SPEC §16): many messages queued in one statement,
-/// and so in one transaction with one folded `NOTIFY workqueue`, each through
-/// `pepsi.workqueue_inject` with its checks. $1 the stage (text), then one array
-/// element per message: $2 senders (text[]), $3 recipients (text[], each a JSON array
-/// of addresses), $4 header blocks (bytea[]), $5 bodies (bytea[]), $6 logins (text[],
-/// NULL none), $7 client addresses (text[], NULL local), $8 `From:` (text[]), $9
-/// subjects (text[]), $10 states (text[], JSON objects). Returns (1-based position in
-/// the arrays, new id) per message. Writes only through the function.
-pub const INJECT_MANY: &str = "SELECT m.n, pepsi.workqueue_inject($1::text, m.mail_from,             ARRAY(SELECT pg_catalog.jsonb_array_elements_text(m.rcpt::jsonb)), m.headers,             m.body, m.auth_user, m.client_ip::inet, m.header_from, m.subject, m.state::jsonb)        FROM unnest($2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[], $7::text[],                    $8::text[], $9::text[], $10::text[])             WITH ORDINALITY AS m(mail_from, rcpt, headers, body, auth_user, client_ip,                                  header_from, subject, state, n)";
+/// `pepsi-ingress`'s group commit (SPEC §16): many messages queued in one call of
+/// `pepsi.workqueue_inject_many`, and so in one transaction with one folded `NOTIFY
+/// workqueue`, each held to the checks of `pepsi.workqueue_inject` (one that fails them
+/// fails the call). $1 the stage (text), then one array element per message: $2
+/// senders (text[]), $3 recipients (text[], each a JSON array of addresses), $4 header
+/// blocks (bytea[]), $5 bodies (bytea[]), $6 logins (text[], NULL none), $7 client
+/// addresses (text[], NULL local), $8 `From:` (text[]), $9 subjects (text[]), $10
+/// states (text[], JSON objects). Returns (1-based position in the arrays, new id) per
+/// message. Writes only through the function.
+pub const INJECT_MANY: &str = "SELECT m.n, m.workqueue_id \
+       FROM pepsi.workqueue_inject_many($1::text, $2::text[], $3::text[]::jsonb[], \
+            $4::bytea[], $5::bytea[], $6::text[], $7::text[]::inet[], $8::text[], \
+            $9::text[], $10::text[]::jsonb[]) m";
 
 /// `pepsi-ingress`'s counters, added to (one round trip). $1 sessions, $2 accepted,
 /// $3 recipients, $4 deferred, $5 refused, $6 commits (all int8).
-pub const INGRESS_STATS_ADD: &str = "UPDATE pepsi.ingress_stats         SET sessions = sessions + $1, accepted = accepted + $2, recipients = recipients + $3,             deferred = deferred + $4, refused = refused + $5, commits = commits + $6,             updated = now()";
+pub const INGRESS_STATS_ADD: &str = "UPDATE pepsi.ingress_stats \
+        SET sessions = sessions + $1, accepted = accepted + $2, recipients = recipients + $3, \
+            deferred = deferred + $4, refused = refused + $5, commits = commits + $6, \
+            updated = now()";
 
 /// `pepsi-ingress`'s session settings: every acceptance waits for the WAL flush (a
 /// message answered 250 is never lost), and no statement or lock holds a batch of

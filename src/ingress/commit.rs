@@ -1,7 +1,8 @@
 //! The group commit of `pepsi-ingress` (SPEC §16): one thread owning the database
 //! session, to which every session hands the messages it accepted and waits for the
 //! answer. It takes whatever has arrived since its last commit, queues it all in one
-//! statement (`sql::INJECT_MANY`, each message through `pepsi.workqueue_inject`,
+//! statement (`sql::INJECT_MANY`: `pepsi.workqueue_inject_many`, the checks of
+//! `workqueue_inject` made once and every row and body inserted by one statement;
 //! prepared once per connection) in one transaction with synchronous commit, and
 //! answers each message — queued with its id, deferred, or refused — only once that
 //! commit has returned. So a burst of N messages of concurrent sessions costs one
@@ -10,9 +11,9 @@
 //!
 //! The database away or refusing connections is a deferral (451) for every message
 //! until a reconnect succeeds (retried from 250 ms, doubling to 5 s); a message the
-//! database refuses for itself (class 22, a value `workqueue_inject` rejects) is found
-//! by committing the batch's messages one by one and is refused (554) alone. It also
-//! writes the counters ([`super::counters`]) every few seconds.
+//! database refuses for itself (class 22, a value `workqueue_inject_many` rejects) is
+//! found by committing the batch's messages one by one and is refused (554) alone. It
+//! also writes the counters ([`super::counters`]) every few seconds.
 //!
 //! Called by `mod.rs` (spawn) and `session.rs` (commit); it knows nothing of sockets.
 
@@ -245,7 +246,7 @@ impl Thread {
                 Outcome::Deferred
             }
             ErrorKind::Transient => Outcome::Deferred,
-            // A value workqueue_inject rejects is the message's own.
+            // A value workqueue_inject_many rejects is the message's own.
             ErrorKind::Other if e.code().is_some_and(|c| c.code().starts_with("22")) => {
                 Outcome::Refused(db::describe(e))
             }

@@ -479,6 +479,39 @@ fn inject_as(
     .map(|e| e.code().cloned().expect("a database error"))
 }
 
+/// Runs `workqueue_inject_many` (`pepsi-ingress`'s group commit) as `c` with two
+/// messages, a clean one from `a@x.example` and then the one given, and returns the
+/// error's SQLSTATE, or `None` when it injected both. Either both are queued or
+/// neither.
+fn inject_many_as(
+    c: &mut Client,
+    stage: &str,
+    from: &str,
+    to: &[&str],
+    state: serde_json::Value,
+) -> Option<SqlState> {
+    let senders = vec!["a@x.example".to_string(), from.to_string()];
+    let rcpts = vec![json!(["r@y.example"]).to_string(), json!(to).to_string()];
+    let headers = vec![b"Subject: hi\r\n".to_vec(); 2];
+    let bodies = vec![b"Hello.\r\n".to_vec(); 2];
+    let none = vec![None::<String>; 2];
+    let subjects = vec![Some("hi".to_string()); 2];
+    let states = vec!["{}".to_string(), state.to_string()];
+    match c.query(
+        sql::INJECT_MANY,
+        &[
+            &stage, &senders, &rcpts, &headers, &bodies, &none, &none, &none, &subjects, &states,
+        ],
+    ) {
+        Ok(rows) => {
+            let positions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+            assert_eq!(positions, [1, 2], "one id per message, in order");
+            None
+        }
+        Err(e) => Some(e.code().cloned().expect("a database error")),
+    }
+}
+
 #[test]
 fn an_injector_injects_only_into_entry_stages_clean_envelopes_without_reserved_state() {
     let db = TestDb::new();
@@ -497,6 +530,13 @@ fn an_injector_injects_only_into_entry_stages_clean_envelopes_without_reserved_s
         "the null sender"
     );
     let before = queue_len(&mut owner);
+    assert_eq!(inject_many_as(&mut i, "in", "", &["r@y.example"], ok), None);
+    assert_eq!(
+        queue_len(&mut owner),
+        before + 2,
+        "both messages of the call"
+    );
+    let before = before + 2;
     let long = format!("{}@y.example", "l".repeat(250));
     for (stage, from, to, state, code) in [
         (
@@ -596,6 +636,13 @@ fn an_injector_injects_only_into_entry_stages_clean_envelopes_without_reserved_s
             Some(code.clone()),
             "{stage} {from:?} {to:?} {state}"
         );
+        // The group commit holds every message to the same checks, and one refused
+        // message refuses the call: the clean one beside it is not written either.
+        assert_eq!(
+            inject_many_as(&mut i, stage, from, &to, state.clone()),
+            Some(code.clone()),
+            "many: {stage} {from:?} {to:?} {state}"
+        );
     }
     assert_eq!(queue_len(&mut owner), before, "nothing refused was written");
     // The administrators' role injects anywhere, with any state.
@@ -610,9 +657,29 @@ fn an_injector_injects_only_into_entry_stages_clean_envelopes_without_reserved_s
         ),
         None
     );
+    assert_eq!(
+        inject_many_as(
+            &mut a,
+            "deliver",
+            "a@x.example",
+            &["r@y.example"],
+            json!({"local_origin": true})
+        ),
+        None
+    );
     // Clean addresses bind every caller.
     assert_eq!(
         inject_as(
+            &mut a,
+            "deliver",
+            "a@x.example",
+            &["r@y.example\u{202e}"],
+            json!({})
+        ),
+        Some(SqlState::INVALID_PARAMETER_VALUE)
+    );
+    assert_eq!(
+        inject_many_as(
             &mut a,
             "deliver",
             "a@x.example",
