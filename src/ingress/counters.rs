@@ -31,31 +31,27 @@ impl Counters {
         counter.fetch_add(by, Ordering::Relaxed);
     }
 
-    /// Takes every counter's value, leaving zero; `None` when all were zero.
-    pub fn take(&self) -> Option<Deltas> {
-        let all = [
+    /// The counters in the order of [`Deltas`] (the table's columns).
+    fn all(&self) -> [&AtomicU64; 6] {
+        [
             &self.sessions,
             &self.accepted,
             &self.recipients,
             &self.deferred,
             &self.refused,
             &self.commits,
-        ];
-        let deltas = all.map(|c| c.swap(0, Ordering::Relaxed) as i64);
+        ]
+    }
+
+    /// Takes every counter's value, leaving zero; `None` when all were zero.
+    pub fn take(&self) -> Option<Deltas> {
+        let deltas = self.all().map(|c| c.swap(0, Ordering::Relaxed) as i64);
         deltas.iter().any(|d| *d != 0).then_some(deltas)
     }
 
     /// Gives deltas back after a write that failed, to be written with the next.
     pub fn restore(&self, deltas: Deltas) {
-        let all = [
-            &self.sessions,
-            &self.accepted,
-            &self.recipients,
-            &self.deferred,
-            &self.refused,
-            &self.commits,
-        ];
-        for (c, d) in all.iter().zip(deltas) {
+        for (c, d) in self.all().iter().zip(deltas) {
             c.fetch_add(d as u64, Ordering::Relaxed);
         }
     }

@@ -194,16 +194,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     continue;
                 }
                 Ok(Line::Eof) => return self.closed(),
-                Err(e) if timed_out(&e) => {
-                    self.say(&Reply::new(
-                        421,
-                        "4.4.2",
-                        "Timeout exceeded, closing the connection",
-                    ));
-                    let _ = self.flush();
-                    return End::Timeout;
-                }
-                Err(e) => return End::Failed(e.to_string()),
+                Err(e) => return self.broken(&e),
             };
             match self.command(&line) {
                 Ok(None) => {}
@@ -211,18 +202,24 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     let _ = self.flush();
                     return end;
                 }
-                Err(e) if timed_out(&e) => {
-                    self.say(&Reply::new(
-                        421,
-                        "4.4.2",
-                        "Timeout exceeded, closing the connection",
-                    ));
-                    let _ = self.flush();
-                    return End::Timeout;
-                }
-                Err(e) => return End::Failed(e.to_string()),
+                Err(e) => return self.broken(&e),
             }
         }
+    }
+
+    /// A read or write that failed: a timeout is told to the client (421 4.4.2,
+    /// RFC 5321 §4.5.3.2) before the close; anything else ends the session as it is.
+    fn broken(&mut self, e: &io::Error) -> End {
+        if !timed_out(e) {
+            return End::Failed(e.to_string());
+        }
+        self.say(&Reply::new(
+            421,
+            "4.4.2",
+            "Timeout exceeded, closing the connection",
+        ));
+        let _ = self.flush();
+        End::Timeout
     }
 
     /// The end of the client's input: its own close, or the daemon's shutdown ending
