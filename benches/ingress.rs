@@ -45,6 +45,8 @@
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
 mod pg;
+#[path = "util/proc.rs"]
+mod proc;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -56,6 +58,7 @@ use std::time::{Duration, Instant};
 
 use pg::TestDb;
 use postgres::Client;
+use proc::{Machine, cpu_of_families, cpu_seconds, parent_of, thread_cpu_seconds};
 
 /// The size of every message, header block and body (the final "." not counted).
 const MESSAGE_SIZE: usize = 4096;
@@ -249,96 +252,7 @@ fn nested_statements(c: &mut Client) -> Vec<(i64, f64, f64, String)> {
 }
 
 // ---------------------------------------------------------------------------------
-// CPU from /proc.
-
-/// Clock ticks per second, for /proc CPU times.
-fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
-}
-
-/// The fields after the command name of a /proc `stat` file.
-fn stat_fields(path: &str) -> Vec<String> {
-    let stat = std::fs::read_to_string(path).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    after.split_whitespace().map(str::to_string).collect()
-}
-
-/// CPU seconds (user + system) of a /proc `stat` file (a process or a thread).
-fn cpu_of_stat(path: &str) -> f64 {
-    let fields = stat_fields(path);
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the command name: state is 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) / clk_tck()
-}
-
-/// CPU seconds used so far by a process (all its threads, live and ended).
-fn cpu_seconds(pid: u32) -> f64 {
-    cpu_of_stat(&format!("/proc/{pid}/stat"))
-}
-
-/// CPU seconds used so far by the thread of `pid` named `name`.
-fn thread_cpu_seconds(pid: u32, name: &str) -> f64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
-        })
-        .map(|t| cpu_of_stat(&t.path().join("stat").to_string_lossy()))
-        .sum()
-}
-
-/// The parent of a process.
-fn parent_of(pid: u32) -> u32 {
-    // After the command name: state is 0, ppid 1.
-    stat_fields(&format!("/proc/{pid}/stat"))
-        .get(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU seconds so far of a process and its live children (the postmaster and every
-/// backend and auxiliary process).
-fn cpu_of_family(parent: u32) -> f64 {
-    let mut sum = cpu_seconds(parent);
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if parent_of(pid) == parent {
-            sum += cpu_seconds(pid);
-        }
-    }
-    sum
-}
-
-/// The machine's busy and iowait seconds so far, over all CPUs (`/proc/stat`).
-fn machine_seconds() -> (f64, f64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<f64> = stat
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let at = |i: usize| ticks.get(i).copied().unwrap_or(0.0);
-    // user nice system idle iowait irq softirq steal …
-    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
-    (busy / clk_tck(), at(4) / clk_tck())
-}
+// CPU from /proc (`util/proc.rs`).
 
 /// CPU seconds of everything the run involves, read at once.
 #[derive(Clone, Copy, Default)]
@@ -348,21 +262,18 @@ struct Cpu {
     backend: f64,
     postgres: f64,
     clients: f64,
-    machine_busy: f64,
-    machine_iowait: f64,
+    machine: Machine,
 }
 
 impl Cpu {
     fn read(ingress: u32, backend: u32, postmaster: u32) -> Cpu {
-        let (machine_busy, machine_iowait) = machine_seconds();
         Cpu {
             ingress: cpu_seconds(ingress),
             committer: thread_cpu_seconds(ingress, "committer"),
             backend: cpu_seconds(backend),
-            postgres: cpu_of_family(postmaster),
+            postgres: cpu_of_families(&[postmaster])[0],
             clients: cpu_seconds(std::process::id()),
-            machine_busy,
-            machine_iowait,
+            machine: Machine::now(),
         }
     }
 
@@ -373,8 +284,7 @@ impl Cpu {
             backend: self.backend - b.backend,
             postgres: self.postgres - b.postgres,
             clients: self.clients - b.clients,
-            machine_busy: self.machine_busy - b.machine_busy,
-            machine_iowait: self.machine_iowait - b.machine_iowait,
+            machine: self.machine.since(b.machine),
         }
     }
 }
@@ -884,12 +794,13 @@ impl Figures {
         .unwrap();
         writeln!(
             out,
-            "    machine: {:.2} of {:.2} CPU seconds busy ({:.0}%; {:.2} not ingress, PostgreSQL or clients), iowait {:.2} s",
-            c.machine_busy,
+            "    machine: {:.2} of {:.2} CPU seconds busy ({:.0}%; {:.2} not ingress, PostgreSQL or clients), iowait {:.2} s, stolen by the host {:.2} s",
+            c.machine.busy,
             cores * self.seconds,
-            c.machine_busy / (cores * self.seconds) * 100.0,
-            c.machine_busy - c.ingress - c.postgres - c.clients,
-            c.machine_iowait,
+            c.machine.busy / (cores * self.seconds) * 100.0,
+            c.machine.busy - c.ingress - c.postgres - c.clients,
+            c.machine.iowait,
+            c.machine.steal,
         )
         .unwrap();
         let (accepted_all, commits_all, deferred, refused) = self.stats;

@@ -43,6 +43,10 @@
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
 mod pg;
+// The benchmark uses part of it.
+#[allow(dead_code)]
+#[path = "util/proc.rs"]
+mod proc;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -51,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use pg::TestDb;
 use postgres::{Client, NoTls};
+use proc::{cpu_of_families, cpu_seconds, parent_of};
 
 /// The QUEUE_LIMITs of the (b) bursts: `BENCH_QUEUE_LIMITS` (comma-separated), default
 /// 4 and 16.
@@ -167,27 +172,6 @@ fn messages() -> i64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5000)
-}
-
-/// Clock ticks per second, for /proc CPU times.
-fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
-}
-
-/// CPU seconds (user + system) used so far by a process.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the comm field: state is 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) / clk_tck()
 }
 
 /// Runs `threads` clients of a fresh database, each on its own `per_thread` rows
@@ -501,37 +485,6 @@ fn batch_sizes(log: &str) -> std::collections::BTreeMap<String, (u64, u64, [u64;
         }
     }
     out
-}
-
-/// The parent of a process, from `/proc/PID/stat`.
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    // After the comm field: state is 0, ppid 1.
-    after
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU seconds used so far by each of `parents` and its live children, in order
-/// (the postmaster and its backends; the dispatcher's workers).
-fn cpu_of_families(parents: &[u32]) -> Vec<f64> {
-    let mut sums: Vec<f64> = parents.iter().map(|&p| cpu_seconds(p)).collect();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Some(i) = parents.iter().position(|&p| p == parent_of(pid)) {
-            sums[i] += cpu_seconds(pid);
-        }
-    }
-    sums
 }
 
 impl Profile {

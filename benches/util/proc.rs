@@ -1,0 +1,116 @@
+//! CPU seconds from /proc, for the benchmarks' "where the time went" lines: of a
+//! process (all its threads), of one named thread, of process families (the
+//! postmaster and its backends, the dispatcher and its workers), and of the machine.
+//! Linux only; a process that is gone reads as 0.
+
+/// Clock ticks per second, for /proc CPU times.
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// The fields after the command name of a /proc `stat` file.
+fn stat_fields(path: &str) -> Vec<String> {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    after.split_whitespace().map(str::to_string).collect()
+}
+
+/// CPU seconds (user + system) of a /proc `stat` file (a process or a thread).
+fn cpu_of_stat(path: &str) -> f64 {
+    let fields = stat_fields(path);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the command name: state is 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) / clk_tck()
+}
+
+/// CPU seconds used so far by a process (all its threads, live and ended).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    cpu_of_stat(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds used so far by the threads of `pid` named `name`.
+pub fn thread_cpu_seconds(pid: u32, name: &str) -> f64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .map(|t| cpu_of_stat(&t.path().join("stat").to_string_lossy()))
+        .sum()
+}
+
+/// The parent of a process.
+pub fn parent_of(pid: u32) -> u32 {
+    // After the command name: state is 0, ppid 1.
+    stat_fields(&format!("/proc/{pid}/stat"))
+        .get(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds used so far by each of `parents` and its live children, in order.
+pub fn cpu_of_families(parents: &[u32]) -> Vec<f64> {
+    let mut sums: Vec<f64> = parents.iter().map(|&p| cpu_seconds(p)).collect();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(i) = parents.iter().position(|&p| p == parent_of(pid)) {
+            sums[i] += cpu_seconds(pid);
+        }
+    }
+    sums
+}
+
+/// The machine's seconds so far over all CPUs (`/proc/stat`).
+#[derive(Clone, Copy, Default)]
+pub struct Machine {
+    /// Running anything: user, nice, system, irq and softirq.
+    pub busy: f64,
+    /// Idle while a disk read or write was outstanding.
+    pub iowait: f64,
+    /// Taken by the hypervisor for other machines (a shared host's noise).
+    pub steal: f64,
+}
+
+impl Machine {
+    pub fn now() -> Machine {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let at = |i: usize| ticks.get(i).copied().unwrap_or(0.0) / clk_tck();
+        // user nice system idle iowait irq softirq steal …
+        Machine {
+            busy: at(0) + at(1) + at(2) + at(5) + at(6),
+            iowait: at(4),
+            steal: at(7),
+        }
+    }
+
+    /// What passed since `earlier`.
+    pub fn since(self, earlier: Machine) -> Machine {
+        Machine {
+            busy: self.busy - earlier.busy,
+            iowait: self.iowait - earlier.iowait,
+            steal: self.steal - earlier.steal,
+        }
+    }
+}
