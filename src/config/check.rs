@@ -247,10 +247,14 @@ pub fn run(program: &Program, invocation: Invocation) -> Result<(), Failure> {
 pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Failure> {
     let path = raw::search(explicit);
     let mut found = Findings::default();
-    let sections = match raw::read(&path) {
-        Ok(sections) => sections,
+    let sections = match raw::read_all(&path) {
+        // Lines the parse could not take are reported; the checks below run on the rest.
+        Ok((sections, errors)) => {
+            found.add_errors(errors);
+            sections
+        }
         Err(errors) => {
-            // Without the file's sections nothing else can be checked.
+            // Without the file nothing else can be checked.
             found.add_errors(errors);
             return found.finish(&path);
         }

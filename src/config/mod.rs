@@ -226,8 +226,16 @@ impl Config {
     /// Finds, reads and checks the configuration (search order of §4).
     pub fn load(explicit: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
         let path = raw::search(explicit);
-        let sections = raw::read(&path)?;
-        Config::from_sections(path, sections)
+        let (sections, mut errors) = raw::read_all(&path)?;
+        // The file's syntax errors and those of its values, all in one report.
+        match Config::from_sections(path, sections) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(errors),
+            Err(more) => {
+                errors.extend(more);
+                Err(errors)
+            }
+        }
     }
 
     /// Like [`Config::load`], as a program's start-up failure (exit 1); logs the

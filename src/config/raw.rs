@@ -324,6 +324,18 @@ pub fn valid_section(name: &str) -> bool {
 
 /// Parses configuration text. Every problem is returned, not only the first.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<Section>, Vec<ConfigError>> {
+    let (sections, errors) = parse_all(path, text);
+    if errors.is_empty() {
+        Ok(sections)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Parses configuration text as far as it goes: the sections of every line that could
+/// be read (a key set twice keeps its first value), and every problem, so that the
+/// checks of later phases still run on the rest and report their problems too.
+pub fn parse_all(path: &Path, text: &str) -> (Vec<Section>, Vec<ConfigError>) {
     let path: Arc<Path> = Arc::from(path);
     let mut sections: Vec<Section> = Vec::new();
     let mut errors = Vec::new();
@@ -399,16 +411,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Section>, Vec<ConfigError>> 
         }
         section.set(key, value, origin);
     }
-    if errors.is_empty() {
-        Ok(sections)
-    } else {
-        Err(errors)
-    }
+    (sections, errors)
 }
 
-/// Reads and parses a configuration file.
-pub fn read(path: &Path) -> Result<Vec<Section>, Vec<ConfigError>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+/// The UTF-8 byte order mark, which some editors write at the start of a file.
+const BOM: &str = "\u{feff}";
+
+/// Reads and parses a configuration file as far as it goes (see [`parse_all`]); `Err`
+/// only when the file cannot be read at all. A line that is not UTF-8 is an error
+/// naming it, and is read as empty; a byte order mark at the start is ignored.
+pub fn read_all(path: &Path) -> Result<(Vec<Section>, Vec<ConfigError>), Vec<ConfigError>> {
+    let bytes = std::fs::read(path).map_err(|e| {
         vec![ConfigError::at(
             Origin::File {
                 path: Arc::from(path),
@@ -417,7 +430,33 @@ pub fn read(path: &Path) -> Result<Vec<Section>, Vec<ConfigError>> {
             format!("cannot read the configuration file: {e}"),
         )]
     })?;
-    parse(path, &text)
+    let mut errors = Vec::new();
+    let mut text = String::with_capacity(bytes.len());
+    for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if index > 0 {
+            text.push('\n');
+        }
+        match std::str::from_utf8(line) {
+            Ok(line) => text.push_str(line),
+            Err(e) => errors.push(ConfigError::at(
+                Origin::File {
+                    path: Arc::from(path),
+                    line: index as u32 + 1,
+                },
+                format!(
+                    "is not UTF-8 (byte {} of the line); the line is ignored",
+                    e.valid_up_to() + 1
+                ),
+            )),
+        }
+    }
+    let (sections, more) = parse_all(path, text.strip_prefix(BOM).unwrap_or(&text));
+    errors.extend(more);
+    errors.sort_by_key(|e| match &e.origin {
+        Origin::File { line, .. } => *line,
+        _ => 0,
+    });
+    Ok((sections, errors))
 }
 
 /// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.

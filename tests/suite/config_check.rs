@@ -678,6 +678,78 @@ fn check_wants_the_ingress_stage_to_be_an_entry_stage_and_names_its_line() {
 }
 
 #[test]
+fn a_syntax_error_hides_no_other_error_and_a_line_that_is_not_utf8_is_named() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-all");
+    // A key set twice (line 2 of the stage section), a stage that names a stage with no
+    // section, a bad value of a fixed key, and a line that is not UTF-8.
+    let conf = config(
+        &dir,
+        &db,
+        &format!(
+            "{GOOD}
+[stage-extra]
+PROGRAM = {{pass}}
+PROGRAM = {{pass}}
+NEXT = nowhere
+"
+        ),
+    );
+    let mut text = std::fs::read(&conf).unwrap();
+    text.extend_from_slice(b"[pepsi-dispatch]\nMAX_HOPS = lots\n# caf\xe9\n");
+    std::fs::write(&conf, &text).unwrap();
+    let lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+    let line = |start: &[u8]| lines.iter().position(|l| l.starts_with(start)).unwrap() + 1;
+    let twice = lines
+        .iter()
+        .rposition(|l| l.starts_with(b"PROGRAM = "))
+        .unwrap()
+        + 1;
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    let c = conf.display();
+    for expect in [
+        format!(
+            "{c}:{twice}: [stage-extra] PROGRAM: is already set at {c}:{}",
+            twice - 1
+        ),
+        format!("{c}:{}: ", line(b"NEXT = nowhere")),
+        format!(
+            "{c}:{}: [pepsi-dispatch] MAX_HOPS",
+            line(b"MAX_HOPS = lots")
+        ),
+        format!("{c}:{}: is not UTF-8", line(b"# caf")),
+    ] {
+        assert!(text.contains(&expect), "{expect}\n{}", both(&out));
+    }
+    assert!(text.contains("nowhere"), "{}", both(&out));
+    // The dispatcher at start reports the file's syntax errors with its fixed
+    // sections' (the stage graph is built once those are right).
+    let out = serve_at_start(&conf);
+    let log = stderr(&out);
+    assert!(!out.status.success(), "{log}");
+    for part in ["is already set", "MAX_HOPS", "not UTF-8"] {
+        assert!(log.contains(part), "{part}: {log}");
+    }
+}
+
+#[test]
+fn a_byte_order_mark_at_the_start_of_the_file_is_ignored() {
+    let s = scenario("c-bom").stages(GOOD).build();
+    let mut text = "\u{feff}".as_bytes().to_vec();
+    text.extend(std::fs::read(&s.conf).unwrap());
+    std::fs::write(&s.conf, text).unwrap();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("configuration OK (0 warnings)"),
+        "{}",
+        both(&out)
+    );
+}
+
+#[test]
 fn check_without_a_database_still_checks_the_file() {
     let dir = TempDir::new("c-nodb");
     let conf = dir.write(
