@@ -135,7 +135,7 @@ pub fn for_the_sender(failure: Failure) -> Failure {
     Failure::new(
         EX_TEMPFAIL,
         format!(
-            "{} (exit {code} otherwise; 75 so that the message is handed over again later)",
+            "{}; not the message's fault, so exit 75 (try again later) rather than {code}",
             failure.message
         ),
     )

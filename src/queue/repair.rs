@@ -210,6 +210,18 @@ pub fn resume(session: &mut Session, what: ResumeWhat, json: bool) -> Result<(),
         ResumeWhat::Ids(ids) => return by_ids(session, Action::Resume, &ids, json),
         ResumeWhat::Matching { stage, status } => (stage, status),
     };
+    if let Some(stage) = &stage {
+        // Resumed at a stage without a section, a message would never be claimed; and a
+        // misspelt stage must not look like a queue with nothing to resume.
+        if !session.configured_stages()?.contains(stage) {
+            return Err(Failure::new(
+                EX_DATAERR,
+                format!(
+                    "--stage {stage:?}: no [stage-{stage}] section in the configuration or the overlay; nothing was resumed (requeue its messages to a stage that has one)"
+                ),
+            ));
+        }
+    }
     let n: i32 = session
         .client
         .query_one(sql::RESUME_MATCHING, &[&stage, &status])

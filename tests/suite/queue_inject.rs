@@ -261,6 +261,32 @@ fn inject_refuses_bad_input_and_writes_nothing() {
             64,
             "--stage",
         ),
+        // The sender left out: the next option is not taken as the address.
+        (
+            os(&["inject", "--stage", "in", "-f", "--to", "r@y.example"]),
+            good,
+            64,
+            "-f needs the sender's address before --to",
+        ),
+        // sendmail's -fADDRESS not UTF-8: bad data, as any address.
+        (
+            {
+                let mut a = os(&["inject", "--stage", "in"]);
+                a.push(OsString::from_vec(b"-fa\xff@x.example".to_vec()));
+                a.push(OsString::from("r@y.example"));
+                a
+            },
+            good,
+            65,
+            "-f: the address",
+        ),
+        // Without --to, '-' is no recipient.
+        (
+            os(&["inject", "--stage", "in", "-f", "a@x.example", "-"]),
+            good,
+            64,
+            "'-' is no recipient",
+        ),
     ];
     for (args, input, code, says) in cases {
         let out = queue_in(&s.conf, &args, input);
@@ -278,6 +304,32 @@ fn inject_refuses_bad_input_and_writes_nothing() {
         Vec::<String>::new(),
         "nothing notified"
     );
+}
+
+#[test]
+fn inject_warns_when_a_recipient_is_the_name_of_a_file() {
+    let (s, mut c) = Scenario::new("q-inject-file").stages(STAGES).connect();
+    let file = s.dir.write("message.eml", "Subject: x\n\nbody\n");
+    let out = queue_in(
+        &s.conf,
+        &os(&[
+            "inject",
+            "--stage",
+            "in",
+            "-f",
+            "a@x.example",
+            file.to_str().unwrap(),
+        ]),
+        b"Subject: x\n\nbody\n",
+    );
+    // Refused as an address all the same, after the warning that explains why.
+    assert_eq!(out.status.code(), Some(65), "{}", both(&out));
+    assert!(
+        stderr(&out).contains("is also the name of a file"),
+        "{}",
+        both(&out)
+    );
+    assert_eq!(count(&mut c, "SELECT count(*) FROM pepsi.workqueue"), 0);
 }
 
 /// A failure that is not the message's own (here a database that does not exist, a

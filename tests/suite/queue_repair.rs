@@ -158,6 +158,21 @@ fn each_repair_command_changes_what_it_may_reports_the_rest_and_notifies_once() 
     ] {
         expect(&queue(&sc.conf, args), 64);
     }
+    let out = queue(&sc.conf, &["resume", "--status", "held"]);
+    assert!(
+        stderr(&out).contains("held messages are not taken here")
+            && stderr(&out).contains("pepsi-queue release"),
+        "{}",
+        both(&out)
+    );
+    // A stage without a section is not a stage with nothing to resume.
+    let out = queue(&sc.conf, &["resume", "--stage", "nosuch"]);
+    expect(&out, 65);
+    assert!(
+        stderr(&out).contains("no [stage-nosuch] section"),
+        "{}",
+        both(&out)
+    );
 }
 
 #[test]

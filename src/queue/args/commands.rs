@@ -5,8 +5,10 @@
 //! [`super::parse`]. It reads arguments and checks shared values only through
 //! [`super::options`], and must not touch the help text.
 
+use std::ffi::OsString;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 
 use super::options::{Arg, Args, address, id, stage_name, status, text, unexpected};
 use super::{Command, DEFAULT_LIST_LIMIT, Inject, Input, RESUMABLE, ResumeWhat, STATUSES, usage};
@@ -79,7 +81,14 @@ pub(super) fn parse_inject(args: &mut Args) -> Result<Command, Failure> {
         match arg {
             Arg::Flag(f) if f == "--stage" => stage = Some(args.value(&f)?),
             Arg::Flag(f) if f == "--from" || f == "-f" => {
-                from = Some(address(&f, args.value_os(&f)?)?);
+                let value = address(&f, args.value_os(&f)?)?;
+                // `-f --to x`: the sender was left out, and the next option is no address.
+                if value.starts_with('-') && !value.contains('@') {
+                    return Err(usage(format!(
+                        "{f} needs the sender's address before {value} ('' for the null sender)"
+                    )));
+                }
+                from = Some(value);
             }
             // sendmail's -fADDRESS.
             Arg::Flag(f) if f.starts_with("-f") && !f.starts_with("--") => {
@@ -109,6 +118,12 @@ pub(super) fn parse_inject(args: &mut Args) -> Result<Command, Failure> {
             }
             // sendmail compatibility: a lone dot does not end the message here anyway.
             Arg::Flag(f) if f == "-i" || f == "-oi" => {}
+            // sendmail's -fADDRESS with an address that is not UTF-8: bad data, as any
+            // address that is not (an operand only because it is not text).
+            Arg::Operand(o) if o.to_str().is_none() && o.as_bytes().starts_with(b"-f") => {
+                let address_part = OsString::from_vec(o.as_bytes()[2..].to_vec());
+                from = Some(address("-f", address_part)?);
+            }
             Arg::Operand(o) => operands.push(o),
             other => return Err(unexpected("inject", other)),
         }
@@ -121,7 +136,23 @@ pub(super) fn parse_inject(args: &mut Args) -> Result<Command, Failure> {
     // recipient and the message comes from standard input (sendmail style).
     let input = if to.is_empty() {
         for o in operands {
-            to.push(address("recipient", o)?);
+            let recipient = address("recipient", o)?;
+            if recipient == "-" {
+                return Err(usage(
+                    "inject: '-' is no recipient: without --to the arguments are the \
+                     recipients and the message is read from standard input; with --to \
+                     ADDRESS, give the FILE or - after it",
+                ));
+            }
+            if !recipient.contains('@') && Path::new(&recipient).is_file() {
+                log::warn!(
+                    "inject: the recipient {:?} is also the name of a file; without --to \
+                     the arguments are the recipients and the message is read from \
+                     standard input (give the file with --to ADDRESS FILE)",
+                    crate::escape::Visible(&recipient)
+                );
+            }
+            to.push(recipient);
         }
         Input::Stdin
     } else {

@@ -150,13 +150,23 @@ pub fn ids_from_text(text: &str) -> Result<Vec<i64>, Failure> {
 /// Checks a status name against `allowed`.
 pub(super) fn status(option: &str, value: String, allowed: &[&str]) -> Result<String, Failure> {
     if allowed.contains(&value.as_str()) {
-        Ok(value)
-    } else {
-        Err(usage(format!(
+        return Ok(value);
+    }
+    let known = super::STATUSES.contains(&value.as_str());
+    Err(usage(match (known, value.as_str()) {
+        (true, "held") if !allowed.contains(&"held") => format!(
+            "{option}: held messages are not taken here ({}); release them with pepsi-queue release ID…",
+            allowed.join(", ")
+        ),
+        (true, _) => format!(
+            "{option}: {value} messages are not taken here ({})",
+            allowed.join(", ")
+        ),
+        (false, _) => format!(
             "{option}: unknown status {value:?} ({})",
             allowed.join(", ")
-        )))
-    }
+        ),
+    }))
 }
 
 /// The error for an argument a command does not take.
