@@ -423,8 +423,9 @@ struct Profile {
     claims: i64,
     rows_claimed: i64,
     /// Top-level statements of every session but the benchmark's own
-    /// (`pg_stat_statements`), and the most frequent of them: (calls, rows, text).
-    statements: i64,
+    /// (`pg_stat_statements`; `None` on a server that does not load it), and the most
+    /// frequent of them: (calls, rows, text).
+    statements: Option<i64>,
     top: Vec<(i64, i64, f64, f64, String)>,
     /// Those statements' calls per role they ran as (`BENCH_ROLES` shows here).
     by_role: Vec<(String, i64)>,
@@ -491,12 +492,16 @@ impl Profile {
     fn print(&self, out: &mut impl Write, hops: i64) {
         writeln!(
             out,
-            "    claims {} taking {} rows: {:.1} rows per claim; {} statements ({:.2} per hop), {} transactions ({:.2} per hop)",
+            "    claims {} taking {} rows: {:.1} rows per claim; {}, {} transactions ({:.2} per hop)",
             self.claims,
             self.rows_claimed,
             self.rows_claimed as f64 / self.claims.max(1) as f64,
-            self.statements,
-            self.statements as f64 / hops as f64,
+            match self.statements {
+                Some(n) => format!("{n} statements ({:.2} per hop)", n as f64 / hops as f64),
+                None => "statements not counted (the server does not load pg_stat_statements: \
+                         add it to shared_preload_libraries)"
+                    .to_string(),
+            },
             self.transactions,
             self.transactions as f64 / hops as f64,
         )
@@ -512,7 +517,9 @@ impl Profile {
             .iter()
             .map(|(role, calls)| format!("{role} {calls}"))
             .collect();
-        writeln!(out, "    statements by role: {}", by_role.join(", ")).unwrap();
+        if self.statements.is_some() {
+            writeln!(out, "    statements by role: {}", by_role.join(", ")).unwrap();
+        }
         for (stage, (messages, batches, classes)) in &self.batches {
             writeln!(
                 out,
@@ -556,8 +563,10 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
     // dispatcher's own is counted apart, so its own time is taken off below).
     let families = [parent_of(backend as u32), pid];
     let others0 = cpu_of_families(&families);
-    c.batch_execute("/* bench */ SELECT pg_stat_statements_reset()")
-        .unwrap();
+    // Without pg_stat_statements (a stock server) the statement figures are left out.
+    let counting = c
+        .batch_execute("/* bench */ SELECT pg_stat_statements_reset()")
+        .is_ok();
     let xact0 = transactions(&mut c);
     // Every statement of the benchmark's own session from here on is one transaction
     // to take off the database's count: the inject, the polls, the snapshot reads.
@@ -589,17 +598,20 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
             &[],
         )
         .unwrap();
-    let rows = c
-        .query(
+    let rows = if counting {
+        c.query(
             "/* bench */ SELECT calls, rows, mean_exec_time + mean_plan_time, mean_plan_time, query FROM pg_stat_statements s \
              JOIN pg_database d ON d.oid = s.dbid \
              WHERE d.datname = current_database() AND s.toplevel AND s.query NOT LIKE '%/* bench */%' \
              ORDER BY calls DESC",
             &[],
         )
-        .unwrap();
-    let by_role = c
-        .query(
+        .unwrap()
+    } else {
+        Vec::new()
+    };
+    let by_role = if counting {
+        c.query(
             "/* bench */ SELECT r.rolname::text, sum(s.calls)::int8 FROM pg_stat_statements s \
              JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid \
              WHERE d.datname = current_database() AND s.toplevel AND s.query NOT LIKE '%/* bench */%' \
@@ -609,12 +621,15 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .collect()
+    } else {
+        Vec::new()
+    };
     let log = std::fs::read_to_string(setup.dir.join("dispatch.log")).unwrap_or_default();
     let profile = Profile {
         claims: stats.get(0),
         rows_claimed: stats.get(1),
-        statements: rows.iter().map(|r| r.get::<_, i64>(0)).sum(),
+        statements: counting.then(|| rows.iter().map(|r| r.get::<_, i64>(0)).sum()),
         by_role,
         top: rows
             .iter()

@@ -16,6 +16,7 @@ mod fair;
 mod fair_sql;
 mod foundation;
 mod guarantees;
+mod harness;
 mod ingress;
 mod poison;
 mod queue_config;

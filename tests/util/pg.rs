@@ -213,6 +213,14 @@ fn start() -> Result<Server, String> {
     let template = format!("pepsi_template_{}", std::process::id());
     let mut admin = Client::connect(&with_db(&base, "postgres"), NoTls)
         .map_err(|e| format!("cannot connect to the test server: {e}"))?;
+    if cluster.is_none() {
+        // On a server that outlives the run: what earlier runs left (killed, or a
+        // panic before the exit), and at this run's exit what it made.
+        drop_test_databases(&mut admin, |pid| !process_alive(pid));
+        EXTERNAL_BASE.set(base.clone()).ok();
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(drop_own_databases) };
+    }
     // Two statements: CREATE DATABASE cannot run inside the implicit transaction of a
     // multi-statement query.
     for sql in [
@@ -236,6 +244,66 @@ fn start() -> Result<Server, String> {
         template,
         cluster,
     })
+}
+
+/// The server's connection string without a database (`DATABASE_URL`'s form), for a
+/// child test run pointed at this one's server.
+pub fn base_conninfo() -> &'static str {
+    &server().base
+}
+
+/// The external server's connection string, for the clean-up at exit.
+static EXTERNAL_BASE: OnceLock<String> = OnceLock::new();
+
+/// The process whose test databases these are: `pepsi_template_PID`, `pepsi_tPID_N`,
+/// `pepsi_ePID_N`, `pepsi_oPID_N` (see [`TestDb`]); `None` for any other name.
+pub fn test_database_run(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("pepsi_")?;
+    let digits = |s: &str| (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then_some(());
+    if let Some(pid) = rest.strip_prefix("template_") {
+        digits(pid)?;
+        return pid.parse().ok();
+    }
+    let rest = rest.strip_prefix(['t', 'e', 'o'])?;
+    let (pid, n) = rest.split_once('_')?;
+    digits(pid)?;
+    digits(n)?;
+    pid.parse().ok()
+}
+
+/// Is a process of this machine alive (a test run still going)?
+pub fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 checks only whether the process exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Drops every test database of the server whose run `gone` says is over.
+fn drop_test_databases(admin: &mut Client, gone: impl Fn(u32) -> bool) {
+    let Ok(rows) = admin.query(
+        "SELECT datname::text FROM pg_catalog.pg_database WHERE datname LIKE 'pepsi\\_%'",
+        &[],
+    ) else {
+        return;
+    };
+    for row in rows {
+        let name: String = row.get(0);
+        if test_database_run(&name).is_some_and(&gone) {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+/// At exit, on an external server: drops this run's template and whatever test
+/// databases it still has (a panic does not drop the template, nor a database of a
+/// test that did not unwind).
+extern "C" fn drop_own_databases() {
+    if let Some(base) = EXTERNAL_BASE.get() {
+        if let Ok(mut admin) = Client::connect(&with_db(base, "postgres"), NoTls) {
+            let own = std::process::id();
+            drop_test_databases(&mut admin, |pid| pid == own);
+        }
+    }
 }
 
 /// `base` pointed at database `name`.
