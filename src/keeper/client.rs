@@ -145,15 +145,16 @@ impl Keeper {
     }
 
     /// Starts a command: `argv` as `user` (empty: the keeper's own account; ignored by
-    /// a fixed keeper, which runs its own), with `env` and the given stdin and stderr;
-    /// returns its pid.
+    /// a fixed keeper, which runs its own), with `env`, the given stdin and stderr, and
+    /// the read end of its recipients' pipe (its descriptor [`super::RECIPIENTS_FD`]);
+    /// returns its pid. A request too large to pass is refused as exec refuses an
+    /// environment too large: `E2BIG`.
     pub fn run(
         &self,
         user: &str,
         argv: &[String],
         env: &[(&str, String)],
-        stdin: OwnedFd,
-        stderr: OwnedFd,
+        pipes: [OwnedFd; 3],
     ) -> Result<u32, RunError> {
         let argc = argv.len().to_string();
         let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -161,27 +162,29 @@ impl Keeper {
         fields.extend(argv.iter().map(|a| a.as_bytes()));
         fields.extend(env.iter().map(|e| e.as_bytes()));
         let message = wire::message(&fields);
-        if let Err(e) = wire::send(
-            self.sock.as_fd(),
-            &message,
-            &[stdin.as_fd(), stderr.as_fd()],
-        ) {
+        let too_big = || RunError::Start {
+            errno: libc::E2BIG,
+            message: format!(
+                "cannot start {}: the message's environment is too large ({} bytes)",
+                argv[0],
+                message.len()
+            ),
+        };
+        // The keeper would read a longer message cut short.
+        if message.len() > wire::MAX_MESSAGE {
+            return Err(too_big());
+        }
+        let fds: Vec<_> = pipes.iter().map(|p| p.as_fd()).collect();
+        if let Err(e) = wire::send(self.sock.as_fd(), &message, &fds) {
             return Err(if e.raw_os_error() == Some(libc::EMSGSIZE) {
                 // As exec itself would say: the environment does not fit.
-                RunError::Start {
-                    errno: libc::E2BIG,
-                    message: format!(
-                        "cannot start {}: the message's environment is too large ({} bytes)",
-                        argv[0],
-                        message.len()
-                    ),
-                }
+                too_big()
             } else {
                 RunError::Lost(e.to_string())
             });
         }
         // The command holds its own copies now.
-        drop((stdin, stderr));
+        drop(pipes);
         match self.receive(None)? {
             Some((STARTED, fields)) => {
                 String::from_utf8_lossy(fields.first().unwrap_or(&Vec::new()))

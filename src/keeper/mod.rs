@@ -4,9 +4,10 @@
 //!
 //! A worker never starts its command itself. It asks its keeper, over a Unix socket,
 //! to run the command with the message's `PEPSI_*` variables, passing the command's
-//! stdin and stderr pipes along; the keeper starts it in a process group of its own,
-//! with a clean environment (those variables, `PATH`, `HOME`, `LANG`), no descriptor
-//! but the three, as the stage's `USER` when it may switch accounts, reports its start
+//! stdin and stderr pipes and the pipe of its recipients along; the keeper starts it in
+//! a process group of its own, with a clean environment (those variables, `PATH`,
+//! `HOME`, `LANG`), no descriptor but the three and its recipients' ([`RECIPIENTS_FD`]),
+//! as the stage's `USER` when it may switch accounts, reports its start
 //! and its exit status, kills it when the worker's `TIMEOUT` runs out, and kills
 //! whatever it left behind when it ends, detached or not ([`serve`]).
 //!
@@ -33,7 +34,7 @@ pub mod serve;
 pub mod wire;
 
 /// A worker's request: run a command (fields: user, argc, argv…, `NAME=value`…; with
-/// its stdin and stderr descriptors).
+/// its stdin and stderr descriptors and the read end of its recipients' pipe).
 pub const RUN: &[u8] = b"RUN";
 /// A worker's request: kill the running command (its `TIMEOUT` ran out).
 pub const KILL: &[u8] = b"KILL";
@@ -61,6 +62,14 @@ pub const ALLOWED_ENV: &[&str] = &[
     "PEPSI_SENDER_KEY",
     "LANG",
 ];
+
+/// The descriptor a command reads its recipients on, one per line, from a pipe of its
+/// own (the worker writes them; no size limit, unlike a variable).
+pub const RECIPIENTS_FD: i32 = 3;
+
+/// The environment variable that names [`RECIPIENTS_FD`] to the command; the keeper
+/// sets it when it passes the descriptor.
+pub const RECIPIENTS_FD_ENV: &str = "PEPSI_RECIPIENTS_FD";
 
 /// The environment variable that gives a worker its keeper's descriptor.
 pub const KEEPER_FD_ENV: &str = "PEPSI_KEEPER_FD";

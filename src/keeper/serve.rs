@@ -1,14 +1,16 @@
 //! The keeper process: runs one worker's commands, one at a time, each in a process
-//! group of its own with a clean environment, no descriptor but its stdin, stdout and
-//! stderr, and — when the keeper may — as the stage's `USER`; reports each start and
-//! exit; kills a command on request; and kills whatever a command left behind when it
-//! ends, detached or not (the keeper is a child subreaper, so a process that left its
-//! process group or session still becomes its child). When the worker's end of the
-//! connection closes, the keeper kills what runs and exits.
+//! group of its own with a clean environment, no descriptor but its stdin, stdout,
+//! stderr and the pipe of its recipients (descriptor [`RECIPIENTS_FD`]), and — when the
+//! keeper may — as the stage's `USER`; reports each start and exit; kills a command on
+//! request; and kills whatever a command left behind when it ends, detached or not
+//! (the keeper is a child subreaper, so a process that left its process group or
+//! session still becomes its child). When the worker's end of the connection closes,
+//! the keeper kills what runs and exits.
 //!
 //! Runs single-threaded in a process of its own (forked by the dispatcher's master, or
 //! started by a worker for itself), so it may fork freely. It never reads the message:
-//! the worker passes the command's stdin and stderr pipes with the request.
+//! the worker passes the command's stdin, stderr and recipients' pipes with the
+//! request.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -16,7 +18,10 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
 use super::wire::{self, Received};
-use super::{ALLOWED_ENV, EXIT, KILL, READY, REFUSED, RUN, START_ERROR, STARTED};
+use super::{
+    ALLOWED_ENV, EXIT, KILL, READY, RECIPIENTS_FD, RECIPIENTS_FD_ENV, REFUSED, RUN, START_ERROR,
+    STARTED,
+};
 use crate::privilege::{Passwd, SERVICE_PATH, lookup};
 
 /// What a keeper may run.
@@ -145,12 +150,14 @@ fn cloexec_from_3() {
 }
 
 /// Starts the command of `request` as `account`, its stdin and stderr the pipes the
-/// worker passed.
+/// worker passed, and the recipients' pipe, when it passed one (a worker of an earlier
+/// release does not), as descriptor [`RECIPIENTS_FD`].
 fn start(
     request: Request,
     account: Option<Passwd>,
     stdin: OwnedFd,
     stderr: OwnedFd,
+    recipients: Option<OwnedFd>,
 ) -> io::Result<Child> {
     let mut cmd = Command::new(&request.argv[0]);
     let home = account
@@ -169,9 +176,13 @@ fn start(
         .stderr(Stdio::from(stderr))
         // Its own process group: a kill reaches its helpers too.
         .process_group(0);
+    if recipients.is_some() {
+        cmd.env(RECIPIENTS_FD_ENV, RECIPIENTS_FD.to_string());
+    }
+    let recipients_raw = recipients.as_ref().map(|r| r.as_raw_fd());
     let switch = account.map(|a| (a.uid, a.gid, a.groups));
     // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl, fcntl,
-    // close_range) on memory allocated before the fork.
+    // close_range, dup2) on memory allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
             if let Some((uid, gid, groups)) = &switch {
@@ -191,10 +202,46 @@ fn start(
                 return Err(io::Error::last_os_error());
             }
             cloexec_from_3();
+            // After the mark, which would close it at the exec: the recipients'
+            // pipe as descriptor 3 (dup2 gives the copy no close-on-exec; a pipe
+            // already at 3 loses its mark). Descriptor 3 is never std's own pipe that
+            // reports a failed exec: [`hold_recipients_fd`] keeps it taken.
+            if let Some(raw) = recipients_raw {
+                let r = if raw == RECIPIENTS_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, RECIPIENTS_FD)
+                };
+                if r < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn();
+    // The command holds its own copy now.
+    drop(recipients);
+    child
+}
+
+/// Keeps descriptor [`RECIPIENTS_FD`] taken in the keeper (by `/dev/null`,
+/// close-on-exec, when nothing holds it), so that no descriptor the keeper opens later,
+/// such as std's pipe that reports a failed exec, gets the number a command's
+/// recipients are moved to.
+fn hold_recipients_fd() {
+    // SAFETY: fcntl on a descriptor number only reads its flags; open and dup3 make
+    // new descriptors that this process owns for its lifetime.
+    unsafe {
+        if libc::fcntl(RECIPIENTS_FD, libc::F_GETFD) >= 0 {
+            return;
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null >= 0 && null != RECIPIENTS_FD {
+            libc::dup3(null, RECIPIENTS_FD, libc::O_CLOEXEC);
+            libc::close(null);
+        }
+    }
 }
 
 /// This process's children (including the orphans it adopted as a subreaper).
@@ -309,6 +356,7 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
     }
+    hold_recipients_fd();
     let sock_fd = sock.as_fd();
     if let Some(why) = refusal {
         say(sock_fd, &[REFUSED, why.as_bytes()]);
@@ -359,7 +407,10 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
                     r.kill();
                 }
             }
-            Some(RUN) if running.is_none() && fds.len() == 2 && fds.iter().all(is_pipe) => {
+            Some(RUN)
+                if running.is_none() && (2..=3).contains(&fds.len()) && fds.iter().all(is_pipe) =>
+            {
+                let recipients = (fds.len() == 3).then(|| fds.pop().expect("three descriptors"));
                 let stderr = fds.pop().expect("two descriptors");
                 let stdin = fds.pop().expect("two descriptors");
                 let started = parse_request(&fields).and_then(|request| {
@@ -371,7 +422,7 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
                             .as_ref()
                             .map_or("the keeper's account", |a| a.name.as_str())
                     );
-                    start(request, account, stdin, stderr)
+                    start(request, account, stdin, stderr, recipients)
                         .map_err(|e| format!("{}\0{e}", e.raw_os_error().unwrap_or(0)))
                 });
                 match started {

@@ -1,6 +1,7 @@
 //! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
-//! reports `bounce.rs` sends); [`BUILTINS`] lists them and [`REGISTRY`] hands that
+//! reports `bounce.rs` sends; `sysexits.rs` reads what an `exec.rs` command's exit
+//! tells the sender); [`BUILTINS`] lists them and [`REGISTRY`] hands that
 //! list to the worker runtime (`src/bin/pepsi-stage.rs` gives it to
 //! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
 //! its stage, [`for_program`] a `PROGRAM`, and [`check_section`] checks a section with
@@ -33,6 +34,7 @@ pub mod dsn;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
+pub mod sysexits;
 
 use crate::config::{ConfigError, StageSection};
 use crate::worker::{Registry, Stage};

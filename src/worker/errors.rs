@@ -178,12 +178,12 @@ pub(super) fn handle_error(
                     max_lifetime.as_secs()
                 );
             }
-            mark_failed(&mut message, stage, class, &error.message);
+            mark_failed(&mut message, stage, class, &error);
             plan.write = Write::Update(update_row(&message, &claimed, stage, "failed", None));
             plan.answer = answer;
         }
         Fate::Bounce { stage: bounce } => {
-            mark_failed(&mut message, stage, RETRIES_EXHAUSTED, &error.message);
+            mark_failed(&mut message, stage, RETRIES_EXHAUSTED, &error);
             log::warn!(
                 "{stage}: message {id}: giving up after MAX_LIFETIME ({}s), moving it to {bounce}: {error}",
                 max_lifetime.as_secs()
@@ -208,13 +208,32 @@ pub(super) fn handle_error(
     }
 }
 
-/// Records why and where a message failed in its state.
-fn mark_failed(message: &mut Message, stage: &str, class: &str, error: &str) {
+/// Records why and where a message failed in its state: the error for the system
+/// (`last_error`, never shown to the sender), and the status and diagnostic the stage
+/// chose for the sender, if it did ([`crate::worker::DsnReason`]), for all the row's
+/// recipients.
+fn mark_failed(message: &mut Message, stage: &str, class: &str, error: &StageError) {
     message
         .state
-        .insert("last_error".into(), json!(db::storable(error)));
+        .insert("last_error".into(), json!(db::storable(&error.message)));
     message.state.insert("failed_stage".into(), json!(stage));
     message.state.insert("failure_class".into(), json!(class));
+    if let Some(reason) = &error.dsn {
+        message
+            .state
+            .insert("dsn_status".into(), json!(reason.status));
+        match &reason.diagnostic {
+            Some(d) => {
+                message
+                    .state
+                    .insert("dsn_diagnostic".into(), json!(db::storable(d)));
+            }
+            // A diagnostic an earlier failure left must not describe this one.
+            None => {
+                message.state.remove("dsn_diagnostic");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -354,6 +373,51 @@ mod tests {
             fate(ErrorClass::Host, 0, HOUR, DAY, Some("bounce"), true),
             Fate::Retry { failures: 1, .. }
         ));
+    }
+
+    #[test]
+    fn a_failure_records_the_status_and_diagnostic_the_stage_chose_for_the_sender() {
+        use crate::worker::DsnReason;
+        let mut m = Message::new(
+            7,
+            "relay".into(),
+            "a@x.example".into(),
+            vec!["r@y.example".into()],
+            None,
+            None,
+            Map::new(),
+            String::new(),
+        );
+        m.state.insert(
+            "dsn_diagnostic".into(),
+            json!("x-pepsi; an earlier failure"),
+        );
+        mark_failed(
+            &mut m,
+            "relay",
+            PERMANENT,
+            &StageError::permanent("/etc/x: no"),
+        );
+        assert_eq!(m.state["last_error"], "/etc/x: no");
+        assert_eq!(
+            m.state.get("dsn_status"),
+            None,
+            "none chosen: the class decides"
+        );
+        let chosen = StageError::permanent("/etc/x: no").with_dsn(DsnReason {
+            status: "5.1.1".into(),
+            diagnostic: None,
+        });
+        mark_failed(&mut m, "relay", PERMANENT, &chosen);
+        assert_eq!(m.state["dsn_status"], "5.1.1");
+        assert_eq!(m.state.get("dsn_diagnostic"), None, "not an earlier one's");
+        let said = StageError::host("x").with_dsn(DsnReason {
+            status: "4.2.2".into(),
+            diagnostic: Some("x-pepsi; 4.2.2 full\0".into()),
+        });
+        mark_failed(&mut m, "relay", RETRIES_EXHAUSTED, &said);
+        assert_eq!(m.state["dsn_status"], "4.2.2");
+        assert_eq!(m.state["dsn_diagnostic"], "x-pepsi; 4.2.2 full\u{FFFD}");
     }
 
     #[test]

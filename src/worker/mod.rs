@@ -30,7 +30,7 @@
 //! - [`settings`]: per-address settings (§12.5) and what a correspondent may override;
 //! - `registry.rs`: [`Registry`], the stages a program is made of, by program name;
 //! - `stage.rs`: [`Stage`], [`Configured`], [`Context`], [`Load`];
-//! - `outcome.rs`: [`Outcome`], [`Notification`], [`StageError`], [`ErrorClass`];
+//! - `outcome.rs`: [`Outcome`], [`Notification`], [`StageError`], [`ErrorClass`], [`DsnReason`];
 //! - [`message`]: [`Message`], a loaded row, and the [`SettingRow`]s that came with it;
 //! - [`input`]: reading ids from stdin with the greedy batch take of §12.3;
 //! - `tally.rs`: the batch sizes logged when input ends.
@@ -52,6 +52,6 @@ mod tally;
 mod writes;
 
 pub use message::{Message, SettingRow};
-pub use outcome::{ErrorClass, Notification, Outcome, StageError};
+pub use outcome::{DsnReason, ErrorClass, Notification, Outcome, StageError};
 pub use registry::{PROGRAM_PREFIX, Registry};
 pub use stage::{Configured, Context, Load, Stage, required_next};

@@ -1,6 +1,7 @@
 //! What a stage body returns (SPEC §12.4, §13.2): its [`Outcome`] (advance, finish,
 //! pause, split, bounce), the [`Notification`] a bounce carries, and its
-//! [`StageError`] with the [`ErrorClass`] that says how the runtime handles it.
+//! [`StageError`] with the [`ErrorClass`] that says how the runtime handles it and the
+//! [`DsnReason`] the sender reads should the row fail with it.
 //!
 //! Vocabulary only, shared by the stages (which return these), `stage.rs` (whose
 //! `Configured::run` names them), `chain.rs` (which acts on an outcome), `errors.rs`
@@ -73,6 +74,22 @@ pub struct StageError {
     pub class: ErrorClass,
     /// What happened (goes to `state.last_error` and the log).
     pub message: String,
+    /// What the sender reads when the row fails with this error (SPEC §13.2), as the
+    /// stage chose it; `None` leaves the status to the failure class.
+    pub dsn: Option<DsnReason>,
+}
+
+/// The status and diagnostic a stage gives the sender of a message that fails with its
+/// error: written as `state.dsn_status` and `state.dsn_diagnostic` when the row fails
+/// (never while it is retried), for the bounce stage's report. Unlike the error's
+/// message, which stays in `state.last_error`, this reaches the sender: a stage sets it
+/// deliberately, with nothing of the host in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DsnReason {
+    /// An RFC 3463 status, `5.x.x` or `4.x.x`.
+    pub status: String,
+    /// A `Diagnostic-Code` (`type; text`), if any.
+    pub diagnostic: Option<String>,
 }
 
 impl StageError {
@@ -81,6 +98,7 @@ impl StageError {
         StageError {
             class: ErrorClass::Host,
             message: db::storable(&message.into()),
+            dsn: None,
         }
     }
 
@@ -89,7 +107,15 @@ impl StageError {
         StageError {
             class: ErrorClass::Permanent,
             message: db::storable(&message.into()),
+            dsn: None,
         }
+    }
+
+    /// This error with the status and diagnostic its sender reads should the row fail
+    /// with it ([`DsnReason`]).
+    pub fn with_dsn(mut self, reason: DsnReason) -> StageError {
+        self.dsn = Some(reason);
+        self
     }
 
     /// A database error, classified by SQLSTATE: connection and overload errors keep
@@ -103,6 +129,7 @@ impl StageError {
         StageError {
             class,
             message: format!("database: {}", db::describe(err)),
+            dsn: None,
         }
     }
 }

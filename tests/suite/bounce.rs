@@ -18,7 +18,7 @@ const HOST: &str = "mx.test.example";
 
 /// `b` with `[pepsi] HOSTNAME`, the bounce stage (to `deliver`, a discard) and `extra`
 /// sections; `{NAME}` stands for a built-in stage program.
-fn with_bounce(b: Builder, extra: &str) -> Builder {
+pub(super) fn with_bounce(b: Builder, extra: &str) -> Builder {
     b.pepsi(&format!("HOSTNAME = {HOST}\n")).stages(&format!(
         "[stage-bounce]\nPROGRAM = {{bounce}}\nNEXT = deliver\n{extra}\n\
          [stage-deliver]\nPROGRAM = {{discard}}\n"
@@ -39,12 +39,12 @@ struct Original<'a> {
     state: Value,
 }
 
-const HEADERS: &[u8] = b"From: Alice <alice@origin.example>\r\n\
+pub(super) const HEADERS: &[u8] = b"From: Alice <alice@origin.example>\r\n\
 To: bob@dest.example\r\n\
 Subject: Quarterly figures\r\n\
 Message-ID: <q4.figures@origin.example>\r\n\
 Date: Wed, 02 Dec 2026 10:00:00 +0000\r\n";
-const BODY: &[u8] = b"The figures are attached.\r\n\r\n-- \r\nAlice\r\n";
+pub(super) const BODY: &[u8] = b"The figures are attached.\r\n\r\n-- \r\nAlice\r\n";
 
 impl Original<'_> {
     fn simple(state: Value) -> Original<'static> {
@@ -78,7 +78,7 @@ fn at_bounce(c: &mut Client, m: &Original<'_>) -> i64 {
 }
 
 /// A DSN row as stored.
-struct Stored {
+pub(super) struct Stored {
     id: i64,
     stage: String,
     status: String,
@@ -87,11 +87,11 @@ struct Stored {
     header_from: Option<String>,
     subject: Option<String>,
     state: Value,
-    raw: Vec<u8>,
+    pub(super) raw: Vec<u8>,
 }
 
 /// The DSN made of message `original`, if any.
-fn dsn_of(c: &mut Client, original: i64) -> Option<Stored> {
+pub(super) fn dsn_of(c: &mut Client, original: i64) -> Option<Stored> {
     let rows = c
         .query(
             "SELECT q.workqueue_id, q.stage, q.status::text, q.mail_from, q.rcpt_to, q.header_from, \
@@ -123,7 +123,7 @@ fn dsn_of(c: &mut Client, original: i64) -> Option<Stored> {
 }
 
 /// Runs the bounce stage on these rows; every answer must be 0.
-fn bounce(conf: &std::path::Path, ids: &[i64]) {
+pub(super) fn bounce(conf: &std::path::Path, ids: &[i64]) {
     let mut w = Worker::ready(&stage("bounce"), conf);
     for line in w.run(ids) {
         assert_eq!(code(&line), 0, "{line}");
@@ -134,7 +134,7 @@ fn bounce(conf: &std::path::Path, ids: &[i64]) {
 
 /// Moves every failed or timeout row to the bounce stage, as the failure bouncer does;
 /// how many moved.
-fn move_failed(c: &mut Client) -> usize {
+pub(super) fn move_failed(c: &mut Client) -> usize {
     let statuses = vec!["failed".to_string(), "timeout".to_string()];
     c.query(
         pepsi::db::sql::BOUNCE_FAILED,
@@ -145,19 +145,19 @@ fn move_failed(c: &mut Client) -> usize {
 }
 
 /// A report, parsed.
-struct Parsed {
+pub(super) struct Parsed {
     /// The top-level header fields, raw.
-    top: Vec<(String, String)>,
+    pub(super) top: Vec<(String, String)>,
     /// Per part: its content type, its transfer encoding and its raw contents.
     parts: Vec<(String, String, Vec<u8>)>,
     /// The per-message fields of the delivery-status part.
     per_message: Vec<(String, String)>,
     /// The per-recipient field groups.
-    per_recipient: Vec<Vec<(String, String)>>,
+    pub(super) per_recipient: Vec<Vec<(String, String)>>,
 }
 
 impl Parsed {
-    fn top(&self, name: &str) -> Option<&str> {
+    pub(super) fn top(&self, name: &str) -> Option<&str> {
         field(&self.top, name)
     }
 
@@ -165,12 +165,12 @@ impl Parsed {
         self.parts.iter().map(|(t, _, _)| t.as_str()).collect()
     }
 
-    fn human(&self) -> String {
+    pub(super) fn human(&self) -> String {
         String::from_utf8(self.parts[0].2.clone()).unwrap()
     }
 }
 
-fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(super) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
     fields
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -192,7 +192,7 @@ fn fields_of(block: &[u8]) -> Vec<(String, String)> {
 /// Parses a report with the independent parser and checks its structure: a
 /// `multipart/report; report-type=delivery-status` of a text part, a delivery-status
 /// part and at most one more; every line within RFC 5322's 998 octets.
-fn parse(raw: &[u8]) -> Parsed {
+pub(super) fn parse(raw: &[u8]) -> Parsed {
     for line in raw.split(|&b| b == b'\n') {
         assert!(line.len() <= 999, "a line of {} octets", line.len());
     }
@@ -777,7 +777,9 @@ fn rows_failed_each_way_give_the_documented_status() {
         statuses.push(field(&p.per_recipient[0], "Status").unwrap().to_string());
         assert!(!p.human().contains("worker died"));
     }
-    assert_eq!(statuses, ["5.0.0", "4.4.7", "5.3.0", "5.3.0"]);
+    // The permanent failure is exit 67 (EX_NOUSER), which reads as Postfix's pipe(8)
+    // reports it.
+    assert_eq!(statuses, ["5.1.1", "4.4.7", "5.3.0", "5.3.0"]);
 }
 
 #[test]
@@ -1071,7 +1073,9 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
                 .collect();
             for r in &p.per_recipient {
                 assert_eq!(field(r, "Action"), Some("failed"));
-                assert_eq!(field(r, "Status"), Some("5.0.0"));
+                // Exit 67, EX_NOUSER.
+                assert_eq!(field(r, "Status"), Some("5.1.1"));
+                assert_eq!(field(r, "Diagnostic-Code"), None, "no last_error");
             }
             assert!(!p.human().contains("refuses mail"), "no last_error");
             (p.top("To").unwrap().to_string(), finals)

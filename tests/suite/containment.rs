@@ -852,7 +852,8 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
     });
     let command_pid = pid_written().unwrap();
     // Its descriptors once it is the `sleep` it execs (the shell before it holds its
-    // script open): the three, nothing of the worker's or the keeper's.
+    // script open): the three and the read end of its own recipients' pipe, nothing of
+    // the worker's or the keeper's.
     wait_until(Duration::from_secs(10), "the command execs sleep", || {
         std::fs::read_to_string(format!("/proc/{command_pid}/comm"))
             .is_ok_and(|c| c.trim_end() == "sleep")
@@ -862,7 +863,19 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     fds.sort();
-    assert_eq!(fds, ["0", "1", "2"]);
+    assert_eq!(fds, ["0", "1", "2", "3"]);
+    let recipients = std::fs::read_link(format!("/proc/{command_pid}/fd/3")).unwrap();
+    assert!(
+        recipients.to_string_lossy().starts_with("pipe:"),
+        "{recipients:?}"
+    );
+    let fdinfo = std::fs::read_to_string(format!("/proc/{command_pid}/fdinfo/3")).unwrap();
+    let flags = fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+        .unwrap();
+    assert_eq!(flags & 3, 0, "read only: {fdinfo}");
     let worker = d.children()[0];
     let worker_uid = std::fs::read_to_string(format!("/proc/{worker}/status"))
         .unwrap()
@@ -892,6 +905,7 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
         assert!(!env.lines().any(|l| l.starts_with(gone)), "{gone}: {env}");
     }
     assert!(env.contains(&format!("PEPSI_ID={id}\n")), "{env}");
+    assert!(env.contains("PEPSI_RECIPIENTS_FD=3\n"), "{env}");
     assert!(env.contains("HOME=/usr/sbin\n"), "{env}");
     let config = std::fs::read_to_string(out.join("config")).unwrap_or_default();
     assert!(
