@@ -298,11 +298,19 @@ fn drop_test_databases(admin: &mut Client, gone: impl Fn(u32) -> bool) {
 /// databases it still has (a panic does not drop the template, nor a database of a
 /// test that did not unwind).
 extern "C" fn drop_own_databases() {
-    if let Some(base) = EXTERNAL_BASE.get() {
+    let Some(base) = EXTERNAL_BASE.get() else {
+        return;
+    };
+    // On a thread of its own: the exiting thread's thread-locals, the database
+    // client's runtime among them, may already be gone.
+    let clean_up = std::thread::Builder::new().spawn(move || {
         if let Ok(mut admin) = Client::connect(&with_db(base, "postgres"), NoTls) {
             let own = std::process::id();
             drop_test_databases(&mut admin, |pid| pid == own);
         }
+    });
+    if let Ok(handle) = clean_up {
+        let _ = handle.join();
     }
 }
 
