@@ -7,7 +7,7 @@
 //! Called by `check.rs` only. It reads the user database and file metadata and changes
 //! nothing; switching to the account is `crate::privilege`'s.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -115,21 +115,54 @@ impl Account {
     }
 }
 
-/// Can `program` be started by the dispatcher running as `account`: an absolute (or
-/// relative) path must be an executable file; a bare name is looked up on `PATH` like
-/// `execvp`, the first executable match winning.
-pub(super) fn program_runs(program: &str, account: Option<&Account>) -> Result<(), String> {
-    let executable = |path: &Path| match account {
-        Some(a) => a.may(path, Access::Execute),
-        None => std::fs::metadata(path).map(drop).map_err(|e| e.to_string()),
+/// May this process execute `path` (a regular file, `access(X_OK)` as it is now)?
+fn self_may_execute(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| "the path contains a NUL byte".to_string())?;
+    // SAFETY: c_path is a valid C string.
+    let r = unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::X_OK,
+            libc::AT_EACCESS,
+        )
     };
-    let run_as = account.map_or_else(String::new, |a| format!(" by RUN_AS {}", a.name));
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+/// Can `program` be started by `account` (`None`: this process, as it is): an absolute
+/// (or relative) path must be an executable file; a bare name is looked up on `path`
+/// (the `PATH` the program will be started with) like `execvp`, the first executable
+/// match winning. `who` names the account in a message (`RUN_AS pepsi`, `USER vmail`).
+pub(super) fn program_runs(
+    program: &str,
+    account: Option<&Account>,
+    who: &str,
+    path: &OsStr,
+) -> Result<(), String> {
+    let executable = |file: &Path| match account {
+        Some(a) => a.may(file, Access::Execute),
+        None => self_may_execute(file),
+    };
+    let run_as = if who.is_empty() {
+        String::new()
+    } else {
+        format!(" by {who}")
+    };
     if program.contains('/') {
         return executable(Path::new(program))
             .map_err(|e| format!("{program} cannot be executed{run_as}: {e}"));
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let candidates: Vec<PathBuf> = std::env::split_paths(&path)
+    let candidates: Vec<PathBuf> = std::env::split_paths(path)
         .map(|dir| dir.join(program))
         .filter(|p| p.is_file())
         .collect();
@@ -192,9 +225,24 @@ mod tests {
 
     #[test]
     fn a_program_is_found_on_path_or_named_missing() {
-        assert!(program_runs("/nonexistent/prog", None).is_err());
-        let e = program_runs("pepsi-no-such-program", None).unwrap_err();
+        let path = OsStr::new("/usr/local/bin:/usr/bin:/bin");
+        assert!(program_runs("/nonexistent/prog", None, "", path).is_err());
+        let e = program_runs("pepsi-no-such-program", None, "", path).unwrap_err();
         assert!(e.contains("not found on PATH"), "{e}");
-        assert!(program_runs("/bin/sh", None).is_ok());
+        assert!(program_runs("/bin/sh", None, "", path).is_ok());
+        assert!(program_runs("sh", None, "", path).is_ok());
+        // Looked up on the PATH given, not this process's.
+        let e = program_runs("sh", None, "", OsStr::new("/nonexistent")).unwrap_err();
+        assert!(e.contains("not found on PATH (/nonexistent)"), "{e}");
+        // A file that is not executable, for an account that is not root.
+        let file = std::env::temp_dir().join(format!("pepsi-not-a-program-{}", std::process::id()));
+        std::fs::write(&file, "text\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let vmail = account(64999, &[64999]);
+        let e = program_runs(file.to_str().unwrap(), Some(&vmail), "USER vmail", path);
+        std::fs::remove_file(&file).unwrap();
+        let e = e.unwrap_err();
+        assert!(e.contains("cannot be executed by USER vmail"), "{e}");
     }
 }

@@ -32,6 +32,7 @@
 //! to stdout.
 
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 use postgres::Client;
@@ -46,6 +47,7 @@ use crate::cli::{Invocation, Program};
 use crate::db::{self, schema};
 use crate::exit::Failure;
 use crate::ingress;
+use crate::privilege::SERVICE_PATH;
 use crate::stages;
 use crate::worker::settings::{self, SettingRow};
 
@@ -310,11 +312,20 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     // connects: the database sees the account the dispatcher connects as (peer
     // authentication with the default CONNECTION), and the kernel answers the file
     // checks below for that account.
+    let mut switched = false;
     if account.is_some() {
-        if let Err(e) = crate::privilege::drop_to(&run_as) {
-            found.errors.push(format!("[pepsi] RUN_AS: {}", e.message));
+        match crate::privilege::drop_to(&run_as) {
+            Ok(to) => switched = to.is_some(),
+            Err(e) => found.errors.push(format!("[pepsi] RUN_AS: {}", e.message)),
         }
     }
+    // The PATH a bare PROGRAM is looked up on: the dispatcher's own, or after its switch
+    // to RUN_AS the service PATH it gives its workers (root's is not theirs).
+    let program_path: OsString = if switched {
+        SERVICE_PATH.into()
+    } else {
+        std::env::var_os("PATH").unwrap_or_default()
+    };
     if let Some(account) = &account {
         if let Err(e) = account.may(&path, Access::Read) {
             found.errors.push(format!(
@@ -392,14 +403,31 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             }
         }
     }
+    let run_as_who = account
+        .as_ref()
+        .map_or_else(String::new, |a| format!("RUN_AS {}", a.name));
     for stage in &checked {
-        if let Err(e) = program_runs(&stage.program, account.as_ref()) {
+        if let Err(e) = program_runs(&stage.program, account.as_ref(), &run_as_who, &program_path) {
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
-        if stage.section.get("COMMAND").is_some() {
+        if let Some(command) = stage.section.get("COMMAND") {
             let user = stage.section.get("USER");
-            if let Err(e) = crate::keeper::command_account(user, &run_as, as_root) {
-                found.add_errors([stage.section.error("USER", e)]);
+            match crate::keeper::command_account(user, &run_as, as_root) {
+                Err(e) => found.add_errors([stage.section.error("USER", e)]),
+                // The command as its account will start it, on the PATH commands get.
+                Ok(runner) => {
+                    let (runner, who) = match runner {
+                        Some(name) => (Account::lookup(&name).ok(), format!("USER {name}")),
+                        None => (None, String::new()),
+                    };
+                    if let Some(program) = command.split_whitespace().next() {
+                        if let Err(e) =
+                            program_runs(program, runner.as_ref(), &who, OsStr::new(SERVICE_PATH))
+                        {
+                            found.add_errors([stage.section.error("COMMAND", e)]);
+                        }
+                    }
+                }
             }
         }
     }

@@ -735,6 +735,96 @@ NEXT = nowhere
 }
 
 #[test]
+fn an_exec_command_that_is_missing_or_not_executable_is_an_error_naming_its_line() {
+    let user = crate::util::exec_user();
+    let dir = TempDir::new("c-command-file");
+    // A file nobody may execute, in a directory everyone may search.
+    let plain = dir.write("deliver.txt", "not a program\n");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let not_executable = format!("{} cannot be executed", plain.display());
+    for (command, says) in [
+        (
+            "/nonexistent/deliver --to x".to_string(),
+            "/nonexistent/deliver cannot be executed",
+        ),
+        (plain.display().to_string(), not_executable.as_str()),
+        (
+            "no-such-deliver-program".to_string(),
+            "no-such-deliver-program is not found on PATH (/usr/local/bin:/usr/bin:/bin)",
+        ),
+    ] {
+        let s = scenario("c-command")
+            .stages(&format!(
+                "[stage-in]\nPROGRAM = {{exec}}\nCOMMAND = {command}\nUSER = {user}\n"
+            ))
+            .build();
+        let out = check(&s.conf, &[]);
+        assert_eq!(out.status.code(), Some(78), "{command}: {}", both(&out));
+        let expect = format!(
+            "error: {}:{}: [stage-in] COMMAND: {says}",
+            s.conf.display(),
+            line_of(&s.conf, "COMMAND")
+        );
+        assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    }
+    // A command the account can run passes.
+    let s = scenario("c-command-ok")
+        .stages(&format!(
+            "[stage-in]\nPROGRAM = {{exec}}\nCOMMAND = cat\nUSER = {user}\n"
+        ))
+        .build();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+}
+
+#[test]
+fn check_looks_a_bare_program_up_on_the_path_the_switched_dispatcher_uses() {
+    if !crate::util::is_root() {
+        eprintln!("skipped: needs root (the dispatcher switches to RUN_AS only as root)");
+        return;
+    }
+    let installed = ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join("pepsi-stage-exec").exists());
+    if installed {
+        eprintln!("skipped: pepsi-stage-exec is installed on the service PATH");
+        return;
+    }
+    let db = TestDb::new();
+    let dir = TempDir::new("c-path");
+    let command = dir.write("deliver", "#!/bin/sh\ncat >/dev/null\n");
+    let conf = crate::util::scenario::switched_accounts(&dir, &db, &command);
+    // The stage program as a bare name, found only on root's PATH here.
+    let program = dir.path("pepsi-stage-exec");
+    let text = std::fs::read_to_string(&conf).unwrap().replace(
+        &format!("PROGRAM = {}", program.display()),
+        "PROGRAM = pepsi-stage-exec",
+    );
+    std::fs::write(&conf, text).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.0.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(bin("pepsi-dispatch"))
+        .args(["-c", conf.to_str().unwrap(), "check"])
+        .env("PATH", &path)
+        .env_remove("PEPSI_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let expect = format!(
+        "[stage-e] PROGRAM: pepsi-stage-exec is not found on PATH ({})",
+        pepsi::privilege::SERVICE_PATH
+    );
+    assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+}
+
+#[test]
 fn a_byte_order_mark_at_the_start_of_the_file_is_ignored() {
     let s = scenario("c-bom").stages(GOOD).build();
     let mut text = "\u{feff}".as_bytes().to_vec();
