@@ -403,6 +403,10 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             }
         }
     }
+    let max_runtime = match &config {
+        Ok(c) => Some(c.dispatch.max_runtime),
+        Err(_) => None,
+    };
     let run_as_who = account
         .as_ref()
         .map_or_else(String::new, |a| format!("RUN_AS {}", a.name));
@@ -411,6 +415,23 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
         if let Some(command) = stage.section.get("COMMAND") {
+            // A worker running longer than MAX_RUNTIME is killed and its message struck:
+            // a command allowed as long would never get to its own timeout.
+            let timeout = stage
+                .section
+                .duration("TIMEOUT", crate::stages::exec::DEFAULT_TIMEOUT);
+            if let (Ok(timeout), Some(limit)) = (timeout, max_runtime) {
+                if timeout >= limit {
+                    found.add_warnings([stage.section.error(
+                        "TIMEOUT",
+                        format!(
+                            "{} is not below [pepsi-dispatch] MAX_RUNTIME ({}): a command still running at MAX_RUNTIME has its worker killed and its message struck, before TIMEOUT would make it a host error",
+                            crate::config::raw::show_duration(timeout),
+                            crate::config::raw::show_duration(limit)
+                        ),
+                    )]);
+                }
+            }
             let user = stage.section.get("USER");
             match crate::keeper::command_account(user, &run_as, as_root) {
                 Err(e) => found.add_errors([stage.section.error("USER", e)]),

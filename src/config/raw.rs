@@ -252,6 +252,22 @@ impl Section {
     }
 }
 
+/// A duration as the file would write it: the largest of `d`, `h`, `m`, `s` that
+/// divides it, else milliseconds (`90s`, `5m`, `2h`, `1500ms`).
+pub fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        return format!("{ms}ms");
+    }
+    let s = ms / 1000;
+    for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= size && s % size == 0 {
+            return format!("{}{unit}", s / size);
+        }
+    }
+    format!("{s}s")
+}
+
 /// Parses a duration: a number with an optional unit `ms`, `s`, `m`, `h`, `d`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -590,5 +606,16 @@ mod tests {
         let mut s = p("[a]\nK = v\n").unwrap().remove(0);
         s.set("K", "", Origin::Override);
         assert_eq!(s.get("K"), None);
+    }
+
+    #[test]
+    fn durations_are_shown_as_the_file_would_write_them() {
+        let show = |ms| show_duration(Duration::from_millis(ms));
+        assert_eq!(show(90_000), "90s");
+        assert_eq!(show(300_000), "5m");
+        assert_eq!(show(7_200_000), "2h");
+        assert_eq!(show(86_400_000), "1d");
+        assert_eq!(show(1_500), "1500ms");
+        assert_eq!(show(0), "0s");
     }
 }

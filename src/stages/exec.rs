@@ -44,6 +44,9 @@ use crate::keeper::client::{Keeper, RunError};
 use crate::keeper::wire;
 use crate::worker::{Configured, Context, DsnReason, Load, Message, Outcome, Stage, StageError};
 
+/// How long a command may run when the section says nothing (`TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The stage.
 pub struct Exec;
 
@@ -124,7 +127,7 @@ impl Stage for Exec {
         if argv.is_empty() {
             return Err(s.error("COMMAND", "is empty"));
         }
-        let timeout = s.duration("TIMEOUT", Duration::from_secs(60))?;
+        let timeout = s.duration("TIMEOUT", DEFAULT_TIMEOUT)?;
         if timeout.is_zero() {
             return Err(s.error("TIMEOUT", "must be greater than zero"));
         }

@@ -782,6 +782,34 @@ fn an_exec_command_that_is_missing_or_not_executable_is_an_error_naming_its_line
 }
 
 #[test]
+fn an_exec_timeout_not_below_max_runtime_is_a_warning() {
+    let user = crate::util::exec_user();
+    let stages = |timeout: &str| {
+        format!("[stage-in]\nPROGRAM = {{exec}}\nCOMMAND = cat\nUSER = {user}\n{timeout}")
+    };
+    let s = scenario("c-timeout")
+        .stages(&stages("TIMEOUT = 10m\n"))
+        .build();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let expect = format!(
+        "warning: {}:{}: [stage-in] TIMEOUT: 10m is not below [pepsi-dispatch] MAX_RUNTIME (5m)",
+        s.conf.display(),
+        line_of(&s.conf, "TIMEOUT")
+    );
+    assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    assert!(stdout(&out).contains("(1 warning"), "{}", both(&out));
+    // The default TIMEOUT (60s) is below the default MAX_RUNTIME (5m).
+    let s = scenario("c-timeout-ok").stages(&stages("")).build();
+    let out = check(&s.conf, &[]);
+    assert!(
+        stdout(&out).contains("configuration OK (0 warnings)"),
+        "{}",
+        both(&out)
+    );
+}
+
+#[test]
 fn check_looks_a_bare_program_up_on_the_path_the_switched_dispatcher_uses() {
     if !crate::util::is_root() {
         eprintln!("skipped: needs root (the dispatcher switches to RUN_AS only as root)");
