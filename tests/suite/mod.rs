@@ -18,6 +18,7 @@ mod foundation;
 mod guarantees;
 mod ingress;
 mod poison;
+mod postfix;
 mod queue_config;
 mod queue_inject;
 mod queue_list;
