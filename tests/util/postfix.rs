@@ -104,7 +104,9 @@ impl Postfix {
     /// (`postfix check`) and starts it, and returns once its `smtpd` greets.
     #[track_caller]
     pub fn start(tag: &str, main: &str, master: &str, mailboxes: &[&str]) -> Postfix {
-        let dir = TempDir::new(tag);
+        static STALE: std::sync::Once = std::sync::Once::new();
+        STALE.call_once(remove_stale);
+        let dir = TempDir::new(&format!("{DIR_TAG}-{tag}"));
         let port = super::ingress::free_port();
         let conf = dir.path("conf");
         let data = dir.path("data");
@@ -181,9 +183,9 @@ impl Postfix {
             }
             assert!(
                 Instant::now() < deadline,
-                "the private Postfix did not greet on port {} within {timeout:?}; its log:\n{}",
+                "the private Postfix did not greet on port {} within {timeout:?} (its log \
+                 follows the test's output)",
                 self.port,
-                self.maillog()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -228,9 +230,9 @@ impl Postfix {
             }
             assert!(
                 Instant::now() < deadline,
-                "{local}@{DOMAIN} holds {} messages, not {n}, after {timeout:?}; the log:\n{}",
+                "{local}@{DOMAIN} holds {} messages, not {n}, after {timeout:?} \
+                 (Postfix's log follows the test's output)",
                 messages.len(),
-                self.maillog()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -280,6 +282,39 @@ impl Drop for Postfix {
             eprintln!("the private Postfix's log:\n{}", self.maillog());
         }
         self.stop();
+    }
+}
+
+/// What the name of every instance's directory starts with, after `pepsi-t-`.
+const DIR_TAG: &str = "postfix";
+
+/// Stops the instances of test processes that ended without stopping theirs (a test
+/// binary killed at a time limit), and removes their directories: a Postfix master
+/// outlives the test that started it. A directory is named
+/// `pepsi-t-postfix-TAG-PID-N` ([`TempDir::new`]), PID the test process's.
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&format!("pepsi-t-{DIR_TAG}-")) {
+            continue;
+        }
+        let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if e.path().join("queue/pid/master.pid").exists() {
+            let _ = Command::new(POSTFIX)
+                .arg("-c")
+                .arg(e.path().join("conf"))
+                .arg("stop")
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(e.path());
     }
 }
 
