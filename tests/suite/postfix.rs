@@ -11,7 +11,8 @@
 //! delivered with its null sender and never bounced again; an 8-bit message, an
 //! SMTPUTF8 message and a 2 MB attachment arrive byte for byte. Needs root and Postfix
 //! (`apt-get install postfix`); elsewhere each test says why and passes, unless `CI`
-//! is set.
+//! is set. On every machine, the README must still give each piece of the recipe in
+//! the shape the loop reads it.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -399,4 +400,31 @@ fn an_8bit_message_an_smtputf8_message_and_a_2_mb_attachment_arrive_byte_for_byt
         assert_eq!(got.len(), 1, "{mailbox} gets one message");
         arrived_intact(&got[0], sent, sender);
     }
+}
+
+#[test]
+fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expects_it() {
+    // Runs without root or Postfix too: a recipe edited out of shape fails here on
+    // every machine, not only where the loop itself runs.
+    let script = std::path::Path::new("/srv/reinject");
+    let recipe = Recipe::from_readme().on_ports(20025, 20026, script, &stage("exec"));
+    assert!(
+        recipe
+            .main_cf
+            .lines()
+            .any(|l| l == "content_filter = lmtp:inet:127.0.0.1:20025"),
+        "{}",
+        recipe.main_cf
+    );
+    assert!(
+        recipe.master_cf.starts_with("127.0.0.1:20026 inet ")
+            && recipe.master_cf.contains("\n  -o content_filter=\n"),
+        "{}",
+        recipe.master_cf
+    );
+    assert!(recipe.ingress.contains("LISTEN = lmtp:127.0.0.1:20025\n"));
+    assert!(recipe.ingress.contains("STAGE = filter\n"));
+    assert!(recipe.reinject_stage.contains("COMMAND = /srv/reinject\n"));
+    assert!(recipe.reinject_script.starts_with("#!/usr/bin/python3\n"));
+    assert!(recipe.reinject_script.contains("\"127.0.0.1\", 20026,"));
 }
