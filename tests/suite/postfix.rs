@@ -12,7 +12,7 @@
 //! SMTPUTF8 message and a 2 MB attachment arrive byte for byte. Needs root and Postfix
 //! (`apt-get install postfix`); elsewhere each test says why and passes, unless `CI`
 //! is set. On every machine, the README must still give each piece of the recipe in
-//! the shape the loop reads it.
+//! the shape the loop reads it, and `pepsi-ingress(8)` the same lines as the README.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -427,4 +427,36 @@ fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expec
     assert!(recipe.reinject_stage.contains("COMMAND = /srv/reinject\n"));
     assert!(recipe.reinject_script.starts_with("#!/usr/bin/python3\n"));
     assert!(recipe.reinject_script.contains("\"127.0.0.1\", 20026,"));
+}
+
+#[test]
+fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe_verbatim() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/man/pepsi-ingress.8");
+    let page = std::fs::read_to_string(&path).unwrap();
+    // The page's example blocks (.EX … .EE), roff's `\-` read as `-`.
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in page.lines() {
+        match (line, current.as_mut()) {
+            (".EX", None) => current = Some(String::new()),
+            (".EE", Some(_)) => blocks.extend(current.take()),
+            (line, Some(block)) => {
+                block.push_str(&line.replace("\\-", "-"));
+                block.push('\n');
+            }
+            _ => {}
+        }
+    }
+    let recipe = Recipe::from_readme();
+    for (what, lines) in [
+        ("main.cf", recipe.main_cf.clone()),
+        ("master.cf", recipe.master_cf.clone()),
+        ("pepsi.conf", format!("[pepsi-ingress]\n{}", recipe.ingress)),
+    ] {
+        assert!(
+            blocks.contains(&lines),
+            "pepsi-ingress(8) gives the README's {what} lines verbatim:\n{lines}"
+        );
+    }
 }
