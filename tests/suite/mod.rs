@@ -20,6 +20,7 @@ mod guarantees;
 mod harness;
 mod ingress;
 mod poison;
+mod postfix;
 mod queue_config;
 mod queue_inject;
 mod queue_list;

@@ -10,6 +10,7 @@ pub mod ingress;
 pub mod logged;
 pub mod notify;
 pub mod pg;
+pub mod postfix;
 pub mod queue;
 pub mod rows;
 pub mod scenario;

@@ -1,0 +1,462 @@
+//! The README's Postfix recipe, run for real: a private Postfix (`util::postfix`)
+//! takes mail over SMTP, hands it to `pepsi-ingress` through `content_filter =
+//! lmtp:inet:…`, a dispatcher runs it through a pipeline (`filter`, an `if` stage that
+//! drops mail from `spam.test`, then the README's `reinject` exec stage), and the
+//! `reinject` script gives it back to Postfix's second `smtpd`, which delivers it into
+//! maildirs the test reads. Every Postfix and Pepsi line of the loop is the README's
+//! own (`Recipe::from_readme`), moved to free loopback ports.
+//!
+//! What the loop must do: a message for two local recipients arrives once in each
+//! mailbox, byte for byte as sent; a bounce from outside (the null sender) is
+//! delivered with its null sender and never bounced again; an 8-bit message, an
+//! SMTPUTF8 message and a 2 MB attachment arrive byte for byte. Needs root and Postfix
+//! (`apt-get install postfix`); elsewhere each test says why and passes, unless `CI`
+//! is set. On every machine, the README must still give each piece of the recipe in
+//! the shape the loop reads it, and `pepsi-ingress(8)` the same lines as the README.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+
+use crate::util::dispatcher::Dispatcher;
+use crate::util::ingress::{Ingress, free_port, python};
+use crate::util::postfix::{self, DOMAIN, HOSTNAME, POSTMASTER, Postfix, Recipe};
+use crate::util::rows::queue_len;
+use crate::util::{Scenario, stage};
+
+/// The pipeline before the README's `[stage-reinject]`: `filter` (the recipe's entry
+/// stage) drops mail from `spam.test` and passes the rest on to `reinject`.
+const PIPELINE: &str = "\
+[stage-filter]
+PROGRAM = {if}
+MATCH = sender-domain is spam.test
+NEXT = drop
+ELSE_STAGE = reinject
+
+[stage-drop]
+PROGRAM = {discard}
+
+";
+
+/// The longest a message may take round the loop.
+const ROUND: Duration = Duration::from_secs(60);
+
+/// The loop of one test. The fields drop in this order: Postfix stops first, so
+/// nothing more reaches `pepsi-ingress`; the database goes last.
+struct Loop {
+    postfix: Postfix,
+    ingress: Ingress,
+    dispatcher: Dispatcher,
+    c: Client,
+    _s: Scenario,
+}
+
+/// Wires the README's recipe on free ports (see the module's paragraph) with the
+/// maildirs `mailboxes` of `local.test`, or says why it cannot run here (None).
+fn open(tag: &str, mailboxes: &[&str]) -> Option<Loop> {
+    if !postfix::available(tag) {
+        return None;
+    }
+    let builder = Scenario::new(tag);
+    let script = builder.dir().path("reinject");
+    let recipe = Recipe::from_readme().on_ports(free_port(), free_port(), &script, &stage("exec"));
+    std::fs::write(&script, &recipe.reinject_script).unwrap();
+    // Mode 755, as the README installs it: the command runs as the stage's USER.
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (s, c) = builder
+        .timers("")
+        .section("pepsi-ingress", &recipe.ingress)
+        .stages(PIPELINE)
+        .stages(&recipe.reinject_stage)
+        .connect();
+    let ingress = Ingress::start(&s.conf);
+    let dispatcher = s.start();
+    let postfix = Postfix::start(tag, &recipe.main_cf, &recipe.master_cf, mailboxes);
+    Some(Loop {
+        postfix,
+        ingress,
+        dispatcher,
+        c,
+        _s: s,
+    })
+}
+
+impl Drop for Loop {
+    /// Stops Postfix first, so nothing more reaches `pepsi-ingress`, then lets
+    /// `pepsi-ingress` and the dispatcher end as they do in service (SIGTERM), so that
+    /// no worker or exec command outlives the test; a program that takes longer than
+    /// 15 s is killed when its field drops.
+    fn drop(&mut self) {
+        self.postfix.stop();
+        self.ingress.signal(libc::SIGTERM);
+        self.dispatcher.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline
+            && (self.ingress.try_wait().is_none() || self.dispatcher.try_wait().is_none())
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Loop {
+    /// Submits `message` over SMTP to Postfix's `smtpd` from `sender` (`""` is the null
+    /// sender) to `recipients` with the MAIL FROM parameters `options`; Postfix must
+    /// answer 250 at the end of the data.
+    #[track_caller]
+    fn submit(&self, sender: &str, recipients: &[&str], message: &[u8], options: &[&str]) {
+        let dir = crate::util::TempDir::new("pf-msg");
+        let file = dir.path("message");
+        std::fs::write(&file, message).unwrap();
+        let target = format!("127.0.0.1:{}", self.postfix.port);
+        let out = python(
+            r#"
+s = smtp(sys.argv[1])
+message = open(sys.argv[4], "rb").read()
+options = [o for o in sys.argv[5].split(",") if o]
+out = transaction(s, sys.argv[2], sys.argv[3].split(","), message, mail_options=options)
+s.quit()
+print(json.dumps(out))
+"#,
+            &[
+                &target,
+                sender,
+                &recipients.join(","),
+                file.to_str().unwrap(),
+                &options.join(","),
+            ],
+            Duration::from_secs(120),
+        );
+        assert_eq!(out["data"][0][0], 250, "Postfix takes the message: {out}");
+    }
+
+    /// Waits until the loop is at rest: Pepsi's queue and Postfix's empty, and the
+    /// mailboxes `watch` unchanged for three seconds (longer than Postfix's queue run
+    /// delay and backoff, so a retry or a bounce would have shown).
+    #[track_caller]
+    fn settle(&mut self, watch: &[&str]) {
+        let deadline = Instant::now() + ROUND;
+        let counts =
+            |p: &Postfix| -> Vec<usize> { watch.iter().map(|m| p.mailbox(m).len()).collect() };
+        let mut last = (counts(&self.postfix), Instant::now());
+        loop {
+            let now = counts(&self.postfix);
+            let idle = queue_len(&mut self.c) == 0 && self.postfix.queued() == 0;
+            if now != last.0 || !idle {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() >= Duration::from_secs(3) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the loop did not come to rest within {ROUND:?}: {} rows in Pepsi's queue, \
+                 {} messages in Postfix's",
+                queue_len(&mut self.c),
+                self.postfix.queued()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `message` (written with CRLF line ends) as a maildir file holds it: LF line ends.
+fn as_stored(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len());
+    let mut i = 0;
+    while i < message.len() {
+        if message[i..].starts_with(b"\r\n") {
+            out.push(b'\n');
+            i += 2;
+        } else {
+            out.push(message[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Asserts that `delivered` (a maildir file) is `message` byte for byte, after the
+/// header fields Postfix adds on delivery (Return-Path with the envelope `sender`,
+/// X-Original-To, Delivered-To) and one Received field for each of the two passes
+/// through an `smtpd`: the way in and the way back from Pepsi.
+#[track_caller]
+fn arrived_intact(delivered: &[u8], message: &[u8], sender: &str) {
+    let original = as_stored(message);
+    assert!(
+        delivered.ends_with(&original),
+        "the delivered message ends with the message as sent, byte for byte; it is:\n{}",
+        String::from_utf8_lossy(&delivered[..delivered.len().min(4096)])
+    );
+    let added = std::str::from_utf8(&delivered[..delivered.len() - original.len()])
+        .expect("the fields Postfix adds are UTF-8");
+    let names: Vec<&str> = added
+        .lines()
+        .filter(|l| !l.starts_with([' ', '\t']))
+        .map(|l| l.split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "Return-Path",
+            "X-Original-To",
+            "Delivered-To",
+            "Received",
+            "Received"
+        ],
+        "Postfix adds its delivery fields and two Received fields, nothing else:\n{added}"
+    );
+    assert!(
+        added.starts_with(&format!("Return-Path: <{sender}>\n")),
+        "the envelope sender survives the loop:\n{added}"
+    );
+    assert_eq!(
+        added.matches(&format!("by {HOSTNAME} (Postfix)")).count(),
+        2,
+        "both Received fields are Postfix's:\n{added}"
+    );
+}
+
+/// A message with every header field Postfix would otherwise add, the fields `more`
+/// (each line ending in CRLF) and `body`.
+fn message(from: &str, to: &str, subject: &str, id: &str, more: &str, body: &[u8]) -> Vec<u8> {
+    let mut m = format!(
+        "From: {from}\r\nTo: {to}\r\nSubject: {subject}\r\nDate: Thu, 03 Dec 2026 16:00:00 +0000\r\n\
+         Message-ID: <{id}@ext.test>\r\nMIME-Version: 1.0\r\n{more}\r\n"
+    )
+    .into_bytes();
+    m.extend_from_slice(body);
+    m
+}
+
+#[test]
+fn a_message_for_two_local_recipients_goes_round_the_loop_and_arrives_once_in_each_mailbox() {
+    let Some(mut l) = open("pf-two", &["alice", "bob"]) else {
+        return;
+    };
+    let sent = message(
+        "Sender <sender@ext.test>",
+        "alice@local.test, bob@local.test",
+        "round the loop",
+        "two",
+        "",
+        b"Hello, both of you.\r\n.A line that starts with a dot.\r\n\r\nThe end.\r\n",
+    );
+    l.submit(
+        "sender@ext.test",
+        &[&format!("alice@{DOMAIN}"), &format!("bob@{DOMAIN}")],
+        &sent,
+        &[],
+    );
+    l.postfix.wait_mailbox("alice", 1, ROUND);
+    l.postfix.wait_mailbox("bob", 1, ROUND);
+    l.settle(&["alice", "bob", POSTMASTER]);
+    for mailbox in ["alice", "bob"] {
+        let got = l.postfix.mailbox(mailbox);
+        assert_eq!(got.len(), 1, "{mailbox} gets the message once");
+        arrived_intact(&got[0], &sent, "sender@ext.test");
+    }
+    assert!(l.postfix.mailbox(POSTMASTER).is_empty());
+    // The message went to pepsi-ingress over LMTP and came back through the reinjection
+    // smtpd: Postfix says so in its log.
+    let log = l.postfix.maillog();
+    assert!(
+        log.contains("postfix/lmtp[") && log.contains("status=sent (250 2.1.5"),
+        "Postfix's lmtp client handed the message to pepsi-ingress:\n{log}"
+    );
+}
+
+#[test]
+fn a_bounce_from_outside_is_delivered_with_its_null_sender_and_never_bounced_again() {
+    let Some(mut l) = open("pf-bounce", &["alice"]) else {
+        return;
+    };
+    let sent = message(
+        "Mail Delivery System <MAILER-DAEMON@ext.test>",
+        "alice@local.test",
+        "Undelivered Mail Returned to Sender",
+        "bounce",
+        "",
+        b"This is the mail system at host ext.test.\r\n\r\nYour message could not be delivered.\r\n",
+    );
+    l.submit("", &[&format!("alice@{DOMAIN}")], &sent, &[]);
+    l.postfix.wait_mailbox("alice", 1, ROUND);
+    l.settle(&["alice", POSTMASTER]);
+    let got = l.postfix.mailbox("alice");
+    assert_eq!(got.len(), 1, "alice gets the bounce once");
+    arrived_intact(&got[0], &sent, "");
+    assert!(
+        l.postfix.mailbox(POSTMASTER).is_empty(),
+        "no double bounce reaches the postmaster"
+    );
+    let log = l.postfix.maillog();
+    assert!(
+        !log.contains("non-delivery notification") && !log.contains("status=bounced"),
+        "Postfix bounced nothing:\n{log}"
+    );
+    // The queue manager names each queue file's sender: the message as it came in,
+    // and as it came back from Pepsi.
+    let queued: std::collections::BTreeSet<&str> = log
+        .lines()
+        .filter(|l| l.contains("postfix/qmgr[") && l.contains(": from=<"))
+        .filter_map(|l| l.split("]: ").nth(1)?.split(':').next())
+        .collect();
+    assert_eq!(queued.len(), 2, "Postfix queued the message twice:\n{log}");
+    assert_eq!(
+        log.matches(": from=<>,").count(),
+        log.matches(": from=<").count(),
+        "the null sender both times:\n{log}"
+    );
+}
+
+/// `n` bytes that do not repeat in any way a compressor or a careless copy would hide.
+fn noise(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn an_8bit_message_an_smtputf8_message_and_a_2_mb_attachment_arrive_byte_for_byte() {
+    let Some(mut l) = open("pf-8bit", &["alice", "bob", "carol"]) else {
+        return;
+    };
+    // 8-bit text in Latin-1, then in UTF-8.
+    let mut latin1_and_utf8 = b"Gr\xfc\xdfe aus K\xf6ln, \xa9 2026.\r\n".to_vec();
+    latin1_and_utf8.extend_from_slice("Grüße, ½ € — ✓\r\n".as_bytes());
+    let eight_bit = message(
+        "sender@ext.test",
+        "alice@local.test",
+        "8-bit",
+        "8bit",
+        "Content-Type: text/plain; charset=iso-8859-1\r\nContent-Transfer-Encoding: 8bit\r\n",
+        &latin1_and_utf8,
+    );
+    let utf8 = message(
+        "José <josé@ext.test>",
+        "bob@local.test",
+        "Grüße aus Köln ✓",
+        "utf8",
+        "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n",
+        "Un message en UTF-8 : ça marche, 日本語も.\r\n".as_bytes(),
+    );
+    let attachment = {
+        use base64::Engine;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(noise(2 << 20));
+        let mut body = b"--b\r\nContent-Type: text/plain\r\n\r\nThe attachment.\r\n--b\r\n\
+              Content-Type: application/octet-stream; name=\"noise.bin\"\r\n\
+              Content-Transfer-Encoding: base64\r\n\r\n"
+            .to_vec();
+        for line in encoded.as_bytes().chunks(76) {
+            body.extend_from_slice(line);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(b"--b--\r\n");
+        message(
+            "sender@ext.test",
+            "carol@local.test",
+            "2 MB",
+            "big",
+            "Content-Type: multipart/mixed; boundary=\"b\"\r\n",
+            &body,
+        )
+    };
+    assert!(attachment.len() > 2_700_000);
+
+    l.submit(
+        "sender@ext.test",
+        &[&format!("alice@{DOMAIN}")],
+        &eight_bit,
+        &["BODY=8BITMIME"],
+    );
+    l.submit(
+        "josé@ext.test",
+        &[&format!("bob@{DOMAIN}")],
+        &utf8,
+        &["SMTPUTF8", "BODY=8BITMIME"],
+    );
+    l.submit(
+        "sender@ext.test",
+        &[&format!("carol@{DOMAIN}")],
+        &attachment,
+        &[],
+    );
+    for mailbox in ["alice", "bob", "carol"] {
+        l.postfix.wait_mailbox(mailbox, 1, ROUND);
+    }
+    l.settle(&["alice", "bob", "carol", POSTMASTER]);
+    for (mailbox, sent, sender) in [
+        ("alice", &eight_bit, "sender@ext.test"),
+        ("bob", &utf8, "josé@ext.test"),
+        ("carol", &attachment, "sender@ext.test"),
+    ] {
+        let got = l.postfix.mailbox(mailbox);
+        assert_eq!(got.len(), 1, "{mailbox} gets one message");
+        arrived_intact(&got[0], sent, sender);
+    }
+}
+
+#[test]
+fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expects_it() {
+    // Runs without root or Postfix too: a recipe edited out of shape fails here on
+    // every machine, not only where the loop itself runs.
+    let script = std::path::Path::new("/srv/reinject");
+    let recipe = Recipe::from_readme().on_ports(20025, 20026, script, &stage("exec"));
+    assert!(
+        recipe
+            .main_cf
+            .lines()
+            .any(|l| l == "content_filter = lmtp:inet:127.0.0.1:20025"),
+        "{}",
+        recipe.main_cf
+    );
+    assert!(
+        recipe.master_cf.starts_with("127.0.0.1:20026 inet ")
+            && recipe.master_cf.contains("\n  -o content_filter=\n"),
+        "{}",
+        recipe.master_cf
+    );
+    assert!(recipe.ingress.contains("LISTEN = lmtp:127.0.0.1:20025\n"));
+    assert!(recipe.ingress.contains("STAGE = filter\n"));
+    assert!(recipe.reinject_stage.contains("COMMAND = /srv/reinject\n"));
+    assert!(recipe.reinject_script.starts_with("#!/usr/bin/python3\n"));
+    assert!(recipe.reinject_script.contains("\"127.0.0.1\", 20026,"));
+}
+
+#[test]
+fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe_verbatim() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/man/pepsi-ingress.8");
+    let page = std::fs::read_to_string(&path).unwrap();
+    // The page's example blocks (.EX … .EE), roff's `\-` read as `-`.
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in page.lines() {
+        match (line, current.as_mut()) {
+            (".EX", None) => current = Some(String::new()),
+            (".EE", Some(_)) => blocks.extend(current.take()),
+            (line, Some(block)) => {
+                block.push_str(&line.replace("\\-", "-"));
+                block.push('\n');
+            }
+            _ => {}
+        }
+    }
+    let recipe = Recipe::from_readme();
+    for (what, lines) in [
+        ("main.cf", recipe.main_cf.clone()),
+        ("master.cf", recipe.master_cf.clone()),
+        ("pepsi.conf", format!("[pepsi-ingress]\n{}", recipe.ingress)),
+    ] {
+        assert!(
+            blocks.contains(&lines),
+            "pepsi-ingress(8) gives the README's {what} lines verbatim:\n{lines}"
+        );
+    }
+}
