@@ -168,7 +168,28 @@ impl Findings {
 
     /// Prints every finding, one a line, and decides the exit: 0 without errors, else
     /// 78.
-    fn finish(self, path: &Path) -> Result<(), Failure> {
+    /// Prints the findings, as lines or (`json`) one JSON document (`file`, `ok`,
+    /// `errors`, `warnings`), and exits 0 without errors, else 78.
+    fn finish(self, path: &Path, json: bool) -> Result<(), Failure> {
+        if json {
+            let document = serde_json::json!({
+                "file": path.display().to_string(),
+                "ok": self.errors.is_empty(),
+                "errors": self.errors,
+                "warnings": self.warnings,
+            });
+            println!("{document}");
+            let errors = self.errors.len();
+            return if errors == 0 {
+                Ok(())
+            } else {
+                Err(Failure::config(format!(
+                    "{}: {errors} error{} found",
+                    path.display(),
+                    if errors == 1 { "" } else { "s" }
+                )))
+            };
+        }
         for e in &self.errors {
             println!("error: {e}");
         }
@@ -240,13 +261,13 @@ fn with_rows(mut overlay: Vec<OverrideRow>, extra: Vec<OverrideRow>) -> Vec<Over
 /// `pepsi-dispatch`'s description, for a usage error.
 pub fn run(program: &Program, invocation: Invocation) -> Result<(), Failure> {
     let extra = parse_arguments(program, &invocation.rest)?;
-    check(invocation.globals.config.as_deref(), extra)
+    check(invocation.globals.config.as_deref(), extra, false)
 }
 
 /// Runs every check on the configuration found from `explicit` (the search order of
 /// §4), with `extra` overlay rows laid over the database's as if written; prints every
 /// problem. `pepsi-dispatch check` and `pepsi-queue config check`.
-pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Failure> {
+pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Result<(), Failure> {
     let path = raw::search(explicit);
     let mut found = Findings::default();
     let sections = match raw::read_all(&path) {
@@ -258,7 +279,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
         Err(errors) => {
             // Without the file nothing else can be checked.
             found.add_errors(errors);
-            return found.finish(&path);
+            return found.finish(&path, json);
         }
     };
     let config = Config::from_sections(path.clone(), sections.clone());
@@ -455,7 +476,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>) -> Result<(), Fai
     if let Some(mut client) = client {
         check_settings(&mut client, &laid.sections, &mut found);
     }
-    found.finish(&path)
+    found.finish(&path, json)
 }
 
 /// Lists the `pepsi.settings` rows the workers ignore (SPEC §4 "Least privilege"), as

@@ -153,8 +153,11 @@ pub enum Command {
         /// `--output`: write this file atomically instead of stdout.
         output: Option<PathBuf>,
     },
-    /// `config check`.
-    ConfigCheck,
+    /// `config check [--json]`.
+    ConfigCheck {
+        /// `--json`: one JSON document instead of lines.
+        json: bool,
+    },
     /// `config set SECTION KEY VALUE`.
     ConfigSet {
         /// The section (`stage-NAME`).
@@ -475,7 +478,18 @@ mod tests {
 
     #[test]
     fn config_commands() {
-        assert_eq!(ok(&["config", "check"]), Command::ConfigCheck);
+        assert_eq!(
+            ok(&["config", "check"]),
+            Command::ConfigCheck { json: false }
+        );
+        assert_eq!(
+            ok(&["config", "check", "--json"]),
+            Command::ConfigCheck { json: true }
+        );
+        assert_eq!(
+            code(&["config", "set", "stage-a", "NEXT", "b", "--json"]),
+            64
+        );
         assert_eq!(
             ok(&["config", "set", "[stage-a]", "NEXT", "b"]),
             Command::ConfigSet {

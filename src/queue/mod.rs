@@ -47,7 +47,7 @@ use args::{Command, Repair};
 pub const PROGRAM: Program = Program {
     name: "pepsi-queue",
     synopsis: "COMMAND [ARGS]",
-    about: "The Pepsi operator's tool. Commands (--json on every reading and repair command prints one JSON document):\n  \
+    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands and config check prints one JSON document):\n  \
             status                         rows per stage and status, ages, unknown stages, statistics\n  \
             list [--stage S] [--status X] [--sender KEY] [--limit N]\n                                 \
             one line per message, oldest first (like mailq)\n  \
@@ -61,7 +61,7 @@ pub const PROGRAM: Program = Program {
             delete ID...                   delete messages\n  \
             requeue --stage S ID...        move messages to stage S as pending\n  \
             metrics [--output FILE]        Prometheus text format (FILE written atomically)\n  \
-            config check                   the checks of pepsi-dispatch check\n  \
+            config check [--json]          the checks of pepsi-dispatch check\n  \
             config set SECTION KEY VALUE   write pepsi.config_override after checking the result\n  \
             config unset SECTION KEY       remove an overlay row after checking the result\n\
             An id argument - reads ids from standard input. Running messages are never touched.\n\
@@ -198,7 +198,9 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
     match command {
         // Exactly `pepsi-dispatch check`: it reports a file that does not even parse,
         // so it needs no session.
-        Command::ConfigCheck => crate::config::check::check(globals.config.as_deref(), Vec::new()),
+        Command::ConfigCheck { json } => {
+            crate::config::check::check(globals.config.as_deref(), Vec::new(), json)
+        }
         Command::Inject(what) => {
             // The message is read and checked before anything is connected: a message
             // refused leaves no trace.
@@ -254,7 +256,7 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
                 Command::ConfigUnset { section, key } => {
                     overlay::change(&mut session, &section, &key, None)
                 }
-                Command::ConfigCheck | Command::Inject(_) => unreachable!("handled above"),
+                Command::ConfigCheck { .. } | Command::Inject(_) => unreachable!("handled above"),
             }
         }
     }

@@ -29,6 +29,41 @@ fn config_check_is_the_dispatchers_check() {
     }
     expect(&queue(good, &["config", "check"]), 0);
     expect(&queue(&s.dir.path("bad.conf"), &["config", "check"]), 78);
+    // --json: the same findings as one document, the same exit.
+    for (conf, code) in [(good.clone(), 0), (s.dir.path("bad.conf"), 78)] {
+        let text = queue(&conf, &["config", "check"]);
+        let out = queue(&conf, &["config", "check", "--json"]);
+        expect(&out, code);
+        let doc: serde_json::Value =
+            serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", both(&out)));
+        assert_eq!(doc["file"], conf.display().to_string());
+        assert_eq!(doc["ok"], code == 0);
+        let lines = |kind: &str| -> Vec<String> {
+            stdout(&text)
+                .lines()
+                .filter_map(|l| l.strip_prefix(&format!("{kind}: ")))
+                .map(str::to_string)
+                .collect()
+        };
+        let listed = |key: &str| -> Vec<String> {
+            doc[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(listed("errors"), lines("error"), "{}", both(&out));
+        assert_eq!(listed("warnings"), lines("warning"), "{}", both(&out));
+        assert_eq!(code == 78, !listed("errors").is_empty());
+    }
+    expect(
+        &queue(
+            good,
+            &["config", "set", "stage-in", "NEXT", "out", "--json"],
+        ),
+        64,
+    );
 }
 
 #[test]

@@ -262,15 +262,24 @@ fn parse_ids_or_none(
 /// `config check`, `config set SECTION KEY VALUE`, `config unset SECTION KEY`.
 pub(super) fn parse_config(args: &mut Args) -> Result<Command, Failure> {
     let mut words = Vec::new();
+    let mut json = false;
     while let Some(arg) = args.next()? {
         match arg {
             Arg::Operand(o) => words.push(text("config", o)?),
+            // Only `check` reads; `set` and `unset` refuse it below.
+            Arg::Flag(f) if f == "--json" => json = true,
             other => return Err(unexpected("config", other)),
         }
     }
     let section = |s: &str| s.trim_start_matches('[').trim_end_matches(']').to_string();
-    match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["check"] => Ok(Command::ConfigCheck),
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    if json && words.first() != Some(&"check") {
+        return Err(usage(
+            "--json: only config check reads; set and unset take no --json",
+        ));
+    }
+    match words[..] {
+        ["check"] => Ok(Command::ConfigCheck { json }),
         ["set", s, key, value] => Ok(Command::ConfigSet {
             section: section(s),
             key: key.to_string(),
