@@ -122,3 +122,138 @@ fn every_pipe_transport_running_pepsi_queue_inject_keeps_the_null_sender_null() 
         "the README and pepsi-queue(8) show the pipe(8) transport ({seen} found)"
     );
 }
+
+/// The quick start: the README up to its next top-level section.
+fn quick_start() -> Vec<String> {
+    let readme = lines("README.md");
+    let start = readme
+        .iter()
+        .position(|l| l.starts_with("## ") && l.to_lowercase().contains("quick start"))
+        .expect("the README has a quick start");
+    readme[start..]
+        .iter()
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .cloned()
+        .collect()
+}
+
+/// The quick start's delivery script, from its here-document.
+fn deliver_script() -> String {
+    let quick = quick_start();
+    let start = quick
+        .iter()
+        .position(|l| l.trim() == "cat >/usr/local/lib/pepsi/deliver <<'EOF'")
+        .expect("the quick start writes /usr/local/lib/pepsi/deliver");
+    quick[start + 1..]
+        .iter()
+        .take_while(|l| l.trim() != "EOF")
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect()
+}
+
+#[test]
+fn the_quick_start_installs_the_package_where_build_deb_puts_it_and_names_the_system() {
+    let quick = quick_start();
+    let install = quick
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("apt install ./"))
+        .expect("an apt install line of the package");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        install.starts_with(&format!("target/debian/pepsi_{version}-"))
+            && install.ends_with(".deb"),
+        "the path build-deb prints, from the repository's root: {install}"
+    );
+    let build =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/build-deb"))
+            .unwrap();
+    assert!(
+        build.contains("out=${1:-$target/debian}"),
+        "build-deb writes to target/debian"
+    );
+    // HOSTNAME is set, by a sed the example configuration's line matches.
+    let sed = quick
+        .iter()
+        .find(|l| l.contains("s/^#HOSTNAME = .*/HOSTNAME = "))
+        .expect("the quick start sets [pepsi] HOSTNAME");
+    assert!(sed.contains("/etc/pepsi/pepsi.conf"), "{sed}");
+    assert!(
+        lines("packaging/pepsi.conf")
+            .iter()
+            .any(|l| l.starts_with("#HOSTNAME = ")),
+        "the example configuration has the #HOSTNAME line the sed replaces"
+    );
+    // The example configuration points at the README's delivery program rather than
+    // showing another.
+    let example = lines("packaging/pepsi.conf").join("\n");
+    assert!(example.contains("/usr/local/lib/pepsi/deliver: the README's quick start"));
+    assert!(!example.contains("#!/bin/sh"), "no second delivery script");
+}
+
+#[test]
+fn every_address_the_quick_start_sends_from_or_to_has_a_folder() {
+    let quick = quick_start();
+    let folders: Vec<String> = quick
+        .iter()
+        .filter(|l| l.trim().starts_with("install -d -o pepsi-exec"))
+        .flat_map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|w| w.strip_prefix("/var/spool/pepsi/mail/").map(str::to_string))
+        .collect();
+    let mut addresses = Vec::new();
+    for line in quick.iter().filter(|l| l.contains("pepsi-queue inject")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for pair in words.windows(2) {
+            if pair[0] == "--from" || pair[0] == "--to" {
+                addresses.push(pair[1].to_string());
+            }
+        }
+    }
+    assert!(addresses.len() >= 2, "{addresses:?}");
+    for address in addresses {
+        assert!(
+            folders.contains(&address),
+            "{address} has a folder in the quick start (it sends or receives there, and a report goes back to a sender): {folders:?}"
+        );
+    }
+}
+
+#[test]
+fn the_delivery_script_takes_a_recipient_that_looks_like_a_pattern_as_an_address() {
+    let dir = std::env::temp_dir().join(format!("pepsi-readme-deliver-{}", std::process::id()));
+    let mail = dir.join("mail");
+    std::fs::create_dir_all(mail.join("bob@example.org")).unwrap();
+    let script = deliver_script().replace("/var/spool/pepsi/mail", mail.to_str().unwrap());
+    let path = dir.join("deliver");
+    std::fs::write(&path, script).unwrap();
+    // A recipient `*@example.org`, which the shell would expand to bob's folder name in
+    // the mail directory: no such folder, so it is refused (67), and bob gets nothing.
+    let run = |recipients: &str| {
+        let list = dir.join("recipients");
+        std::fs::write(&list, recipients).unwrap();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "exec 3<'{}'; exec sh '{}' </dev/null",
+                list.display(),
+                path.display()
+            ))
+            .current_dir(&mail)
+            .env("PEPSI_ID", "7")
+            .env("PEPSI_RECIPIENTS", recipients.trim().replace('\n', ","))
+            .status()
+            .unwrap();
+        status.code()
+    };
+    let refused = run("*@example.org\n");
+    let delivered = run("bob@example.org\n");
+    let bob: Vec<_> = std::fs::read_dir(mail.join("bob@example.org"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(refused, Some(67), "a pattern is no folder");
+    assert_eq!(delivered, Some(0));
+    assert_eq!(bob, ["7.eml"], "bob got only his own message");
+}
