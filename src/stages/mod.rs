@@ -33,6 +33,7 @@ pub mod dsn;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
+pub mod relay;
 
 use crate::config::{ConfigError, StageSection};
 use crate::worker::{Registry, Stage};
@@ -44,6 +45,7 @@ pub const BUILTINS: &[&dyn Stage] = &[
     &discard::Discard,
     &exec::Exec,
     &bounce::Bounce,
+    &relay::Relay,
 ];
 
 /// The built-in stages as the worker runtime takes them.
