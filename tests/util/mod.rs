@@ -13,6 +13,7 @@ pub mod pg;
 pub mod queue;
 pub mod rows;
 pub mod scenario;
+pub mod smarthost;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
