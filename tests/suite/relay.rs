@@ -496,3 +496,124 @@ fn a_row_split_by_recipient_results_takes_its_outcome_from_the_verdict_and_is_ne
             .is_none()
     );
 }
+
+#[test]
+fn a_message_the_smarthost_cannot_take_fails_with_the_matching_status() {
+    let host = Smarthost::start(Script {
+        smtputf8: false,
+        eightbit: false,
+        size: Some(300),
+        ..Script::default()
+    });
+    let (s, mut c) = Scenario::new("relay-limits")
+        .timers("")
+        .stages(&stages(&host, ""))
+        .connect();
+    let big = vec![b'x'; 400];
+    let cases = [
+        (
+            inject_at_relay(
+                &mut c,
+                "alice@origin.example",
+                &["big@dest.example"],
+                (HEADERS, &big),
+                json!({}),
+                (None, None),
+            ),
+            "5.3.4",
+        ),
+        (
+            inject_at_relay(
+                &mut c,
+                "alice@origin.example",
+                &["\u{fc}ber@dest.example"],
+                (HEADERS, BODY),
+                json!({}),
+                (None, None),
+            ),
+            "5.6.7",
+        ),
+        (
+            inject_at_relay(
+                &mut c,
+                "alice@origin.example",
+                &["latin@dest.example"],
+                (HEADERS, b"caf\xe9\r\n"),
+                json!({}),
+                (None, None),
+            ),
+            "5.6.3",
+        ),
+    ];
+    let fits = inject(&mut c, &["fits@dest.example"]);
+    let mut d = s.start();
+    wait_until(WAIT, "three failed and one delivered", || {
+        crate::util::rows::count(
+            &mut c,
+            "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'",
+        ) == 3
+            && crate::util::row_at(&mut c, fits).is_none()
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    for (id, status) in cases {
+        let state = state_of(&mut c, id);
+        let rcpt = c
+            .query_one(
+                "SELECT rcpt_to[1] FROM pepsi.workqueue WHERE workqueue_id = $1",
+                &[&id],
+            )
+            .unwrap()
+            .get::<_, String>(0);
+        assert_eq!(state["dsn_status"], json!({ rcpt: status }), "{state}");
+        assert_eq!(state["failure_class"], "permanent", "{state}");
+    }
+    let seen = host.seen();
+    assert_eq!(
+        seen.messages.len(),
+        1,
+        "only the message that fits was sent"
+    );
+    assert_eq!(
+        seen.commands
+            .iter()
+            .filter(|c| c.starts_with("MAIL"))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_smarthost_beyond_this_host_without_require_tls_no_stops_the_worker_and_fails_the_check() {
+    let (s, _c) = Scenario::new("relay-tls")
+        .timers("")
+        .stages("[stage-relay]\nPROGRAM = {relay}\nSMARTHOST = 192.0.2.1:25\n")
+        .connect();
+    let mut w = Worker::start(&stage("relay"), &s.conf);
+    assert_eq!(w.next_line(), None, "no ready line");
+    let (status, err) = w.finish();
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("[stage-relay] SMARTHOST") && err.contains("REQUIRE_TLS = no"),
+        "{err}"
+    );
+    let out = crate::util::run(
+        &crate::util::bin("pepsi-dispatch"),
+        &["-c", s.conf.to_str().unwrap(), "check"],
+    );
+    let text = format!("{}{}", crate::util::stdout(&out), crate::util::stderr(&out));
+    assert_eq!(out.status.code(), Some(78), "{text}");
+    assert!(text.contains("REQUIRE_TLS = no"), "{text}");
+    // Written out, it is allowed.
+    let conf = std::fs::read_to_string(&s.conf).unwrap();
+    std::fs::write(
+        &s.conf,
+        conf.replace(
+            "SMARTHOST = 192.0.2.1:25\n",
+            "SMARTHOST = 192.0.2.1:25\nREQUIRE_TLS = no\n",
+        ),
+    )
+    .unwrap();
+    let mut w = Worker::ready(&stage("relay"), &s.conf);
+    let (status, err) = w.finish();
+    assert!(status.success(), "{err}");
+}
