@@ -217,6 +217,15 @@ impl Configured for ConfiguredRelay {
                 partial
             }
         };
+        let count = |kind: u8| results.iter().filter(|(_, r)| r.kind() == kind).count();
+        log::info!(
+            "relay: message {} to {}: {} delivered, {} deferred, {} refused",
+            message.id,
+            self.target,
+            count(0),
+            count(1),
+            count(2)
+        );
         Ok(Outcome::Recipients(RecipientOutcomes {
             next: self.next.clone(),
             results,
