@@ -1,6 +1,6 @@
 //! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
-//! reports `bounce.rs` sends); [`BUILTINS`] lists them and [`REGISTRY`] hands that
+//! reports `bounce.rs` sends; `relay/` is one stage in a folder of its files); [`BUILTINS`] lists them and [`REGISTRY`] hands that
 //! list to the worker runtime (`src/bin/pepsi-stage.rs` gives it to
 //! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
 //! its stage, [`for_program`] a `PROGRAM`, and [`check_section`] checks a section with
