@@ -97,6 +97,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("009_fair_claim_small_stages.sql"),
     migration!("010_containment.sql"),
     migration!("011_ingress.sql"),
+    migration!("012_relay_verdict.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -1,7 +1,8 @@
 //! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
 //! reports `bounce.rs` sends; `sysexits.rs` reads what an `exec.rs` command's exit
-//! tells the sender); [`BUILTINS`] lists them and [`REGISTRY`] hands that
+//! tells the sender; `relay/` is one stage in a folder of its files); [`BUILTINS`]
+//! lists them and [`REGISTRY`] hands that
 //! list to the worker runtime (`src/bin/pepsi-stage.rs` gives it to
 //! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
 //! its stage, [`for_program`] a `PROGRAM`, and [`check_section`] checks a section with
@@ -34,6 +35,7 @@ pub mod dsn;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
+pub mod relay;
 pub mod sysexits;
 
 use crate::config::{ConfigError, StageSection};
@@ -46,6 +48,7 @@ pub const BUILTINS: &[&dyn Stage] = &[
     &discard::Discard,
     &exec::Exec,
     &bounce::Bounce,
+    &relay::Relay,
 ];
 
 /// The built-in stages as the worker runtime takes them.

@@ -25,6 +25,7 @@ use super::errors::handle_error;
 use super::message::Message;
 use super::outcome::{Outcome, StageError};
 use super::plan::{Plan, Write, update_row};
+use super::recipients;
 use super::registry::Registry;
 use super::settings::{self, Group};
 use super::stage::{Configured, Context, Load, Stage};
@@ -253,6 +254,27 @@ impl Runner {
                 );
                 return plan;
             };
+            // A row split by a per-recipient outcome carries its verdict: it takes its
+            // outcome from there and never runs the stage for those recipients again.
+            let recorded = if depth == 0 {
+                recipients::take_recorded(&mut message, &stage)
+            } else {
+                None
+            };
+            if let Some(outcomes) = recorded {
+                log::info!(
+                    "{stage}: message {}: outcome per recipient as recorded at its split",
+                    message.id
+                );
+                plan.report.push((stage.clone(), 0));
+                let section = base.clone();
+                let result = recipients::settle(conn, &mut message, &mut plan, &stage, outcomes);
+                let Some(result) = result else {
+                    return plan;
+                };
+                self.conclude(&mut plan, message, &stage, section.as_ref(), result);
+                return plan;
+            }
             let mut groups = settings::groups(&message, &stage);
             if groups.len() > 1 {
                 // Only the claimed stage splits: fusion refuses a divergent successor.
@@ -287,37 +309,59 @@ impl Runner {
             );
             plan.report
                 .push((stage.clone(), started.elapsed().as_micros() as u64));
-            match result {
-                Ok(Outcome::Advance(next)) => {
-                    if self.can_fuse(&next, &message, depth, loaded) {
-                        stage = next;
-                        depth += 1;
-                        continue;
+            let result = match result {
+                Ok(Outcome::Recipients(outcomes)) => {
+                    match recipients::settle(conn, &mut message, &mut plan, &stage, outcomes) {
+                        Some(result) => result,
+                        None => return plan,
                     }
-                    plan.write =
-                        Write::Update(update_row(&message, &claimed, &next, "pending", None));
                 }
-                Ok(Outcome::Finish) => plan.write = Write::Delete,
-                Ok(Outcome::Pause(delay)) => {
-                    plan.write = Write::Update(update_row(
-                        &message,
-                        &claimed,
-                        &stage,
-                        "paused",
-                        Some(delay),
-                    ));
+                other => other,
+            };
+            if let Ok(Outcome::Advance(next)) = &result {
+                if self.can_fuse(next, &message, depth, loaded) {
+                    stage = next.clone();
+                    depth += 1;
+                    continue;
                 }
-                Ok(Outcome::Split { groups, stage: to }) => {
-                    plan.write = Write::Split {
-                        groups: json!(groups),
-                        stage: to,
-                        state: Value::Object(message.state.clone()).to_string(),
-                    };
-                }
-                Ok(Outcome::Bounce(notification)) => plan.write = Write::Bounce(notification),
-                Err(e) => handle_error(&mut plan, message, &stage, Some(&ready.section), e),
             }
+            self.conclude(&mut plan, message, &stage, Some(&ready.section), result);
             return plan;
+        }
+    }
+
+    /// Records a stage's final outcome (or error) of this pass in the plan, guarded by
+    /// the plan's claimed stage.
+    fn conclude(
+        &self,
+        plan: &mut Plan,
+        message: Message,
+        stage: &str,
+        section: Option<&StageSection>,
+        result: Result<Outcome, StageError>,
+    ) {
+        let claimed = plan.claimed.clone();
+        match result {
+            Ok(Outcome::Advance(next)) => {
+                plan.write = Write::Update(update_row(&message, &claimed, &next, "pending", None));
+            }
+            Ok(Outcome::Finish) => plan.write = Write::Delete,
+            Ok(Outcome::Pause(delay)) => {
+                plan.write =
+                    Write::Update(update_row(&message, &claimed, stage, "paused", Some(delay)));
+            }
+            Ok(Outcome::Split { groups, stage: to }) => {
+                plan.write = Write::Split {
+                    groups: json!(groups),
+                    stage: to,
+                    state: Value::Object(message.state.clone()).to_string(),
+                };
+            }
+            Ok(Outcome::Bounce(notification)) => plan.write = Write::Bounce(notification),
+            Ok(Outcome::Recipients(_)) => {
+                unreachable!("recipients::settle turns a per-recipient outcome into one outcome")
+            }
+            Err(e) => handle_error(plan, message, stage, section, e),
         }
     }
 

@@ -22,6 +22,8 @@
 //!   failures, rows into messages, one status line per id in input order;
 //! - `chain.rs`: one message's chain of stages (`Runner`): per-address rows refused,
 //!   lazy split, fusion, the cache of stages configured with per-address overrides;
+//! - `recipients.rs`: a per-recipient outcome: one outcome per group of recipients
+//!   that share a result, through a split whose rows carry the verdict;
 //! - `writes.rs`: the guarded writes of a batch's plans and what happens when one
 //!   fails;
 //! - `errors.rs`: the error model of §12.4: `fate`, the pure decision (fail, retry
@@ -44,6 +46,7 @@ pub mod input;
 pub mod message;
 mod outcome;
 mod plan;
+mod recipients;
 mod registry;
 pub mod runtime;
 pub mod settings;
@@ -52,6 +55,8 @@ mod tally;
 mod writes;
 
 pub use message::{Message, SettingRow};
-pub use outcome::{DsnReason, ErrorClass, Notification, Outcome, StageError};
+pub use outcome::{
+    DsnReason, ErrorClass, Notification, Outcome, RecipientOutcomes, RecipientResult, StageError,
+};
 pub use registry::{PROGRAM_PREFIX, Registry};
 pub use stage::{Configured, Context, Load, Stage, required_next};

@@ -34,6 +34,9 @@ pub enum Outcome {
     /// The message is done and this delivery status notification takes its place, as a
     /// new pending row (§13.2); both in one write.
     Bounce(Box<Notification>),
+    /// Each recipient has its own result (done, deferred, failed): recipients that
+    /// differ are split apart so each group gets its own outcome (SPEC §12.5, §17).
+    Recipients(RecipientOutcomes),
 }
 
 /// A delivery status notification that replaces a failed message (§13.2): a new
@@ -140,4 +143,47 @@ impl fmt::Display for StageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         Visible(&self.message).fmt(f)
     }
+}
+
+/// What became of one recipient at a stage that hands each recipient its own result
+/// (a relay: the smarthost answers per recipient). Carried by [`Outcome::Recipients`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecipientResult {
+    /// Done here: it goes on to the outcome's `next` stage, or is finished.
+    Done,
+    /// A host error for this recipient alone (§12.4): it stays at the stage and is
+    /// retried with backoff; the text goes to `state.last_error`.
+    Deferred(String),
+    /// A permanent failure for this recipient alone.
+    Failed {
+        /// What happened, for `state.last_error` and the log.
+        error: String,
+        /// Its enhanced status code (`5.1.1`), for `state.dsn_status`.
+        status: String,
+        /// Its `Diagnostic-Code` (`smtp; 550 5.1.1 …`), for `state.dsn_diagnostic`;
+        /// already fit for a DSN header.
+        diagnostic: Option<String>,
+    },
+}
+
+impl RecipientResult {
+    /// The kind of result, to group recipients that share one: 0 done, 1 deferred, 2
+    /// failed.
+    pub fn kind(&self) -> u8 {
+        match self {
+            RecipientResult::Done => 0,
+            RecipientResult::Deferred(_) => 1,
+            RecipientResult::Failed { .. } => 2,
+        }
+    }
+}
+
+/// The per-recipient outcome of [`Outcome::Recipients`]: every recipient of the row,
+/// each with its result, and where the done ones go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecipientOutcomes {
+    /// The stage done recipients advance to; `None` finishes them.
+    pub next: Option<String>,
+    /// Each recipient of the row (exactly as in `rcpt_to`) with its result.
+    pub results: Vec<(String, RecipientResult)>,
 }

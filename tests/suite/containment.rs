@@ -630,6 +630,13 @@ fn an_injector_injects_only_into_entry_stages_clean_envelopes_without_reserved_s
             json!({"local_origin": true}),
             SqlState::INSUFFICIENT_PRIVILEGE,
         ),
+        (
+            "in",
+            "a@x.example",
+            vec!["r@y.example"],
+            json!({"recipient_outcomes": {"stage": "relay", "rcpt": {}}}),
+            SqlState::INSUFFICIENT_PRIVILEGE,
+        ),
     ] {
         assert_eq!(
             inject_as(&mut i, stage, from, &to, state.clone()),

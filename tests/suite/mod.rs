@@ -30,5 +30,6 @@ mod queue_schema;
 mod queue_session;
 mod queue_status;
 mod recovery;
+mod relay;
 mod roles;
 mod worker;

@@ -14,6 +14,7 @@ pub mod postfix;
 pub mod queue;
 pub mod rows;
 pub mod scenario;
+pub mod smarthost;
 pub mod worker;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,418 @@
+//! One connection to the smarthost (RFC 5321, RFC 2033): where it goes ([`Target`]),
+//! connecting with a timeout, the greeting, EHLO or LHLO and what the smarthost offers
+//! ([`Offers`]), sending command lines and reading replies, each bounded by a timeout,
+//! RSET between messages and QUIT.
+//!
+//! Blocking std sockets (TCP or a unix socket). Used by `transaction.rs` (the commands
+//! of one message) and `mod.rs` (keeping the connection across messages); it decides
+//! nothing about a message.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::reply::{Broken, Reply, read_reply};
+
+/// Where the smarthost listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `host:port` or `[ipv6]:port`.
+    Tcp {
+        /// The host name or address, without brackets.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+    /// `unix:/path`.
+    Unix(PathBuf),
+}
+
+impl Target {
+    /// Parses `SMARTHOST`: `host:port`, `[ipv6]:port` or `unix:/path`.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err("a unix socket must be an absolute path (unix:/path)".into());
+            }
+            return Ok(Target::Unix(PathBuf::from(path)));
+        }
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (addr, port) = rest
+                .split_once("]:")
+                .ok_or("an IPv6 address is written [address]:port")?;
+            addr.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| format!("{addr:?} is not an IPv6 address"))?;
+            (addr, port)
+        } else {
+            text.rsplit_once(':')
+                .ok_or("is not host:port, [ipv6]:port or unix:/path")?
+        };
+        let valid_host = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c));
+        if !valid_host || (host.contains(':') && !text.starts_with('[')) {
+            return Err(format!("{host:?} is not a host name or address"));
+        }
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("{port:?} is not a port number"))?;
+        Ok(Target::Tcp {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// Does the connection stay on this host (a unix socket, a loopback address or
+    /// `localhost`), so that it needs no TLS?
+    pub fn is_local(&self) -> bool {
+        match self {
+            Target::Unix(_) => true,
+            Target::Tcp { host, .. } => {
+                host.eq_ignore_ascii_case("localhost")
+                    || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Unix(p) => write!(f, "unix:{}", p.display()),
+            Target::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Target::Tcp { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// The RFC 5321 §4.5.3.2 timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Establishing the connection.
+    pub connect: Duration,
+    /// The greeting and each command's reply (EHLO, MAIL, RCPT, DATA, RSET).
+    pub command: Duration,
+    /// Each write of the message data.
+    pub data: Duration,
+    /// The reply to the data's final dot.
+    pub data_done: Duration,
+}
+
+/// What the smarthost offers in its EHLO or LHLO reply.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offers {
+    /// PIPELINING (RFC 2920).
+    pub pipelining: bool,
+    /// DSN (RFC 3461).
+    pub dsn: bool,
+    /// SMTPUTF8 (RFC 6531).
+    pub smtputf8: bool,
+    /// 8BITMIME (RFC 6152).
+    pub eightbit: bool,
+    /// SIZE (RFC 1870): `Some(0)` without a limit.
+    pub size: Option<u64>,
+    /// The XFORWARD attributes offered (upper-case), empty when not offered.
+    pub xforward: Vec<String>,
+}
+
+impl Offers {
+    /// Reads the keywords of an EHLO or LHLO reply (its first line is the greeting).
+    pub fn parse(reply: &Reply) -> Offers {
+        let mut offers = Offers::default();
+        for line in reply.lines.iter().skip(1) {
+            let mut words = line.split_ascii_whitespace();
+            let Some(keyword) = words.next() else {
+                continue;
+            };
+            match keyword.to_ascii_uppercase().as_str() {
+                "PIPELINING" => offers.pipelining = true,
+                "DSN" => offers.dsn = true,
+                "SMTPUTF8" => offers.smtputf8 = true,
+                "8BITMIME" => offers.eightbit = true,
+                "SIZE" => {
+                    offers.size = Some(words.next().and_then(|n| n.parse().ok()).unwrap_or(0));
+                }
+                "XFORWARD" => {
+                    offers.xforward = words.map(|w| w.to_ascii_uppercase()).collect();
+                }
+                _ => {}
+            }
+        }
+        offers
+    }
+}
+
+/// The socket, either kind.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> std::io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    /// Sets both timeouts (socket options: they hold for every handle of the socket).
+    fn set_timeouts(&self, read: Duration, write: Duration) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// An open session with the smarthost, greeted and past EHLO or LHLO.
+pub struct Connection {
+    reader: BufReader<Stream>,
+    writer: Stream,
+    timeouts: Timeouts,
+    /// What the smarthost offers.
+    pub offers: Offers,
+    /// When it was opened (`CONNECTION_REUSE_TIME`).
+    pub opened: Instant,
+    /// Messages sent over it so far (`CONNECTION_REUSE_LIMIT`).
+    pub messages: u32,
+}
+
+/// Connects to a TCP target, trying each of its addresses in turn.
+fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Broken> {
+    let addresses: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Broken(format!("cannot resolve {host}: {e}")))?
+        .collect();
+    let mut last = Broken(format!("{host} has no address"));
+    for address in addresses {
+        match TcpStream::connect_timeout(&address, timeout) {
+            Ok(s) => {
+                // Commands go out whole; no need to wait for more of them.
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = Broken(format!("cannot connect to {address}: {e}")),
+        }
+    }
+    Err(last)
+}
+
+impl Connection {
+    /// Connects, reads the greeting and says EHLO (LHLO for `lmtp`) as `hostname`; a
+    /// smarthost that refuses EHLO in SMTP is greeted with HELO and offers nothing.
+    pub fn open(
+        target: &Target,
+        lmtp: bool,
+        hostname: &str,
+        timeouts: Timeouts,
+    ) -> Result<Connection, Broken> {
+        let stream = match target {
+            Target::Tcp { host, port } => Stream::Tcp(connect_tcp(host, *port, timeouts.connect)?),
+            Target::Unix(path) => Stream::Unix(
+                UnixStream::connect(path)
+                    .map_err(|e| Broken(format!("cannot connect to {}: {e}", path.display())))?,
+            ),
+        };
+        stream.set_timeouts(timeouts.command, timeouts.command)?;
+        let mut c = Connection {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+            timeouts,
+            offers: Offers::default(),
+            opened: Instant::now(),
+            messages: 0,
+        };
+        let greeting = c.reply()?;
+        if !greeting.is_ok() {
+            return Err(Broken(format!("the smarthost greeted with {greeting}")));
+        }
+        let hello = if lmtp { "LHLO" } else { "EHLO" };
+        let reply = c.command(&format!("{hello} {hostname}"))?;
+        if reply.is_ok() {
+            c.offers = Offers::parse(&reply);
+        } else if lmtp || reply.code == 421 {
+            return Err(Broken(format!("the smarthost refused {hello}: {reply}")));
+        } else {
+            let helo = c.command(&format!("HELO {hostname}"))?;
+            if !helo.is_ok() {
+                return Err(Broken(format!("the smarthost refused HELO: {helo}")));
+            }
+        }
+        Ok(c)
+    }
+
+    /// Sends bytes (command lines or data), each write bounded by `timeout`.
+    pub fn send(&mut self, bytes: &[u8], timeout: Duration) -> Result<(), Broken> {
+        self.writer.set_timeouts(self.timeouts.command, timeout)?;
+        self.writer.write_all(bytes)?;
+        self.writer.flush()?;
+        Ok(())
+    }
+
+    /// Reads one reply within the command timeout; a 421 closes the session.
+    pub fn reply(&mut self) -> Result<Reply, Broken> {
+        self.reply_within(self.timeouts.command)
+    }
+
+    /// Reads one reply within `timeout`; a 421 closes the session.
+    pub fn reply_within(&mut self, timeout: Duration) -> Result<Reply, Broken> {
+        self.writer.set_timeouts(timeout, self.timeouts.data)?;
+        let reply = read_reply(&mut self.reader)?;
+        if reply.code == 421 {
+            return Err(Broken(format!("the smarthost closed the session: {reply}")));
+        }
+        Ok(reply)
+    }
+
+    /// Sends one command line and reads its reply.
+    pub fn command(&mut self, line: &str) -> Result<Reply, Broken> {
+        self.send(format!("{line}\r\n").as_bytes(), self.timeouts.command)?;
+        self.reply()
+    }
+
+    /// The timeouts the connection was opened with.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// RSET before the next message; an error means the session is gone.
+    pub fn reset(&mut self) -> Result<(), Broken> {
+        let reply = self.command("RSET")?;
+        if reply.is_ok() {
+            Ok(())
+        } else {
+            Err(Broken(format!("the smarthost refused RSET: {reply}")))
+        }
+    }
+
+    /// Says QUIT and closes, without waiting long for the answer.
+    pub fn quit(mut self) {
+        self.timeouts.command = self.timeouts.command.min(Duration::from_secs(5));
+        let _ = self.command("QUIT");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smarthosts_are_host_port_bracketed_ipv6_or_a_unix_path() {
+        assert_eq!(
+            Target::parse("127.0.0.1:25"),
+            Ok(Target::Tcp {
+                host: "127.0.0.1".into(),
+                port: 25
+            })
+        );
+        assert_eq!(
+            Target::parse("[::1]:10025").unwrap().to_string(),
+            "[::1]:10025"
+        );
+        assert_eq!(
+            Target::parse("unix:/run/lmtp").unwrap(),
+            Target::Unix("/run/lmtp".into())
+        );
+        for bad in [
+            "mx.example",
+            "::1:25",
+            "[::1]25",
+            "[nope]:25",
+            "a b:25",
+            "h:0",
+            "h:x",
+            "unix:rel",
+            ":25",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_and_unix_sockets_are_local() {
+        for local in [
+            "127.0.0.1:25",
+            "127.3.2.1:25",
+            "[::1]:25",
+            "localhost:25",
+            "unix:/s",
+        ] {
+            assert!(Target::parse(local).unwrap().is_local(), "{local}");
+        }
+        for remote in [
+            "10.0.0.1:25",
+            "mx.example:25",
+            "[2001:db8::1]:25",
+            "localhost.example:25",
+        ] {
+            assert!(!Target::parse(remote).unwrap().is_local(), "{remote}");
+        }
+    }
+
+    #[test]
+    fn the_ehlo_reply_says_what_is_offered() {
+        let reply = Reply {
+            code: 250,
+            text: String::new(),
+            lines: [
+                "mx hello",
+                "PIPELINING",
+                "size 1000",
+                "DSN",
+                "8BITMIME",
+                "XFORWARD NAME addr LOGIN",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        };
+        let o = Offers::parse(&reply);
+        assert!(o.pipelining && o.dsn && o.eightbit && !o.smtputf8);
+        assert_eq!(o.size, Some(1000));
+        assert_eq!(o.xforward, vec!["NAME", "ADDR", "LOGIN"]);
+        let plain = Offers::parse(&Reply {
+            code: 250,
+            text: String::new(),
+            lines: vec!["PIPELINING".into(), "SIZE".into()],
+        });
+        assert!(!plain.pipelining, "the first line is the greeting");
+        assert_eq!(plain.size, Some(0));
+    }
+}
