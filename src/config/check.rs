@@ -31,12 +31,10 @@
 //! messages and changes nothing: it reads the file and the database, and writes only
 //! to stdout.
 
-use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 use postgres::Client;
-use postgres::error::SqlState;
 
 use super::account::{Access, Account, program_runs};
 use super::graph::{self, OverrideRow, ProgramPath};
@@ -49,11 +47,8 @@ use crate::exit::Failure;
 use crate::ingress;
 use crate::privilege::SERVICE_PATH;
 use crate::stages;
-use crate::worker::settings::{self, SettingRow};
 
-/// How many ignored `pepsi.settings` rows `check` lists one by one; the rest are
-/// counted in one more warning.
-const SETTINGS_LISTED: usize = 100;
+mod address_settings;
 
 /// The overlay rows laid over the file's stage sections would leave out (see
 /// [`graph::LaidOver::refused`]): each an error naming the row, its value and why.
@@ -474,77 +469,15 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         }
     }
     if let Some(mut client) = client {
-        check_settings(&mut client, &laid.sections, &mut found);
+        address_settings::check_settings(
+            &mut client,
+            &laid.sections,
+            &checked,
+            graph.as_ref(),
+            &mut found,
+        );
     }
     found.finish(&path, json)
-}
-
-/// Lists the `pepsi.settings` rows the workers ignore (SPEC §4 "Least privilege"), as
-/// warnings naming each row, at most [`SETTINGS_LISTED`] of them and a count of the
-/// rest: the rows whose key their stage's program does not let a correspondent
-/// override, and for a stage without a section, those of a key no stage may let.
-/// Warnings, not errors: the workers run without them. The database answers only the
-/// rows outside the (stage, key) pairs the stage sections allow; [`settings::refusal`]
-/// judges those, as the workers do.
-fn check_settings(client: &mut Client, sections: &BTreeMap<String, Section>, found: &mut Findings) {
-    let mut programs: BTreeMap<String, String> = BTreeMap::new();
-    let (mut stages, mut keys) = (Vec::new(), Vec::new());
-    for section in sections.values() {
-        let Some(stage) = section.name.strip_prefix(graph::STAGE_PREFIX) else {
-            continue;
-        };
-        let Some(program) = section.get("PROGRAM") else {
-            continue;
-        };
-        for key in settings::overridable_keys(stages::REGISTRY, program) {
-            stages.push(stage.to_string());
-            keys.push(key.to_string());
-        }
-        programs.insert(stage.to_string(), program.to_string());
-    }
-    let mut refused = Vec::new();
-    let mut more = 0usize;
-    let read = db::read_unlisted_settings(client, &stages, &keys, |address, stage, key| {
-        let row = SettingRow {
-            address,
-            stage,
-            key,
-            value: String::new(),
-        };
-        if let Some(e) = settings::refusal(
-            stages::REGISTRY,
-            &row,
-            programs.get(&row.stage).map(String::as_str),
-        ) {
-            if refused.len() < SETTINGS_LISTED {
-                refused.push(e);
-            } else {
-                more += 1;
-            }
-        }
-    });
-    match read {
-        Ok(()) => {}
-        // A role that may not read the table (a split of the roles that keeps the
-        // settings from the dispatcher) leaves them unchecked, which is no error of
-        // the configuration.
-        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            found.warnings.push(format!(
-                "database: pepsi.settings is not checked: {}",
-                db::describe(&e)
-            ));
-        }
-        Err(e) => found.errors.push(format!(
-            "database: cannot read pepsi.settings: {}",
-            db::describe(&e)
-        )),
-    }
-    found.add_warnings(refused);
-    if more > 0 {
-        found.warnings.push(format!(
-            "pepsi.settings: {more} more rows are ignored likewise (not listed)"
-        ));
-    }
 }
 
 /// Reports every schema a Pepsi session resolves names through in which a Pepsi role

@@ -227,6 +227,29 @@ pub fn read_unlisted_settings(
     Ok(())
 }
 
+/// The per-address settings rows workers apply ([`sql::READ_LISTED_SETTINGS`]) of
+/// the allowed (`stages`, `keys`) pairs, streamed to `each` as (address, stage, key,
+/// value), grouped by stage and address.
+pub fn read_listed_settings(
+    client: &mut Client,
+    stages: &[String],
+    keys: &[String],
+    mut each: impl FnMut(String, String, String, String),
+) -> Result<(), postgres::Error> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let params: [&(dyn postgres::types::ToSql + Sync); 2] = [&stages, &keys];
+    let mut rows = client.query_raw(sql::READ_LISTED_SETTINGS, params)?;
+    while let Some(row) = rows.next()? {
+        each(
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        );
+    }
+    Ok(())
+}
+
 /// A one-line description of a database error: the server's message with its
 /// SQLSTATE, or the client's error with its causes ("error connecting to server: No
 /// such file or directory (os error 2)"), escaped ([`Visible`]).

@@ -72,6 +72,13 @@ pub const READ_UNLISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key FROM 
                         WHERE a.stage = s.stage AND a.key = s.key) \
      ORDER BY s.stage, s.key, s.address";
 
+/// The per-address settings inside the allowed (stage, key) pairs (the rows workers
+/// apply), for `pepsi-dispatch check`: parameters as [`READ_UNLISTED_SETTINGS`].
+/// Returns (address, stage, key, value), grouped by stage and address. Reads only.
+pub const READ_LISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key, s.value FROM pepsi.settings s \
+     JOIN unnest($1::text[], $2::text[]) AS a(stage, key) ON a.stage = s.stage AND a.key = s.key \
+     ORDER BY s.stage, s.address, s.key";
+
 /// The columns a worker loads for every row (see [`LOAD_METADATA`]). `$1` is the id
 /// array. The last column is the claim token every write of the row is guarded with.
 /// The settings subquery fetches the per-address overrides of the correspondents (the

@@ -503,6 +503,51 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
 }
 
 #[test]
+fn check_refuses_a_per_address_value_that_breaks_its_section_naming_the_address() {
+    let s = scenario("c-settings-values").stages(GOOD).build();
+    s.client()
+        .execute(
+            "INSERT INTO pepsi.settings VALUES \
+             ('r@y.example', 'filter', 'MATCH', 'sender is x@y.example'), \
+             ('r@y.example', 'filter', 'MAX_LIFETIME', '1h'), \
+             ('u@y.example', 'filter', 'MATCH', 'sender is'), \
+             ('v@y.example', 'filter', 'MAX_LIFETIME', 'soon'), \
+             ('v@y.example', 'filter', 'MATCH', 'subject contains x')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    for start in [
+        "error: pepsi.settings for u@y.example: [stage-filter] MATCH: ",
+        "error: pepsi.settings for v@y.example: [stage-filter] MAX_LIFETIME: ",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("{start}\n{}", both(&out)));
+        assert!(
+            line.ends_with(
+                "; every message of that address fails at this stage until the row is fixed"
+            ),
+            "{line}"
+        );
+    }
+    assert!(
+        !text.contains("r@y.example"),
+        "a good row is not reported: {}",
+        both(&out)
+    );
+    assert!(
+        text.contains("2 errors and 0 warnings")
+            || stderr(&out).contains("2 errors and 0 warnings"),
+        "{}",
+        both(&out)
+    );
+}
+
+#[test]
 fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
     let s = scenario("c-program").stages(GOOD).build();
     let refused = "error: pepsi.config_override: [stage-out] PROGRAM: \"/tmp/x\" is refused: it is not under [pepsi] PROGRAM_PATH (builtin:/usr/lib/pepsi)";
