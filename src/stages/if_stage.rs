@@ -3,16 +3,23 @@
 //!
 //! `MATCH` is one or more conditions, each `FIELD OP VALUE`, joined either all by
 //! ` and ` or all by ` or ` (mixing both in one MATCH is an error). FIELD is `sender`,
-//! `sender-domain`, `recipient-domain` (true if any recipient matches), `sender-key`,
+//! `sender-domain`, `recipient-domain` (per recipient: see below), `sender-key`,
 //! `header-from`, `subject` or `state.KEY`; OP is `is`, `is-not`, `ends-with` or
 //! `contains`; VALUE is one word or a double-quoted string (`\"` and `\\` escape inside
 //! it). Any other word after a VALUE is an error naming it: a MATCH is understood whole
 //! or refused (SPEC §4 "Strictness"). Addresses, domains and sender keys compare
 //! case-insensitively; subject and state values exactly.
 //!
+//! A `MATCH` with a `recipient-domain` condition is judged for each recipient (its
+//! other conditions alike for all): when it holds for some recipients and not for the
+//! others, the message is split at this stage (one round trip, the lazy split of
+//! SPEC §12.5), each part then all one way, so mail for other domains never follows
+//! the recipients the condition holds for.
+//!
 //! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
 //! and for each effective section and runs the body it returns, and `pepsi-dispatch
-//! check` calls `configure`. It owns its section's keys and its decision (and the split of a per-recipient condition); it must
+//! check` calls `configure`. It owns its section's keys and its decision (and the
+//! split of a per-recipient condition); it must
 //! not write to the database (the runtime writes its outcome) nor know about batches,
 //! fusion or the protocol.
 
@@ -101,12 +108,27 @@ pub struct Match {
 }
 
 impl Match {
-    /// Does the message satisfy the expression?
+    /// Does the message satisfy the expression (a recipient condition: for any
+    /// recipient)?
     pub fn holds(&self, m: &Message) -> bool {
+        self.holds_for(m, None)
+    }
+
+    /// Does the message satisfy the expression with `recipient` (when given) as its
+    /// only recipient?
+    pub fn holds_for(&self, m: &Message, recipient: Option<&str>) -> bool {
         match self.join {
-            Join::All => self.conditions.iter().all(|c| c.holds(m)),
-            Join::Any => self.conditions.iter().any(|c| c.holds(m)),
+            Join::All => self.conditions.iter().all(|c| c.holds_for(m, recipient)),
+            Join::Any => self.conditions.iter().any(|c| c.holds_for(m, recipient)),
         }
+    }
+
+    /// Does the expression depend on the recipients, and so may hold for some of a
+    /// message's recipients and not for others?
+    pub fn per_recipient(&self) -> bool {
+        self.conditions
+            .iter()
+            .any(|c| c.field == Field::RecipientDomain)
     }
 }
 
@@ -326,6 +348,12 @@ fn compare(op: Op, have: &str, want: &str, fold: bool) -> bool {
 impl Condition {
     /// Does the message satisfy this condition?
     pub fn holds(&self, m: &Message) -> bool {
+        self.holds_for(m, None)
+    }
+
+    /// Does the message satisfy this condition, with `recipient` (when given) as its
+    /// only recipient? Without one, a recipient condition holds for any recipient.
+    pub fn holds_for(&self, m: &Message, recipient: Option<&str>) -> bool {
         let one = |have: Option<&str>, fold: bool| match have {
             Some(h) => compare(self.op, h, &self.value, fold),
             // An absent value "is not" anything and matches nothing else.
@@ -334,10 +362,13 @@ impl Condition {
         match &self.field {
             Field::Sender => one(Some(m.mail_from()), true),
             Field::SenderDomain => one(Some(domain(m.mail_from())), true),
-            Field::RecipientDomain => m
-                .rcpt_to()
-                .iter()
-                .any(|r| compare(self.op, domain(r), &self.value, true)),
+            Field::RecipientDomain => match recipient {
+                Some(r) => compare(self.op, domain(r), &self.value, true),
+                None => m
+                    .rcpt_to()
+                    .iter()
+                    .any(|r| compare(self.op, domain(r), &self.value, true)),
+            },
             Field::SenderKey => one(Some(&m.sender_key), true),
             Field::HeaderFrom => one(m.header_from(), true),
             Field::Subject => one(m.subject(), false),
@@ -385,12 +416,25 @@ impl Stage for If {
 }
 
 impl Configured for ConfiguredIf {
-    fn run(&self, message: &mut Message, _cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        let target = if self.condition.holds(message) {
-            &self.next
+    fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+        let holds = if self.condition.per_recipient() {
+            let (holding, others): (Vec<String>, Vec<String>) = message
+                .rcpt_to()
+                .iter()
+                .cloned()
+                .partition(|r| self.condition.holds_for(message, Some(r)));
+            if !holding.is_empty() && !others.is_empty() {
+                // Each part comes back to this stage, all one way.
+                return Ok(Outcome::Split {
+                    groups: vec![holding, others],
+                    stage: cx.section.name.clone(),
+                });
+            }
+            others.is_empty()
         } else {
-            &self.otherwise
+            self.condition.holds(message)
         };
+        let target = if holds { &self.next } else { &self.otherwise };
         Ok(Outcome::Advance(target.clone()))
     }
 }

@@ -18,6 +18,7 @@ mod fair_sql;
 mod foundation;
 mod guarantees;
 mod harness;
+mod if_split;
 mod ingress;
 mod poison;
 mod postfix;
