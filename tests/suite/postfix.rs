@@ -1,24 +1,26 @@
 //! The README's Postfix recipe, run for real: a private Postfix (`util::postfix`)
 //! takes mail over SMTP, hands it to `pepsi-ingress` through `content_filter =
 //! lmtp:inet:…`, a dispatcher runs it through a pipeline (`filter`, an `if` stage that
-//! drops mail from `spam.test`, then the README's `reinject` exec stage), and the
-//! `reinject` script gives it back to Postfix's second `smtpd`, which delivers it into
-//! maildirs the test reads. Every Postfix and Pepsi line of the loop is the README's
+//! drops mail from `spam.test`, then the README's `reinject` stage), and
+//! `pepsi-stage-relay` gives it back to Postfix's second `smtpd`, which delivers it
+//! into maildirs the test reads. Every Postfix and Pepsi line of the loop is the README's
 //! own (`Recipe::from_readme`), moved to free loopback ports.
 //!
 //! What the loop must do: a message for two local recipients arrives once in each
 //! mailbox, byte for byte as sent; a bounce from outside (the null sender) is
 //! delivered with its null sender and never bounced again; an 8-bit message, an
-//! SMTPUTF8 message and a 2 MB attachment arrive byte for byte. Needs root and Postfix
-//! (`apt-get install postfix`); elsewhere each test says why and passes, unless `CI`
-//! is set. On every machine, the README must still give each piece of the recipe in
+//! SMTPUTF8 message and a 2 MB attachment arrive byte for byte; when the reinjection
+//! `smtpd` refuses one of two recipients (550 5.1.1), the other gets the message and
+//! the sender a notification from the bounce stage, where the failure bouncer moves
+//! the refused recipient. Needs root and Postfix (`apt-get install postfix`);
+//! elsewhere each test says why and passes, unless `CI` is set. On every machine, the README must still give each piece of the recipe in
 //! the shape the loop reads it, and `pepsi-ingress(8)` the same lines as the README.
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use postgres::Client;
 
+use crate::util::bouncer::Bouncer;
 use crate::util::dispatcher::Dispatcher;
 use crate::util::ingress::{Ingress, free_port, python};
 use crate::util::postfix::{self, DOMAIN, HOSTNAME, POSTMASTER, Postfix, Recipe};
@@ -26,7 +28,9 @@ use crate::util::rows::queue_len;
 use crate::util::{Scenario, stage};
 
 /// The pipeline before the README's `[stage-reinject]`: `filter` (the recipe's entry
-/// stage) drops mail from `spam.test` and passes the rest on to `reinject`.
+/// stage) drops mail from `spam.test` and passes the rest on to `reinject`; the bounce
+/// stage, where the failure bouncer moves failed mail, hands its notifications to
+/// `reinject` too.
 const PIPELINE: &str = "\
 [stage-filter]
 PROGRAM = {if}
@@ -36,6 +40,10 @@ ELSE_STAGE = reinject
 
 [stage-drop]
 PROGRAM = {discard}
+
+[stage-bounce]
+PROGRAM = {bounce}
+NEXT = reinject
 
 ";
 
@@ -48,6 +56,7 @@ struct Loop {
     postfix: Postfix,
     ingress: Ingress,
     dispatcher: Dispatcher,
+    bouncer: Bouncer,
     c: Client,
     _s: Scenario,
 }
@@ -55,28 +64,39 @@ struct Loop {
 /// Wires the README's recipe on free ports (see the module's paragraph) with the
 /// maildirs `mailboxes` of `local.test`, or says why it cannot run here (None).
 fn open(tag: &str, mailboxes: &[&str]) -> Option<Loop> {
+    open_with(tag, mailboxes, "", "")
+}
+
+/// [`open`], with `main` added to Postfix's `main.cf` lines and `master` to the
+/// recipe's `master.cf` entry of the server that takes the mail back (`-o` lines that
+/// override the recipe's).
+fn open_with(tag: &str, mailboxes: &[&str], main: &str, master: &str) -> Option<Loop> {
     if !postfix::available(tag) {
         return None;
     }
-    let builder = Scenario::new(tag);
-    let script = builder.dir().path("reinject");
-    let recipe = Recipe::from_readme().on_ports(free_port(), free_port(), &script, &stage("exec"));
-    std::fs::write(&script, &recipe.reinject_script).unwrap();
-    // Mode 755, as the README installs it: the command runs as the stage's USER.
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (s, c) = builder
+    let recipe = Recipe::from_readme().on_ports(free_port(), free_port(), &stage("relay"));
+    let (s, c) = Scenario::new(tag)
+        .pepsi(&recipe.pepsi)
         .timers("")
         .section("pepsi-ingress", &recipe.ingress)
+        .section("pepsi-failure-bouncer", "BOUNCE_STAGE = bounce\n")
         .stages(PIPELINE)
         .stages(&recipe.reinject_stage)
         .connect();
     let ingress = Ingress::start(&s.conf);
     let dispatcher = s.start();
-    let postfix = Postfix::start(tag, &recipe.main_cf, &recipe.master_cf, mailboxes);
+    let bouncer = Bouncer::ready(&s.conf, &[]);
+    let postfix = Postfix::start(
+        tag,
+        &format!("{}{main}", recipe.main_cf),
+        &format!("{}{master}", recipe.master_cf),
+        mailboxes,
+    );
     Some(Loop {
         postfix,
         ingress,
         dispatcher,
+        bouncer,
         c,
         _s: s,
     })
@@ -84,16 +104,19 @@ fn open(tag: &str, mailboxes: &[&str]) -> Option<Loop> {
 
 impl Drop for Loop {
     /// Stops Postfix first, so nothing more reaches `pepsi-ingress`, then lets
-    /// `pepsi-ingress` and the dispatcher end as they do in service (SIGTERM), so that
-    /// no worker or exec command outlives the test; a program that takes longer than
-    /// 15 s is killed when its field drops.
+    /// `pepsi-ingress`, the dispatcher and the failure bouncer end as they do in
+    /// service (SIGTERM), so that no worker outlives the test; a program that takes
+    /// longer than 15 s is killed when its field drops.
     fn drop(&mut self) {
         self.postfix.stop();
         self.ingress.signal(libc::SIGTERM);
         self.dispatcher.signal(libc::SIGTERM);
+        self.bouncer.signal(libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline
-            && (self.ingress.try_wait().is_none() || self.dispatcher.try_wait().is_none())
+            && (self.ingress.try_wait().is_none()
+                || self.dispatcher.try_wait().is_none()
+                || self.bouncer.try_wait().is_none())
         {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -309,6 +332,78 @@ fn a_bounce_from_outside_is_delivered_with_its_null_sender_and_never_bounced_aga
     );
 }
 
+#[test]
+fn a_recipient_the_reinjection_server_refuses_gets_a_notification_and_the_other_the_message() {
+    // The recipe's reinjection server, refusing unknown recipients as an operator may
+    // have it do (the README's lines, two of them overridden), behind a first smtpd
+    // that takes them: `ghost` passes the way in, Pepsi's relay is refused it with
+    // 550 5.1.1 on the way back, and the bounce stage reports it to the sender.
+    let Some(mut l) = open_with(
+        "pf-refused",
+        &["alice", "sender"],
+        "smtpd_reject_unlisted_recipient = no\n",
+        "  -o receive_override_options=no_header_body_checks,no_milters\n  \
+         -o smtpd_recipient_restrictions=reject_unlisted_recipient,permit_mynetworks,reject\n",
+    ) else {
+        return;
+    };
+    let sent = message(
+        "Sender <sender@local.test>",
+        "alice@local.test, ghost@local.test",
+        "one of you is gone",
+        "refused",
+        "",
+        b"Hello, both of you.\r\n",
+    );
+    let sender = format!("sender@{DOMAIN}");
+    l.submit(
+        &sender,
+        &[&format!("alice@{DOMAIN}"), &format!("ghost@{DOMAIN}")],
+        &sent,
+        &[],
+    );
+    l.postfix.wait_mailbox("alice", 1, ROUND);
+    l.postfix.wait_mailbox("sender", 1, ROUND);
+    l.settle(&["alice", "sender", POSTMASTER]);
+    let got = l.postfix.mailbox("alice");
+    assert_eq!(got.len(), 1, "alice gets the message once");
+    arrived_intact(&got[0], &sent, &sender);
+    let notices = l.postfix.mailbox("sender");
+    assert_eq!(notices.len(), 1, "the sender gets one notification");
+    let notice = String::from_utf8_lossy(&notices[0]);
+    assert!(
+        notice.starts_with("Return-Path: <>\n"),
+        "the notification comes from the null sender:\n{notice}"
+    );
+    for text in [
+        "Content-Type: multipart/report",
+        "Final-Recipient: rfc822; ghost@local.test",
+        "Action: failed",
+        "Status: 5.1.1",
+        "User unknown",
+        "Subject: one of you is gone",
+    ] {
+        assert!(
+            notice.contains(text),
+            "the notification has {text:?}:\n{notice}"
+        );
+    }
+    assert!(
+        !notice.contains("alice@local.test\nAction"),
+        "only ghost is reported:\n{notice}"
+    );
+    assert!(l.postfix.mailbox(POSTMASTER).is_empty());
+    let log = l.postfix.maillog();
+    assert!(
+        log.contains("550 5.1.1 <ghost@local.test>"),
+        "the reinjection server refused ghost:\n{log}"
+    );
+    assert!(
+        !log.contains("status=bounced"),
+        "Postfix itself bounced nothing:\n{log}"
+    );
+}
+
 /// `n` bytes that do not repeat in any way a compressor or a careless copy would hide.
 fn noise(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -406,8 +501,8 @@ fn an_8bit_message_an_smtputf8_message_and_a_2_mb_attachment_arrive_byte_for_byt
 fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expects_it() {
     // Runs without root or Postfix too: a recipe edited out of shape fails here on
     // every machine, not only where the loop itself runs.
-    let script = std::path::Path::new("/srv/reinject");
-    let recipe = Recipe::from_readme().on_ports(20025, 20026, script, &stage("exec"));
+    let relay = std::path::Path::new("/srv/pepsi-stage-relay");
+    let recipe = Recipe::from_readme().on_ports(20025, 20026, relay);
     assert!(
         recipe
             .main_cf
@@ -424,9 +519,25 @@ fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expec
     );
     assert!(recipe.ingress.contains("LISTEN = lmtp:127.0.0.1:20025\n"));
     assert!(recipe.ingress.contains("STAGE = filter\n"));
-    assert!(recipe.reinject_stage.contains("COMMAND = /srv/reinject\n"));
-    assert!(recipe.reinject_script.starts_with("#!/usr/bin/python3\n"));
-    assert!(recipe.reinject_script.contains("\"127.0.0.1\", 20026,"));
+    assert_eq!(
+        recipe.reinject_stage,
+        "[stage-reinject]\nPROGRAM = /srv/pepsi-stage-relay\nSMARTHOST = 127.0.0.1:20026\n",
+        "the relay stage, loopback so without REQUIRE_TLS"
+    );
+    assert!(recipe.pepsi.starts_with("HOSTNAME = "), "{}", recipe.pepsi);
+    // The built-in stage the recipe names exists and takes every key it is given.
+    let relay = pepsi::stages::BUILTINS
+        .iter()
+        .find(|s| format!("pepsi-stage-{}", s.name()) == postfix::RELAY_PROGRAM)
+        .expect("the recipe's PROGRAM is a built-in stage");
+    for line in recipe.reinject_stage.lines().skip(1) {
+        let key = line.split(" = ").next().unwrap();
+        assert!(
+            key == "PROGRAM" || relay.keys().contains(&key),
+            "{key} is a key of {}",
+            postfix::RELAY_PROGRAM
+        );
+    }
 }
 
 #[test]
@@ -453,6 +564,8 @@ fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe
         ("main.cf", recipe.main_cf.clone()),
         ("master.cf", recipe.master_cf.clone()),
         ("pepsi.conf", format!("[pepsi-ingress]\n{}", recipe.ingress)),
+        ("pepsi.conf", recipe.reinject_stage.clone()),
+        ("pepsi.conf", format!("[pepsi]\n{}", recipe.pepsi)),
     ] {
         assert!(
             blocks.contains(&lines),

@@ -14,9 +14,9 @@
 //! dropped, also when a test fails.
 //!
 //! [`Recipe::from_readme`] takes the recipe's `main.cf` lines, its `master.cf` server
-//! on 10026, its `[pepsi-ingress]` section, its `[stage-reinject]` section and its
-//! `reinject` script out of README.md, word for word, so a test runs exactly what a
-//! reader copies; [`Recipe::on_ports`] moves them to a test's ports.
+//! on 10026, its `[pepsi-ingress]` section, its `[stage-reinject]` section (the relay
+//! stage) and its `[pepsi]` lines out of README.md, word for word, so a test runs
+//! exactly what a reader copies; [`Recipe::on_ports`] moves them to a test's ports.
 //!
 //! Postfix needs root (its master switches to `mail_owner`); [`available`] says
 //! whether a test can run, and fails instead of skipping when `CI` is set. Used by the
@@ -427,24 +427,24 @@ pub struct Recipe {
     pub master_cf: String,
     /// The body of the `[pepsi-ingress]` section (after its header line).
     pub ingress: String,
-    /// The `[stage-reinject]` section, header line included.
+    /// The `[stage-reinject]` section, header line included: `pepsi-stage-relay`
+    /// with `SMARTHOST` the server that takes the mail back.
     pub reinject_stage: String,
-    /// The `reinject` script.
-    pub reinject_script: String,
+    /// The lines of the `[pepsi]` section (after its header line): `HOSTNAME`.
+    pub pepsi: String,
 }
 
-/// Where the README's recipe sends the filter's mail and takes it back, and where it
-/// installs the script.
+/// Where the README's recipe sends the filter's mail and takes it back.
 pub const FILTER_ADDRESS: &str = "127.0.0.1:10025";
 /// See [`FILTER_ADDRESS`].
 pub const BACK_ADDRESS: &str = "127.0.0.1:10026";
-/// See [`FILTER_ADDRESS`].
-pub const REINJECT_PATH: &str = "/usr/local/lib/pepsi/reinject";
+/// The `PROGRAM` of the recipe's `[stage-reinject]`.
+pub const RELAY_PROGRAM: &str = "pepsi-stage-relay";
 
 impl Recipe {
     /// Reads the recipe from README.md: the indented blocks that begin with
     /// `content_filter = `, `127.0.0.1:10026 inet`, `[pepsi-ingress]` and
-    /// `[stage-reinject]`, and the `python` code block.
+    /// `[stage-reinject]`, and the one that begins with `[pepsi]\nHOSTNAME = `.
     #[track_caller]
     pub fn from_readme() -> Recipe {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
@@ -461,27 +461,22 @@ impl Recipe {
             found[0].clone()
         };
         let ingress = block("[pepsi-ingress]\n");
-        let script = readme
-            .split_once("```python\n")
-            .and_then(|(_, rest)| rest.split_once("```\n"))
-            .map(|(script, _)| script.to_string())
-            .expect("README.md has the reinject script in a ```python block");
         Recipe {
             main_cf: block("content_filter = "),
             master_cf: block(&format!("{BACK_ADDRESS} inet")),
             ingress: ingress["[pepsi-ingress]\n".len()..].to_string(),
             reinject_stage: block("[stage-reinject]\n"),
-            reinject_script: script,
+            pepsi: block("[pepsi]\nHOSTNAME = ")["[pepsi]\n".len()..].to_string(),
         }
     }
 
     /// The recipe with its addresses moved to loopback ports of a test:
     /// `pepsi-ingress` on `filter` instead of 10025, the server that takes the mail
-    /// back on `back` instead of 10026, the script at `script`, the stage programs
-    /// where the tests have them (`pepsi-stage-exec` is `exec`). Every piece must
-    /// name the address it is moved from: a recipe that changed shape fails here.
+    /// back on `back` instead of 10026 (the relay's `SMARTHOST` with it), the stage
+    /// program where the tests have it (`pepsi-stage-relay` is `relay`). Every piece
+    /// must name what it is moved from: a recipe that changed shape fails here.
     #[track_caller]
-    pub fn on_ports(&self, filter: u16, back: u16, script: &Path, exec: &Path) -> Recipe {
+    pub fn on_ports(&self, filter: u16, back: u16, relay: &Path) -> Recipe {
         let filter_to = format!("127.0.0.1:{filter}");
         let back_to = format!("127.0.0.1:{back}");
         let moved = |text: &str, from: &str, to: &str| -> String {
@@ -491,7 +486,6 @@ impl Recipe {
             );
             text.replace(from, to)
         };
-        let (_, back_port) = BACK_ADDRESS.split_once(':').unwrap();
         Recipe {
             main_cf: moved(&self.main_cf, FILTER_ADDRESS, &filter_to),
             master_cf: moved(&self.master_cf, BACK_ADDRESS, &back_to),
@@ -499,17 +493,13 @@ impl Recipe {
             reinject_stage: moved(
                 &moved(
                     &self.reinject_stage,
-                    REINJECT_PATH,
-                    script.to_str().unwrap(),
+                    &format!("SMARTHOST = {BACK_ADDRESS}\n"),
+                    &format!("SMARTHOST = {back_to}\n"),
                 ),
-                "= pepsi-stage-exec\n",
-                &format!("= {}\n", exec.display()),
+                &format!("PROGRAM = {RELAY_PROGRAM}\n"),
+                &format!("PROGRAM = {}\n", relay.display()),
             ),
-            reinject_script: moved(
-                &self.reinject_script,
-                &format!("\"127.0.0.1\", {back_port},"),
-                &format!("\"127.0.0.1\", {back},"),
-            ),
+            pepsi: self.pepsi.clone(),
         }
     }
 }
