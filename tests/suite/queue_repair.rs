@@ -98,11 +98,25 @@ fn each_repair_command_changes_what_it_may_reports_the_rest_and_notifies_once() 
 
     // resume by ids: paused, failed, timeout only.
     set_status(&mut c, b, "timeout");
+    // What a stage left when the message failed: a resumed message starts afresh, so a
+    // later failure reports its own status, and a verdict is not taken again.
+    c.execute(
+        "UPDATE pepsi.workqueue SET state = state || '{\"dsn_status\": \"5.1.1\", \
+         \"dsn_diagnostic\": \"smtp; 550 5.1.1 gone\", \"recipient_outcomes\": {}, \
+         \"list_copy\": true}' WHERE workqueue_id = $1",
+        &[&b],
+    )
+    .unwrap();
     let out = queue(&sc.conf, &["resume", &s(b), &s(a)]);
     expect(&out, 69);
     assert!(stderr(&out).contains(&format!("message {a}: is held; release it instead")));
     assert_eq!(notified(&mut l, &mut c), ["workqueue"]);
     assert_eq!(row_at(&mut c, b).unwrap().1, "pending");
+    let resumed = state_of(&mut c, b);
+    for key in ["dsn_status", "dsn_diagnostic", "recipient_outcomes"] {
+        assert!(resumed.get(key).is_none(), "{key} cleared: {resumed}");
+    }
+    assert_eq!(resumed["list_copy"], true, "the message's own keys stay");
 
     // resume by stage and status.
     set_status(&mut c, b, "failed");
