@@ -110,12 +110,16 @@ fn grouped(
     outcomes: &RecipientOutcomes,
 ) -> Vec<Vec<(String, RecipientResult)>> {
     let mut groups: Vec<Vec<(String, RecipientResult)>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    // By address, once: a message may have thousands of recipients.
+    let by_address: std::collections::HashMap<&str, &RecipientResult> = outcomes
+        .results
+        .iter()
+        .map(|(a, r)| (a.as_str(), r))
+        .collect();
     for address in rcpt_to {
-        let result = outcomes
-            .results
-            .iter()
-            .find(|(a, _)| a == address)
-            .map(|(_, r)| r.clone())
+        let result = by_address
+            .get(address.as_str())
+            .map(|r| (*r).clone())
             .unwrap_or_else(|| RecipientResult::Deferred(NO_RESULT.into()));
         groups[usize::from(result.kind())].push((address.clone(), result));
     }
@@ -123,15 +127,25 @@ fn grouped(
     groups
 }
 
-/// The distinct texts of `errors`, joined.
+/// The most distinct error texts [`joined`] lists; the rest are counted.
+const JOINED_ERRORS: usize = 5;
+
+/// The distinct texts of `errors`, joined: the first [`JOINED_ERRORS`] of them and how
+/// many more there were (a message may have thousands of recipients, each refused
+/// with its own text, and this goes to a log line and `state.last_error`).
 fn joined<'a>(errors: impl Iterator<Item = &'a String>) -> String {
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut listed: Vec<&str> = Vec::new();
     for e in errors {
-        if !seen.contains(&e.as_str()) {
-            seen.push(e);
+        if seen.insert(e.as_str()) && listed.len() < JOINED_ERRORS {
+            listed.push(e);
         }
     }
-    seen.join("; ")
+    let mut text = listed.join("; ");
+    if seen.len() > listed.len() {
+        text.push_str(&format!("; and {} more", seen.len() - listed.len()));
+    }
+    text
 }
 
 /// The outcome of recipients that share one kind of result: an advance or finish, a
@@ -351,5 +365,22 @@ mod tests {
             Ok(Outcome::Advance("n".into()))
         );
         assert_eq!(uniform(&mut m, None, &[]), Ok(Outcome::Finish));
+    }
+
+    #[test]
+    fn the_joined_errors_are_bounded() {
+        let errors: Vec<String> = (0..1000)
+            .map(|i| format!("550 5.1.1 <r{i}@x>: unknown"))
+            .collect();
+        let text = super::joined(errors.iter().chain(errors.iter()));
+        assert!(
+            text.starts_with("550 5.1.1 <r0@x>: unknown; 550 5.1.1 <r1@x>: unknown"),
+            "{text}"
+        );
+        assert!(text.ends_with("; and 995 more"), "{text}");
+        assert_eq!(
+            super::joined(["a".to_string(), "a".to_string()].iter()),
+            "a"
+        );
     }
 }
