@@ -19,7 +19,9 @@
 //! group gets its own when the worker or the database died between the two writes (the
 //! dispatcher recovers the row as after any crash). No recipient is lost (every group
 //! is a row from the split on) nor handed over twice (no row with a verdict runs the
-//! stage for it again).
+//! stage for it again). A split the database refuses (other than by losing the
+//! connection) pauses the row with the verdict on it: its retry splits again from the
+//! verdict instead of handing the message over again.
 //!
 //! Called by `chain.rs`; uses `writes.rs` for the split. It must not read stdin, write
 //! status lines nor decide an error's fate (that is `errors.rs`'s, after it).
@@ -232,7 +234,19 @@ pub(super) fn settle(
         false,
     );
     match split {
-        Err(e) => Some(Err(StageError::from_db(&e))),
+        Err(e) => {
+            // Refused (not a lost connection: then nothing is written at all): the
+            // row is retried carrying the verdict, so its next claim takes the
+            // outcomes from it and splits again, and the recipients already delivered
+            // are not handed over a second time. Only at the claimed stage, where the
+            // retry comes back to.
+            if moved.is_none() {
+                message
+                    .state
+                    .insert(RECORD.into(), record(stage, &outcomes));
+            }
+            Some(Err(StageError::from_db(&e)))
+        }
         Ok(None) => {
             log::warn!(
                 "{}: message {} was taken away before its per-recipient split",

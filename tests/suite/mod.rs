@@ -32,5 +32,6 @@ mod queue_session;
 mod queue_status;
 mod recovery;
 mod relay;
+mod relay_split;
 mod roles;
 mod worker;
