@@ -21,6 +21,8 @@
 pub mod client;
 pub mod reply;
 pub mod transaction;
+#[cfg(test)]
+mod wire_tests;
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -103,18 +103,30 @@ fn refuse_all(rcpt_to: &[String], status: &str, why: &str) -> Vec<(String, Recip
         .collect()
 }
 
-/// A recipient's result from a reply: 2xx done, 4xx deferred, else failed with the
-/// reply's status and text.
+/// A recipient's result from a reply: 2xx done, 5xx failed with the reply's status
+/// and text, anything else (4xx, or a reply no command may get here) deferred.
 pub fn result_of(reply: &Reply, what: &str) -> RecipientResult {
     match reply.class() {
         2 => RecipientResult::Done,
-        4 => RecipientResult::Deferred(format!("smarthost deferred {what}: {reply}")),
-        _ => RecipientResult::Failed {
+        5 => RecipientResult::Failed {
             error: format!("smarthost refused {what}: {reply}"),
             status: reply.status(),
             diagnostic: Some(reply.diagnostic()),
         },
+        _ => RecipientResult::Deferred(format!("smarthost deferred {what}: {reply}")),
     }
+}
+
+/// A reply to MAIL, RCPT, XFORWARD or the final dot must be 2xx, 4xx or 5xx; any other
+/// (a 3xx) is a protocol error: nothing is decided by it and the connection is dropped.
+fn sane(reply: &Reply, line: &str) -> Result<(), Broken> {
+    if matches!(reply.class(), 2 | 4 | 5) {
+        return Ok(());
+    }
+    let verb = line.split([' ', ':']).next().unwrap_or(line);
+    Err(Broken(format!(
+        "protocol error: the smarthost answered {verb} with {reply}"
+    )))
 }
 
 /// The command lines before DATA: XFORWARD (when offered), MAIL FROM, each RCPT TO.
@@ -235,9 +247,13 @@ pub fn deliver(
         for _ in 0..=lines.len() {
             replies.push(c.reply().map_err(broken)?);
         }
+        for (reply, line) in replies.iter().zip(&lines) {
+            sane(reply, line).map_err(broken)?;
+        }
     } else {
         for (i, l) in lines.iter().enumerate() {
             let reply = c.command(l).map_err(broken)?;
+            sane(&reply, l).map_err(broken)?;
             let stop = !reply.is_ok() && (i == 0 || (forwarded && i == 1));
             replies.push(reply);
             if stop {
@@ -293,7 +309,10 @@ pub fn deliver(
             let done = c.timeouts().data_done;
             if e.lmtp {
                 for (n, &i) in accepted.iter().enumerate() {
-                    match c.reply_within(done) {
+                    match c
+                        .reply_within(done)
+                        .and_then(|r| sane(&r, "the data's final dot").map(|()| r))
+                    {
                         Ok(reply) => {
                             results[i].1 = Some(result_of(&reply, &format!("<{}>", results[i].0)))
                         }
@@ -308,17 +327,27 @@ pub fn deliver(
                 }
             } else {
                 let reply = c.reply_within(done).map_err(broken)?;
+                sane(&reply, "the data's final dot").map_err(broken)?;
                 for &i in &accepted {
                     results[i].1 = Some(result_of(&reply, "the message"));
                 }
             }
         }
-        Some(r) if !accepted.is_empty() => {
+        Some(r) if matches!(r.class(), 4 | 5) => {
             for &i in &accepted {
                 results[i].1 = Some(result_of(&r, "the data"));
             }
         }
-        _ => {}
+        Some(r) => {
+            // Only 354 lets the data go: a 2xx or 3xx to DATA delivered nothing, and
+            // the session's state is unknown.
+            let why = format!("protocol error: the smarthost answered DATA with {r}");
+            for &i in &accepted {
+                results[i].1 = Some(RecipientResult::Deferred(why.clone()));
+            }
+            return Err((Broken(why), finished(results)));
+        }
+        None => {}
     }
     Ok(finished(results))
 }
@@ -372,6 +401,10 @@ mod tests {
         assert_eq!(result_of(&r(250, "2.1.5 ok"), "x"), RecipientResult::Done);
         assert!(matches!(
             result_of(&r(451, "4.3.0 later"), "x"),
+            RecipientResult::Deferred(_)
+        ));
+        assert!(matches!(
+            result_of(&r(354, "go ahead"), "x"),
             RecipientResult::Deferred(_)
         ));
         assert_eq!(

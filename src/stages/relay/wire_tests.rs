@@ -1,0 +1,235 @@
+//! The relay's transactions against a scripted peer on a unix socket: a thread that
+//! answers each command as the test says, so that what goes over the wire, and what
+//! becomes of each recipient and of the connection, is checked without a database.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::client::{Connection, Target, Timeouts};
+use super::transaction::{Envelope, Results, deliver};
+use crate::worker::RecipientResult;
+
+/// The peer's side: reads lines, writes replies.
+pub struct Peer {
+    input: BufReader<UnixStream>,
+    out: UnixStream,
+    /// Every line read.
+    pub lines: Vec<String>,
+}
+
+impl Peer {
+    /// Reads one line (without its line end); `None` at end of file.
+    pub fn line(&mut self) -> Option<String> {
+        let mut raw = Vec::new();
+        if self.input.read_until(b'\n', &mut raw).ok()? == 0 {
+            return None;
+        }
+        let l = String::from_utf8_lossy(&raw).trim_end().to_string();
+        self.lines.push(l.clone());
+        Some(l)
+    }
+
+    /// Writes a reply (CRLF added).
+    pub fn say(&mut self, reply: &str) {
+        let _ = self.out.write_all(format!("{reply}\r\n").as_bytes());
+    }
+
+    /// Reads a line and answers it with `reply`.
+    pub fn expect(&mut self, prefix: &str, reply: &str) {
+        let l = self.line().unwrap_or_default();
+        assert!(l.starts_with(prefix), "expected {prefix}, got {l:?}");
+        self.say(reply);
+    }
+
+    /// Reads the data up to the final dot.
+    pub fn data(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Some(l) = self.line() {
+            if l == "." {
+                break;
+            }
+            lines.push(l);
+        }
+        lines
+    }
+}
+
+/// A listening peer: its socket and the thread that runs the script.
+pub struct Scripted {
+    pub target: Target,
+    thread: Option<JoinHandle<Vec<String>>>,
+}
+
+impl Scripted {
+    /// Every line the peer read, once its script is done.
+    pub fn finish(mut self) -> Vec<String> {
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+/// Listens on a fresh unix socket; `script` runs on the first connection, after the
+/// greeting.
+pub fn peer(script: impl FnOnce(&mut Peer) + Send + 'static) -> Scripted {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let path: PathBuf = std::env::temp_dir().join(format!(
+        "pepsi-relay-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let target = Target::Unix(path.clone());
+    let thread = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut p = Peer {
+            input: BufReader::new(stream.try_clone().unwrap()),
+            out: stream,
+            lines: Vec::new(),
+        };
+        p.say("220 peer ESMTP");
+        script(&mut p);
+        p.lines
+    });
+    Scripted {
+        target,
+        thread: Some(thread),
+    }
+}
+
+/// Short timeouts: a test that would hang fails fast.
+pub fn quick() -> Timeouts {
+    Timeouts {
+        connect: Duration::from_secs(5),
+        command: Duration::from_secs(5),
+        data: Duration::from_secs(5),
+        data_done: Duration::from_secs(5),
+    }
+}
+
+/// The EHLO reply with these keywords.
+pub fn ehlo(keywords: &[&str]) -> String {
+    let mut lines = vec!["peer hello".to_string()];
+    lines.extend(keywords.iter().map(|k| k.to_string()));
+    let n = lines.len();
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("250{}{l}", if i + 1 == n { ' ' } else { '-' }))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+/// Opens a connection to `s` and runs one transaction from a@x to `to`.
+pub fn send(
+    s: &Scripted,
+    lmtp: bool,
+    to: &[&str],
+) -> (Option<Connection>, Result<Results, String>) {
+    let mut c = match Connection::open(&s.target, lmtp, "me.test", quick()) {
+        Ok(c) => c,
+        Err(b) => return (None, Err(format!("open: {}", b.0))),
+    };
+    let rcpt: Vec<String> = to.iter().map(|s| s.to_string()).collect();
+    let e = Envelope {
+        mail_from: "a@x",
+        rcpt_to: &rcpt,
+        dsn: None,
+        client_ip: Some("192.0.2.1"),
+        auth_user: None,
+        lmtp,
+    };
+    match deliver(&mut c, &e, b"Subject: t\r\n", b"body\r\n") {
+        Ok(r) => (Some(c), Ok(r)),
+        Err((b, r)) if r.is_empty() => (None, Err(b.0)),
+        // Results that stand, the connection dropped.
+        Err((_, r)) => (None, Ok(r)),
+    }
+}
+
+/// A host error for the message, or every recipient deferred, mentioning `what`.
+fn all_deferred(r: &Result<Results, String>, what: &str) -> bool {
+    match r {
+        Err(why) => why.contains(what),
+        Ok(r) => r
+            .iter()
+            .all(|(_, r)| matches!(r, RecipientResult::Deferred(w) if w.contains(what))),
+    }
+}
+
+fn done(r: &RecipientResult) -> bool {
+    matches!(r, RecipientResult::Done)
+}
+
+#[test]
+fn a_250_to_data_delivers_nobody_and_drops_the_connection() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING"]));
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "250 ok");
+        p.expect("DATA", "250 2.0.0 queued");
+        p.line();
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    assert!(c.is_none(), "the connection is dropped");
+    assert!(all_deferred(&r, "DATA"), "{r:?}");
+    s.finish();
+}
+
+#[test]
+fn a_250_to_data_without_pipelining_delivers_nobody() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&[]));
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "250 ok");
+        p.expect("DATA", "250 2.0.0 queued");
+        p.line();
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    assert!(c.is_none());
+    assert!(all_deferred(&r, "DATA"), "{r:?}");
+    s.finish();
+}
+
+#[test]
+fn a_3xx_to_mail_or_rcpt_is_a_protocol_error_not_a_bounce() {
+    for (mail, rcpt) in [("354 what", "250 ok"), ("250 ok", "354 go ahead")] {
+        let s = peer(move |p| {
+            p.expect("EHLO", &ehlo(&[]));
+            p.expect("MAIL", mail);
+            if mail.starts_with('2') {
+                p.expect("RCPT", rcpt);
+            }
+            p.line();
+        });
+        let (c, r) = send(&s, false, &["b@y"]);
+        assert!(c.is_none(), "{mail} {rcpt}");
+        assert!(r.is_err(), "{mail} {rcpt}: {r:?}");
+        s.finish();
+    }
+}
+
+#[test]
+fn a_good_transaction_delivers_and_keeps_the_connection() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING"]));
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "250 ok");
+        p.expect("RCPT", "550 5.1.1 unknown");
+        p.expect("DATA", "354 go");
+        let data = p.data();
+        assert_eq!(data, ["Subject: t", "", "body"]);
+        p.say("250 queued");
+    });
+    let (c, r) = send(&s, false, &["b@y", "c@y"]);
+    let r = r.unwrap();
+    assert!(c.is_some());
+    assert!(done(&r[0].1));
+    assert!(matches!(r[1].1, RecipientResult::Failed { .. }));
+    drop(c);
+    s.finish();
+}
