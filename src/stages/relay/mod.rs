@@ -10,7 +10,9 @@
 //! one is a host error for it alone, a 5xx one fails with its own `state.dsn_status`
 //! and `state.dsn_diagnostic`; the worker runtime splits a mixed result. A connection
 //! that fails (refused, a timeout, dropped, 421) is a host error for every recipient
-//! without a reply yet. There is no TLS: a `SMARTHOST` that is not a unix socket or a
+//! without a reply yet; so is a protocol error (a reply no command may get there: only
+//! `354` to DATA lets the data go) and a refused XFORWARD, which drop the connection.
+//! There is no TLS: a `SMARTHOST` that is not a unix socket or a
 //! loopback address needs `REQUIRE_TLS = no` written out.
 //!
 //! The files: `client.rs` (the connection), `transaction.rs` (one message's commands

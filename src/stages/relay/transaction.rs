@@ -261,24 +261,38 @@ pub fn deliver(
             }
         }
     }
+    // Under PIPELINING DATA went out with the envelope: its reply is the last.
+    let pipelined_data = if o.pipelining { replies.pop() } else { None };
+    // Did DATA open the data phase though nothing is to be sent? Then the session is
+    // inside the data, where no "." may end it for nobody: the connection is dropped.
+    let inside_data = pipelined_data.as_ref().is_some_and(|r| r.code == 354);
     let skip = usize::from(forwarded);
     let mut results: Vec<(String, Option<RecipientResult>)> =
         e.rcpt_to.iter().map(|r| (r.clone(), None)).collect();
-    // A refused XFORWARD or MAIL decides for every recipient.
-    let envelope_reply = if forwarded && !replies[0].is_ok() {
-        Some((replies[0].clone(), "XFORWARD"))
-    } else {
-        replies
-            .get(skip)
-            .filter(|r| !r.is_ok())
-            .map(|r| (r.clone(), "the sender"))
-    };
-    if let Some((reply, what)) = envelope_reply {
-        return Ok(e
+    if forwarded && !replies[0].is_ok() {
+        // XFORWARD only informs: its refusal says nothing of the recipients. A host
+        // error for the message, retried on another connection.
+        return Err(broken(Broken(format!(
+            "the smarthost refused XFORWARD: {}",
+            replies[0]
+        ))));
+    }
+    // A refused MAIL decides for every recipient.
+    if let Some(reply) = replies.get(skip).filter(|r| !r.is_ok()) {
+        let results: Results = e
             .rcpt_to
             .iter()
-            .map(|r| (r.clone(), result_of(&reply, what)))
-            .collect());
+            .map(|r| (r.clone(), result_of(reply, "the sender")))
+            .collect();
+        return match &pipelined_data {
+            Some(r) if inside_data || !matches!(r.class(), 4 | 5) => Err((
+                Broken(format!(
+                    "protocol error: the smarthost answered DATA with {r} after refusing the sender"
+                )),
+                results,
+            )),
+            _ => Ok(results),
+        };
     }
     let mut accepted = Vec::new();
     for (i, (address, result)) in results.iter_mut().enumerate() {
@@ -291,19 +305,20 @@ pub fn deliver(
             *result = Some(result_of(reply, &format!("<{address}>")));
         }
     }
+    if accepted.is_empty() && inside_data {
+        return Err((
+            Broken("protocol error: the smarthost answered DATA with 354 for no recipient".into()),
+            finished(results),
+        ));
+    }
     let data_reply = if o.pipelining {
-        replies.pop()
+        pipelined_data
     } else if accepted.is_empty() {
         None
     } else {
         Some(c.command("DATA").map_err(broken)?)
     };
     match data_reply {
-        Some(r) if r.code == 354 && accepted.is_empty() => {
-            // Nobody to deliver to, yet the data is awaited: an empty message ends it.
-            c.send(b".\r\n", c.timeouts().data).map_err(broken)?;
-            c.reply_within(c.timeouts().data_done).map_err(broken)?;
-        }
         Some(r) if r.code == 354 => {
             c.send(&data, c.timeouts().data).map_err(broken)?;
             let done = c.timeouts().data_done;

@@ -233,3 +233,78 @@ fn a_good_transaction_delivers_and_keeps_the_connection() {
     drop(c);
     s.finish();
 }
+
+/// Reads every line until the client hangs up.
+fn rest(p: &mut Peer) {
+    while p.line().is_some() {}
+}
+
+#[test]
+fn a_refused_xforward_defers_the_message_and_never_ends_an_opened_data_phase() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING", "XFORWARD ADDR"]));
+        p.expect("XFORWARD", "550 5.7.1 not for you");
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "250 ok");
+        p.expect("DATA", "354 go");
+        rest(p);
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    let kept = c.is_some();
+    drop(c);
+    let lines = s.finish();
+    assert!(!kept, "the connection is dropped");
+    assert!(all_deferred(&r, "XFORWARD"), "no bounce: {r:?}");
+    assert_eq!(
+        lines.last().unwrap(),
+        "DATA",
+        "nothing after DATA: {lines:?}"
+    );
+}
+
+#[test]
+fn a_refused_sender_with_354_to_data_drops_the_connection_inside_the_data() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING"]));
+        p.expect("MAIL", "550 5.7.1 no such sender");
+        p.expect("RCPT", "503 5.5.1 need MAIL");
+        p.expect("DATA", "354 go");
+        rest(p);
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    let kept = c.is_some();
+    drop(c);
+    let lines = s.finish();
+    assert!(
+        !kept,
+        "the connection is dropped, not reused inside the data"
+    );
+    let r = r.unwrap();
+    assert!(
+        matches!(&r[0].1, RecipientResult::Failed { status, .. } if status == "5.7.1"),
+        "{r:?}"
+    );
+    assert_eq!(lines.last().unwrap(), "DATA", "{lines:?}");
+}
+
+#[test]
+fn lmtp_with_354_for_no_recipient_sends_no_dot_and_drops_the_connection() {
+    let s = peer(|p| {
+        p.expect("LHLO", &ehlo(&["PIPELINING"]));
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "550 5.1.1 unknown");
+        p.expect("DATA", "354 go");
+        rest(p);
+    });
+    let (c, r) = send(&s, true, &["b@y"]);
+    let kept = c.is_some();
+    drop(c);
+    let lines = s.finish();
+    assert!(!kept);
+    let r = r.unwrap();
+    assert!(
+        matches!(&r[0].1, RecipientResult::Failed { status, .. } if status == "5.1.1"),
+        "{r:?}"
+    );
+    assert_eq!(lines.last().unwrap(), "DATA", "no dot: {lines:?}");
+}
