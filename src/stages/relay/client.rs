@@ -236,7 +236,8 @@ fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Br
 
 impl Connection {
     /// Connects, reads the greeting and says EHLO (LHLO for `lmtp`) as `hostname`; a
-    /// smarthost that refuses EHLO in SMTP is greeted with HELO and offers nothing.
+    /// smarthost that does not recognise EHLO in SMTP (500, 501, 502, 504) is greeted
+    /// with HELO and offers nothing; any other refusal fails the connection.
     pub fn open(
         target: &Target,
         lmtp: bool,
@@ -267,7 +268,9 @@ impl Connection {
         let reply = c.command(&format!("{hello} {hostname}"))?;
         if reply.is_ok() {
             c.offers = Offers::parse(&reply);
-        } else if lmtp || reply.code == 421 {
+        } else if lmtp || !matches!(reply.code, 500 | 501 | 502 | 504) {
+            // Only a smarthost that does not know EHLO is greeted with HELO: a 4xx is
+            // a failure of this connection, not a lack of extensions for its life.
             return Err(Broken(format!("the smarthost refused {hello}: {reply}")));
         } else {
             let helo = c.command(&format!("HELO {hostname}"))?;

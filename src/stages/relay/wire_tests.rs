@@ -308,3 +308,34 @@ fn lmtp_with_354_for_no_recipient_sends_no_dot_and_drops_the_connection() {
     );
     assert_eq!(lines.last().unwrap(), "DATA", "no dot: {lines:?}");
 }
+
+#[test]
+fn a_4xx_to_ehlo_fails_the_connection_instead_of_falling_back_to_helo() {
+    let s = peer(|p| {
+        p.expect("EHLO", "451 4.3.2 busy");
+        rest(p);
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    drop(c);
+    let lines = s.finish();
+    assert!(r.unwrap_err().contains("451"));
+    assert_eq!(lines, ["EHLO me.test"], "no HELO");
+}
+
+#[test]
+fn a_smarthost_that_does_not_know_ehlo_is_greeted_with_helo() {
+    let s = peer(|p| {
+        p.expect("EHLO", "502 5.5.2 what?");
+        p.expect("HELO", "250 hi");
+        p.expect("MAIL", "250 ok");
+        p.expect("RCPT", "250 ok");
+        p.expect("DATA", "354 go");
+        p.data();
+        p.say("250 queued");
+        rest(p);
+    });
+    let (c, r) = send(&s, false, &["b@y"]);
+    drop(c);
+    s.finish();
+    assert!(done(&r.unwrap()[0].1));
+}
