@@ -1,7 +1,7 @@
 //! One message's mail transaction over an open [`Connection`]: the message data as
 //! sent (CRLF line ends, dot-stuffed), the checks against what the smarthost offers
 //! (SIZE, SMTPUTF8, 8BITMIME), the XFORWARD, MAIL, RCPT and DATA commands with their
-//! parameters (DSN from `state.dsn`), in one write when PIPELINING is offered, and
+//! parameters (DSN from `state.dsn`), pipelined in windows when PIPELINING is offered, and
 //! each recipient's result from the replies, the LMTP replies after the data included.
 //!
 //! Used by `mod.rs`; it owns neither the connection's life nor the message's outcome.
@@ -11,6 +11,12 @@ use serde_json::Value;
 use super::client::Connection;
 use super::reply::{Broken, Reply};
 use crate::worker::RecipientResult;
+
+/// The most commands written under PIPELINING before their replies are read.
+const WINDOW_COMMANDS: usize = 100;
+/// The most octets of commands written under PIPELINING before their replies are read
+/// (a single longer command goes alone).
+const WINDOW_BYTES: usize = 16 * 1024;
 
 /// Each recipient with its result.
 pub type Results = Vec<(String, RecipientResult)>;
@@ -236,16 +242,28 @@ pub fn deliver(
     let forwarded = lines[0].starts_with("XFORWARD ");
     let mut replies: Vec<Reply> = Vec::new();
     if o.pipelining {
-        let mut batch = String::new();
-        for l in &lines {
-            batch.push_str(l);
-            batch.push_str("\r\n");
-        }
-        batch.push_str("DATA\r\n");
-        c.send(batch.as_bytes(), c.timeouts().command)
-            .map_err(broken)?;
-        for _ in 0..=lines.len() {
-            replies.push(c.reply().map_err(broken)?);
+        // In windows, each written whole and then its replies read: a smarthost that
+        // writes its replies as it reads (blocking) fills its socket buffer, then ours,
+        // if thousands of commands go out before a reply is read.
+        let all: Vec<&str> = lines.iter().map(String::as_str).chain(["DATA"]).collect();
+        let mut start = 0;
+        while start < all.len() {
+            let mut batch = String::new();
+            let mut end = start;
+            while end < all.len()
+                && end - start < WINDOW_COMMANDS
+                && (end == start || batch.len() + all[end].len() + 2 <= WINDOW_BYTES)
+            {
+                batch.push_str(all[end]);
+                batch.push_str("\r\n");
+                end += 1;
+            }
+            c.send(batch.as_bytes(), c.timeouts().command)
+                .map_err(broken)?;
+            for _ in start..end {
+                replies.push(c.reply().map_err(broken)?);
+            }
+            start = end;
         }
         for (reply, line) in replies.iter().zip(&lines) {
             sane(reply, line).map_err(broken)?;

@@ -339,3 +339,30 @@ fn a_smarthost_that_does_not_know_ehlo_is_greeted_with_helo() {
     s.finish();
     assert!(done(&r.unwrap()[0].1));
 }
+
+#[test]
+fn six_thousand_recipients_over_a_unix_socket_are_pipelined_in_windows_and_delivered() {
+    const N: usize = 6000;
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING"]));
+        p.expect("MAIL", "250 ok");
+        for _ in 0..N {
+            // One blocking write per command, as it is read.
+            p.expect("RCPT", "250 2.1.5 ok");
+        }
+        p.expect("DATA", "354 go");
+        p.data();
+        p.say("250 queued");
+        rest(p);
+    });
+    let to: Vec<String> = (0..N)
+        .map(|i| format!("recipient-number-{i}@destination.example"))
+        .collect();
+    let to: Vec<&str> = to.iter().map(String::as_str).collect();
+    let (c, r) = send(&s, false, &to);
+    drop(c);
+    s.finish();
+    let r = r.unwrap();
+    assert_eq!(r.len(), N);
+    assert!(r.iter().all(|(_, r)| done(r)));
+}
