@@ -27,7 +27,7 @@ pub mod transaction;
 mod wire_tests;
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use client::{Connection, Target, Timeouts};
 use transaction::Envelope;
@@ -40,6 +40,31 @@ use crate::worker::{
 
 /// The stage.
 pub struct Relay;
+
+/// The timeouts' defaults: their sum (4 min), one message's whole time, is well below
+/// the dispatcher's `MAX_RUNTIME` (5 min), past which a worker is killed and its message
+/// struck.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(30),
+    command: Duration::from_secs(60),
+    data: Duration::from_secs(60),
+    data_done: Duration::from_secs(90),
+};
+
+/// A section's relay timeouts summed (one message's time), for `pepsi-dispatch check`;
+/// `None` when a value is bad (the section's own check says so).
+pub fn budget_of(s: &crate::config::Section) -> Option<Duration> {
+    let d = |key: &str, default: Duration| s.duration(key, default).ok();
+    Some(
+        Timeouts {
+            connect: d("CONNECT_TIMEOUT", DEFAULT_TIMEOUTS.connect)?,
+            command: d("COMMAND_TIMEOUT", DEFAULT_TIMEOUTS.command)?,
+            data: d("DATA_TIMEOUT", DEFAULT_TIMEOUTS.data)?,
+            data_done: d("DATA_DONE_TIMEOUT", DEFAULT_TIMEOUTS.data_done)?,
+        }
+        .budget(),
+    )
+}
 
 /// The section's settings.
 struct ConfiguredRelay {
@@ -140,10 +165,10 @@ impl Stage for Relay {
             Ok(d)
         };
         let timeouts = Timeouts {
-            connect: positive("CONNECT_TIMEOUT", 30)?,
-            command: positive("COMMAND_TIMEOUT", 300)?,
-            data: positive("DATA_TIMEOUT", 180)?,
-            data_done: positive("DATA_DONE_TIMEOUT", 600)?,
+            connect: positive("CONNECT_TIMEOUT", DEFAULT_TIMEOUTS.connect.as_secs())?,
+            command: positive("COMMAND_TIMEOUT", DEFAULT_TIMEOUTS.command.as_secs())?,
+            data: positive("DATA_TIMEOUT", DEFAULT_TIMEOUTS.data.as_secs())?,
+            data_done: positive("DATA_DONE_TIMEOUT", DEFAULT_TIMEOUTS.data_done.as_secs())?,
         };
         Ok(Box::new(ConfiguredRelay {
             target,
@@ -165,6 +190,7 @@ impl ConfiguredRelay {
         key: &str,
         hostname: &str,
         kept: Option<Kept>,
+        deadline: Instant,
     ) -> Result<Connection, String> {
         if let Some(k) = kept {
             let worn = k.connection.opened.elapsed() >= self.reuse_time
@@ -173,6 +199,7 @@ impl ConfiguredRelay {
                 k.connection.quit();
             } else {
                 let mut c = k.connection;
+                c.set_deadline(deadline);
                 match c.reset() {
                     Ok(()) => return Ok(c),
                     Err(e) => log::info!(
@@ -183,18 +210,20 @@ impl ConfiguredRelay {
                 }
             }
         }
-        Connection::open(&self.target, self.lmtp, hostname, self.timeouts)
+        Connection::open(&self.target, self.lmtp, hostname, self.timeouts, deadline)
             .map_err(|e| format!("smarthost {}: {}", self.target, e.0))
     }
 }
 
 impl Configured for ConfiguredRelay {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+        // One deadline for the whole message, the connection's opening included.
+        let deadline = Instant::now() + self.timeouts.budget();
         let hostname = self.hostname.as_deref().unwrap_or(&cx.pepsi.hostname);
         let key = format!("{}|{}|{hostname}", self.target, self.lmtp);
         let mut slot = CONNECTION.lock().unwrap_or_else(|p| p.into_inner());
         let mut connection = self
-            .connection(&key, hostname, slot.take())
+            .connection(&key, hostname, slot.take(), deadline)
             .map_err(StageError::host)?;
         let envelope = Envelope {
             mail_from: message.mail_from(),

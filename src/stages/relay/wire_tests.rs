@@ -130,7 +130,18 @@ pub fn send(
     lmtp: bool,
     to: &[&str],
 ) -> (Option<Connection>, Result<Results, String>) {
-    let mut c = match Connection::open(&s.target, lmtp, "me.test", quick()) {
+    send_with(s, lmtp, to, quick())
+}
+
+/// As [`send`], with these timeouts (their sum the message's time).
+pub fn send_with(
+    s: &Scripted,
+    lmtp: bool,
+    to: &[&str],
+    timeouts: Timeouts,
+) -> (Option<Connection>, Result<Results, String>) {
+    let deadline = std::time::Instant::now() + timeouts.budget();
+    let mut c = match Connection::open(&s.target, lmtp, "me.test", timeouts, deadline) {
         Ok(c) => c,
         Err(b) => return (None, Err(format!("open: {}", b.0))),
     };
@@ -365,4 +376,76 @@ fn six_thousand_recipients_over_a_unix_socket_are_pipelined_in_windows_and_deliv
     let r = r.unwrap();
     assert_eq!(r.len(), N);
     assert!(r.iter().all(|(_, r)| done(r)));
+}
+
+#[test]
+fn a_message_gets_the_sum_of_the_timeouts_whatever_each_wait_takes() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&[]));
+        // Each reply comes within the command timeout, all of them not within the
+        // message's time.
+        while let Some(l) = p.line() {
+            std::thread::sleep(Duration::from_millis(700));
+            p.say(if l == "DATA" { "354 go" } else { "250 ok" });
+        }
+    });
+    let t = Duration::from_secs(1);
+    let timeouts = Timeouts {
+        connect: t,
+        command: t,
+        data: t,
+        data_done: t,
+    };
+    let to = ["a@y", "b@y", "c@y", "d@y", "e@y", "f@y"];
+    let started = std::time::Instant::now();
+    let (c, r) = send_with(&s, false, &to, timeouts);
+    assert!(c.is_none(), "the connection is dropped");
+    assert!(r.is_err(), "a host error for the message: {r:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(4500),
+        "{:?}",
+        started.elapsed()
+    );
+    s.finish();
+}
+
+#[test]
+fn connecting_to_a_unix_socket_whose_backlog_is_full_times_out() {
+    use std::os::unix::ffi::OsStrExt;
+    // A listener with a backlog of 0 that never accepts: one connection fills it.
+    let path = std::env::temp_dir().join(format!("pepsi-relay-full-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+    assert!(fd >= 0);
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    assert_eq!(unsafe { libc::bind(fd, (&raw const addr).cast(), len) }, 0);
+    assert_eq!(unsafe { libc::listen(fd, 0) }, 0);
+    let _first = UnixStream::connect(&path).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let target = Target::Unix(path.clone());
+    std::thread::spawn(move || {
+        let t = quick();
+        let t = Timeouts {
+            connect: Duration::from_secs(1),
+            ..t
+        };
+        let r = Connection::open(
+            &target,
+            false,
+            "me.test",
+            t,
+            std::time::Instant::now() + t.budget(),
+        );
+        let _ = tx.send(r.err().map(|b| b.0));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(5));
+    unsafe { libc::close(fd) };
+    let _ = std::fs::remove_file(&path);
+    let why = r.expect("connect returned within its timeout").unwrap();
+    assert!(why.contains("timed out"), "{why}");
 }
