@@ -39,7 +39,7 @@ pub struct Envelope<'a> {
 
 /// The message as sent after DATA: the header block, the blank line that ends it if
 /// it lacks one, the body; every line end CRLF, every line that starts with a dot
-/// given another, and the final dot.
+/// (after LF or a bare CR) given another, and the final dot.
 pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
     let mut text = Vec::with_capacity(headers.len() + body.len() + 64);
     text.extend_from_slice(headers);
@@ -52,6 +52,8 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
     }
     text.extend_from_slice(body);
     let mut out = Vec::with_capacity(text.len() + text.len() / 40 + 8);
+    // A line starts after LF or after a bare CR: a server that takes a bare CR for a
+    // line end must never see an unstuffed "." there (SMTP smuggling).
     let mut line_start = true;
     for (i, &b) in text.iter().enumerate() {
         if line_start && b == b'.' {
@@ -61,9 +63,9 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
             out.push(b'\r');
         }
         out.push(b);
-        line_start = b == b'\n';
+        line_start = b == b'\n' || (b == b'\r' && text.get(i + 1) != Some(&b'\n'));
     }
-    if !line_start {
+    if !out.is_empty() && !out.ends_with(b"\n") {
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b".\r\n");
@@ -415,6 +417,20 @@ mod tests {
             encode(b"A: 1\r\n\r\n", b"\xc3\xa9\r"),
             b"A: 1\r\n\r\n\xc3\xa9\r\r\n.\r\n"
         );
+    }
+
+    #[test]
+    fn a_dot_after_a_bare_cr_is_stuffed() {
+        assert_eq!(
+            encode(b"A: 1\r\n\r\n", b"x\r.\r\nMAIL FROM:<e@vil>\r\n"),
+            b"A: 1\r\n\r\nx\r..\r\nMAIL FROM:<e@vil>\r\n.\r\n"
+        );
+        assert_eq!(
+            encode(b"", b"a\r.\rb\r\n"),
+            b"a\r..\rb\r\n.\r\n",
+            "CRLF bodies stay byte for byte, bare CRs kept"
+        );
+        assert_eq!(encode(b"", b"a\r\n.\r"), b"a\r\n..\r\r\n.\r\n");
     }
 
     #[test]
