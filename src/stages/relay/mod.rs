@@ -12,7 +12,9 @@
 //! that fails (refused, a timeout, dropped, 421) is a host error for every recipient
 //! without a reply yet; so is a protocol error (a reply no command may get there: only
 //! `354` to DATA lets the data go) and a refused XFORWARD, which drop the connection.
-//! There is no TLS: a `SMARTHOST` that is not a unix socket or a
+//! Each message has one deadline, the four timeouts summed (4 min by default, below
+//! the dispatcher's `MAX_RUNTIME`): no wait of its transaction goes beyond it. There is
+//! no TLS: a `SMARTHOST` that is not a unix socket or a
 //! loopback address needs `REQUIRE_TLS = no` written out.
 //!
 //! The files: `client.rs` (the connection), `transaction.rs` (one message's commands
