@@ -14,8 +14,8 @@
 //! `354` to DATA lets the data go) and a refused XFORWARD, which drop the connection.
 //! Each message has one deadline, the four timeouts summed (4 min by default, below
 //! the dispatcher's `MAX_RUNTIME`): no wait of its transaction goes beyond it. There is
-//! no TLS: a `SMARTHOST` that is not a unix socket or a
-//! loopback address needs `REQUIRE_TLS = no` written out.
+//! no TLS: a `SMARTHOST` that is not a unix socket or a loopback address needs
+//! `REQUIRE_TLS = no` written out.
 //!
 //! The files: `client.rs` (the connection), `transaction.rs` (one message's commands
 //! and results), `reply.rs` (reading replies from the network, the enhanced codes).
