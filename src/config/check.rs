@@ -430,6 +430,27 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         if let Err(e) = program_runs(&stage.program, account.as_ref(), &run_as_who, &program_path) {
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
+        // The relay's timeouts summed are one message's time: not below MAX_RUNTIME, a
+        // slow smarthost gets the worker killed and the message struck.
+        if stages::for_program(&stage.program).is_some_and(|b| b.name() == "relay") {
+            let budget = crate::stages::relay::budget_of(&stage.section);
+            if let (Some(budget), Some(limit)) = (budget, max_runtime) {
+                if budget >= limit {
+                    let key = ["DATA_DONE_TIMEOUT", "DATA_TIMEOUT", "COMMAND_TIMEOUT"]
+                        .into_iter()
+                        .find(|k| stage.section.get(k).is_some())
+                        .unwrap_or("CONNECT_TIMEOUT");
+                    found.add_warnings([stage.section.error(
+                        key,
+                        format!(
+                            "CONNECT_TIMEOUT + COMMAND_TIMEOUT + DATA_TIMEOUT + DATA_DONE_TIMEOUT ({}), one message's time, is not below [pepsi-dispatch] MAX_RUNTIME ({}): a message still being relayed at MAX_RUNTIME has its worker killed and is struck, before the timeouts would make it a host error",
+                            crate::config::raw::show_duration(budget),
+                            crate::config::raw::show_duration(limit)
+                        ),
+                    )]);
+                }
+            }
+        }
         if let Some(command) = stage.section.get("COMMAND") {
             // A worker running longer than MAX_RUNTIME is killed and its message struck:
             // a command allowed as long would never get to its own timeout.

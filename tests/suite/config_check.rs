@@ -855,6 +855,32 @@ fn an_exec_timeout_not_below_max_runtime_is_a_warning() {
 }
 
 #[test]
+fn relay_timeouts_summing_to_max_runtime_or_more_are_a_warning() {
+    let stages = |timeout: &str| {
+        format!("[stage-out]\nPROGRAM = {{relay}}\nSMARTHOST = unix:/run/lmtp\n{timeout}")
+    };
+    let s = scenario("c-relay-timeout")
+        .stages(&stages("COMMAND_TIMEOUT = 3m\n"))
+        .build();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let expect = format!(
+        "warning: {}:{}: [stage-out] COMMAND_TIMEOUT: CONNECT_TIMEOUT + COMMAND_TIMEOUT + DATA_TIMEOUT + DATA_DONE_TIMEOUT (6m), one message's time, is not below [pepsi-dispatch] MAX_RUNTIME (5m)",
+        s.conf.display(),
+        line_of(&s.conf, "COMMAND_TIMEOUT")
+    );
+    assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    // The defaults (30s + 60s + 60s + 90s = 4m) are below the default MAX_RUNTIME.
+    let s = scenario("c-relay-timeout-ok").stages(&stages("")).build();
+    let out = check(&s.conf, &[]);
+    assert!(
+        stdout(&out).contains("configuration OK (0 warnings)"),
+        "{}",
+        both(&out)
+    );
+}
+
+#[test]
 fn check_looks_a_bare_program_up_on_the_path_the_switched_dispatcher_uses() {
     if !crate::util::is_root() {
         eprintln!("skipped: needs root (the dispatcher switches to RUN_AS only as root)");

@@ -239,6 +239,42 @@ fn a_connection_dropped_in_the_middle_of_the_data_is_retried_and_delivered_once(
 }
 
 #[test]
+fn a_250_to_data_delivers_nothing_the_message_is_retried_on_a_new_connection() {
+    let host = Smarthost::start(Script {
+        data_replies: ["250 2.0.0 queued".to_string()].into(),
+        ..Script::default()
+    });
+    let (s, mut c) = Scenario::new("relay-data-250")
+        .timers("")
+        .stages(&stages(&host, ""))
+        .connect();
+    let id = inject(&mut c, &["a@dest.example", "b@dest.example"]);
+    let mut d = s.start();
+    wait_until(WAIT, "the message is paused", || !paused(&mut c).is_empty());
+    let waiting = paused(&mut c);
+    assert_eq!(waiting[0].1.len(), 2, "no recipient done");
+    let state = state_of(&mut c, waiting[0].0);
+    assert!(
+        state["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("protocol error: the smarthost answered DATA with 250"),
+        "{id} {state}"
+    );
+    assert_eq!(host.seen().messages.len(), 0);
+    due_now(&mut c, waiting[0].0);
+    wait_empty(&mut c, WAIT);
+    assert!(d.terminate().success(), "{}", d.log());
+    let seen = host.seen();
+    assert_eq!(seen.messages.len(), 1, "delivered once, on the retry");
+    assert_eq!(
+        seen.messages[0].delivered,
+        ["a@dest.example", "b@dest.example"]
+    );
+    assert_eq!(seen.connections, 2, "the broken connection was not kept");
+}
+
+#[test]
 fn fifty_messages_go_over_one_kept_connection() {
     let host = Smarthost::start(Script::default());
     let (s, mut c) = Scenario::new("relay-reuse")

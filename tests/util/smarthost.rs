@@ -3,8 +3,9 @@
 //! message it took (the data as the client meant it: dot-stuffing undone, the final
 //! dot gone, line ends as they arrived), and answers as the test scripts it: per
 //! recipient a queue of `RCPT` replies (and, in LMTP, of replies after the data; each
-//! queue's replies are used once, then 250), what its EHLO/LHLO offers, and how many
-//! coming transfers it drops in the middle of the data.
+//! queue's replies are used once, then 250), what its EHLO/LHLO offers, how many
+//! coming transfers it drops in the middle of the data, and replies to DATA other than
+//! 354.
 //!
 //! Used by the relay suite only; it knows nothing of Pepsi.
 
@@ -34,6 +35,9 @@ pub struct Script {
     pub after_data: HashMap<String, VecDeque<String>>,
     /// How many coming transfers to drop after the first line of their data.
     pub drop_mid_data: u32,
+    /// Replies to the coming DATA commands instead of `354` (each used once; the data
+    /// phase is not entered), e.g. a broken `250`.
+    pub data_replies: VecDeque<String>,
 }
 
 impl Default for Script {
@@ -49,6 +53,7 @@ impl Default for Script {
             rcpt: HashMap::new(),
             after_data: HashMap::new(),
             drop_mid_data: 0,
+            data_replies: VecDeque::new(),
         }
     }
 }
@@ -254,6 +259,11 @@ fn session(stream: TcpStream, seen: &Mutex<Seen>, script: &Mutex<Script>) -> std
             }
             "DATA" if accepted.is_empty() => out.write_all(b"554 5.5.1 no valid recipients\r\n")?,
             "DATA" => {
+                let scripted = script.lock().unwrap().data_replies.pop_front();
+                if let Some(reply) = scripted {
+                    out.write_all(format!("{reply}\r\n").as_bytes())?;
+                    continue;
+                }
                 out.write_all(b"354 go ahead\r\n")?;
                 let drop_it = {
                     let mut s = script.lock().unwrap();

@@ -90,7 +90,9 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// The RFC 5321 §4.5.3.2 timeouts.
+/// The RFC 5321 §4.5.3.2 timeouts, shortened: a message's whole transaction (its
+/// connection, if one is opened for it, included) must end within their sum, its
+/// [`Timeouts::budget`], which `pepsi-dispatch check` wants below `MAX_RUNTIME`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
     /// Establishing the connection.
@@ -101,6 +103,42 @@ pub struct Timeouts {
     pub data: Duration,
     /// The reply to the data's final dot.
     pub data_done: Duration,
+}
+
+impl Timeouts {
+    /// One message's time: every wait of its transaction ends by then.
+    pub fn budget(&self) -> Duration {
+        self.connect + self.command + self.data + self.data_done
+    }
+}
+
+/// `timeout`, cut short to what is left before `deadline`; an error when nothing is.
+fn within(deadline: Instant, timeout: Duration) -> Result<Duration, Broken> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left < Duration::from_millis(1) {
+        return Err(Broken(
+            "the message's time ran out (the sum of the relay's timeouts)".into(),
+        ));
+    }
+    Ok(timeout.min(left))
+}
+
+/// Connects to a unix socket within `timeout` (a listener whose backlog is full makes
+/// `connect` block): the connect runs on a thread of its own, left to finish alone.
+fn connect_unix(path: &std::path::Path, timeout: Duration) -> Result<UnixStream, Broken> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(UnixStream::connect(&p));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(Broken(format!("cannot connect to {}: {e}", path.display()))),
+        Err(_) => Err(Broken(format!(
+            "cannot connect to {}: timed out",
+            path.display()
+        ))),
+    }
 }
 
 /// What the smarthost offers in its EHLO or LHLO reply.
@@ -206,6 +244,8 @@ pub struct Connection {
     reader: BufReader<Stream>,
     writer: Stream,
     timeouts: Timeouts,
+    /// When the current message's time is up: no wait goes beyond it.
+    deadline: Instant,
     /// What the smarthost offers.
     pub offers: Offers,
     /// When it was opened (`CONNECTION_REUSE_TIME`).
@@ -236,25 +276,27 @@ fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Br
 
 impl Connection {
     /// Connects, reads the greeting and says EHLO (LHLO for `lmtp`) as `hostname`; a
-    /// smarthost that refuses EHLO in SMTP is greeted with HELO and offers nothing.
+    /// smarthost that does not recognise EHLO in SMTP (500, 501, 502, 504) is greeted
+    /// with HELO and offers nothing; any other refusal fails the connection.
     pub fn open(
         target: &Target,
         lmtp: bool,
         hostname: &str,
         timeouts: Timeouts,
+        deadline: Instant,
     ) -> Result<Connection, Broken> {
+        let connect = within(deadline, timeouts.connect)?;
         let stream = match target {
-            Target::Tcp { host, port } => Stream::Tcp(connect_tcp(host, *port, timeouts.connect)?),
-            Target::Unix(path) => Stream::Unix(
-                UnixStream::connect(path)
-                    .map_err(|e| Broken(format!("cannot connect to {}: {e}", path.display())))?,
-            ),
+            Target::Tcp { host, port } => Stream::Tcp(connect_tcp(host, *port, connect)?),
+            Target::Unix(path) => Stream::Unix(connect_unix(path, connect)?),
         };
-        stream.set_timeouts(timeouts.command, timeouts.command)?;
+        let wait = within(deadline, timeouts.command)?;
+        stream.set_timeouts(wait, wait)?;
         let mut c = Connection {
             reader: BufReader::new(stream.try_clone()?),
             writer: stream,
             timeouts,
+            deadline,
             offers: Offers::default(),
             opened: Instant::now(),
             messages: 0,
@@ -267,7 +309,9 @@ impl Connection {
         let reply = c.command(&format!("{hello} {hostname}"))?;
         if reply.is_ok() {
             c.offers = Offers::parse(&reply);
-        } else if lmtp || reply.code == 421 {
+        } else if lmtp || !matches!(reply.code, 500 | 501 | 502 | 504) {
+            // Only a smarthost that does not know EHLO is greeted with HELO: a 4xx is
+            // a failure of this connection, not a lack of extensions for its life.
             return Err(Broken(format!("the smarthost refused {hello}: {reply}")));
         } else {
             let helo = c.command(&format!("HELO {hostname}"))?;
@@ -278,10 +322,19 @@ impl Connection {
         Ok(c)
     }
 
-    /// Sends bytes (command lines or data), each write bounded by `timeout`.
+    /// Gives the next message its time: no wait goes beyond `deadline`.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
+    /// Sends bytes (command lines or data), each write bounded by `timeout` and all of
+    /// them by the message's deadline.
     pub fn send(&mut self, bytes: &[u8], timeout: Duration) -> Result<(), Broken> {
-        self.writer.set_timeouts(self.timeouts.command, timeout)?;
-        self.writer.write_all(bytes)?;
+        for chunk in bytes.chunks(64 * 1024) {
+            let wait = within(self.deadline, timeout)?;
+            self.writer.set_timeouts(wait, wait)?;
+            self.writer.write_all(chunk)?;
+        }
         self.writer.flush()?;
         Ok(())
     }
@@ -293,7 +346,8 @@ impl Connection {
 
     /// Reads one reply within `timeout`; a 421 closes the session.
     pub fn reply_within(&mut self, timeout: Duration) -> Result<Reply, Broken> {
-        self.writer.set_timeouts(timeout, self.timeouts.data)?;
+        let wait = within(self.deadline, timeout)?;
+        self.writer.set_timeouts(wait, wait)?;
         let reply = read_reply(&mut self.reader)?;
         if reply.code == 421 {
             return Err(Broken(format!("the smarthost closed the session: {reply}")));
@@ -325,6 +379,7 @@ impl Connection {
     /// Says QUIT and closes, without waiting long for the answer.
     pub fn quit(mut self) {
         self.timeouts.command = self.timeouts.command.min(Duration::from_secs(5));
+        self.deadline = Instant::now() + self.timeouts.command;
         let _ = self.command("QUIT");
     }
 }

@@ -10,8 +10,12 @@
 //! one is a host error for it alone, a 5xx one fails with its own `state.dsn_status`
 //! and `state.dsn_diagnostic`; the worker runtime splits a mixed result. A connection
 //! that fails (refused, a timeout, dropped, 421) is a host error for every recipient
-//! without a reply yet. There is no TLS: a `SMARTHOST` that is not a unix socket or a
-//! loopback address needs `REQUIRE_TLS = no` written out.
+//! without a reply yet; so is a protocol error (a reply no command may get there: only
+//! `354` to DATA lets the data go) and a refused XFORWARD, which drop the connection.
+//! Each message has one deadline, the four timeouts summed (4 min by default, below
+//! the dispatcher's `MAX_RUNTIME`): no wait of its transaction goes beyond it. There is
+//! no TLS: a `SMARTHOST` that is not a unix socket or a loopback address needs
+//! `REQUIRE_TLS = no` written out.
 //!
 //! The files: `client.rs` (the connection), `transaction.rs` (one message's commands
 //! and results), `reply.rs` (reading replies from the network, the enhanced codes).
@@ -21,9 +25,11 @@
 pub mod client;
 pub mod reply;
 pub mod transaction;
+#[cfg(test)]
+mod wire_tests;
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use client::{Connection, Target, Timeouts};
 use transaction::Envelope;
@@ -36,6 +42,31 @@ use crate::worker::{
 
 /// The stage.
 pub struct Relay;
+
+/// The timeouts' defaults: their sum (4 min), one message's whole time, is well below
+/// the dispatcher's `MAX_RUNTIME` (5 min), past which a worker is killed and its message
+/// struck.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(30),
+    command: Duration::from_secs(60),
+    data: Duration::from_secs(60),
+    data_done: Duration::from_secs(90),
+};
+
+/// A section's relay timeouts summed (one message's time), for `pepsi-dispatch check`;
+/// `None` when a value is bad (the section's own check says so).
+pub fn budget_of(s: &crate::config::Section) -> Option<Duration> {
+    let d = |key: &str, default: Duration| s.duration(key, default).ok();
+    Some(
+        Timeouts {
+            connect: d("CONNECT_TIMEOUT", DEFAULT_TIMEOUTS.connect)?,
+            command: d("COMMAND_TIMEOUT", DEFAULT_TIMEOUTS.command)?,
+            data: d("DATA_TIMEOUT", DEFAULT_TIMEOUTS.data)?,
+            data_done: d("DATA_DONE_TIMEOUT", DEFAULT_TIMEOUTS.data_done)?,
+        }
+        .budget(),
+    )
+}
 
 /// The section's settings.
 struct ConfiguredRelay {
@@ -136,10 +167,10 @@ impl Stage for Relay {
             Ok(d)
         };
         let timeouts = Timeouts {
-            connect: positive("CONNECT_TIMEOUT", 30)?,
-            command: positive("COMMAND_TIMEOUT", 300)?,
-            data: positive("DATA_TIMEOUT", 180)?,
-            data_done: positive("DATA_DONE_TIMEOUT", 600)?,
+            connect: positive("CONNECT_TIMEOUT", DEFAULT_TIMEOUTS.connect.as_secs())?,
+            command: positive("COMMAND_TIMEOUT", DEFAULT_TIMEOUTS.command.as_secs())?,
+            data: positive("DATA_TIMEOUT", DEFAULT_TIMEOUTS.data.as_secs())?,
+            data_done: positive("DATA_DONE_TIMEOUT", DEFAULT_TIMEOUTS.data_done.as_secs())?,
         };
         Ok(Box::new(ConfiguredRelay {
             target,
@@ -161,6 +192,7 @@ impl ConfiguredRelay {
         key: &str,
         hostname: &str,
         kept: Option<Kept>,
+        deadline: Instant,
     ) -> Result<Connection, String> {
         if let Some(k) = kept {
             let worn = k.connection.opened.elapsed() >= self.reuse_time
@@ -169,6 +201,7 @@ impl ConfiguredRelay {
                 k.connection.quit();
             } else {
                 let mut c = k.connection;
+                c.set_deadline(deadline);
                 match c.reset() {
                     Ok(()) => return Ok(c),
                     Err(e) => log::info!(
@@ -179,18 +212,20 @@ impl ConfiguredRelay {
                 }
             }
         }
-        Connection::open(&self.target, self.lmtp, hostname, self.timeouts)
+        Connection::open(&self.target, self.lmtp, hostname, self.timeouts, deadline)
             .map_err(|e| format!("smarthost {}: {}", self.target, e.0))
     }
 }
 
 impl Configured for ConfiguredRelay {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+        // One deadline for the whole message, the connection's opening included.
+        let deadline = Instant::now() + self.timeouts.budget();
         let hostname = self.hostname.as_deref().unwrap_or(&cx.pepsi.hostname);
         let key = format!("{}|{}|{hostname}", self.target, self.lmtp);
         let mut slot = CONNECTION.lock().unwrap_or_else(|p| p.into_inner());
         let mut connection = self
-            .connection(&key, hostname, slot.take())
+            .connection(&key, hostname, slot.take(), deadline)
             .map_err(StageError::host)?;
         let envelope = Envelope {
             mail_from: message.mail_from(),

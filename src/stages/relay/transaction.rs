@@ -1,7 +1,7 @@
 //! One message's mail transaction over an open [`Connection`]: the message data as
 //! sent (CRLF line ends, dot-stuffed), the checks against what the smarthost offers
 //! (SIZE, SMTPUTF8, 8BITMIME), the XFORWARD, MAIL, RCPT and DATA commands with their
-//! parameters (DSN from `state.dsn`), in one write when PIPELINING is offered, and
+//! parameters (DSN from `state.dsn`), pipelined in windows when PIPELINING is offered, and
 //! each recipient's result from the replies, the LMTP replies after the data included.
 //!
 //! Used by `mod.rs`; it owns neither the connection's life nor the message's outcome.
@@ -11,6 +11,12 @@ use serde_json::Value;
 use super::client::Connection;
 use super::reply::{Broken, Reply};
 use crate::worker::RecipientResult;
+
+/// The most commands written under PIPELINING before their replies are read.
+const WINDOW_COMMANDS: usize = 100;
+/// The most octets of commands written under PIPELINING before their replies are read
+/// (a single longer command goes alone).
+const WINDOW_BYTES: usize = 16 * 1024;
 
 /// Each recipient with its result.
 pub type Results = Vec<(String, RecipientResult)>;
@@ -33,7 +39,7 @@ pub struct Envelope<'a> {
 
 /// The message as sent after DATA: the header block, the blank line that ends it if
 /// it lacks one, the body; every line end CRLF, every line that starts with a dot
-/// given another, and the final dot.
+/// (after LF or a bare CR) given another, and the final dot.
 pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
     let mut text = Vec::with_capacity(headers.len() + body.len() + 64);
     text.extend_from_slice(headers);
@@ -46,6 +52,8 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
     }
     text.extend_from_slice(body);
     let mut out = Vec::with_capacity(text.len() + text.len() / 40 + 8);
+    // A line starts after LF or after a bare CR: a server that takes a bare CR for a
+    // line end must never see an unstuffed "." there (SMTP smuggling).
     let mut line_start = true;
     for (i, &b) in text.iter().enumerate() {
         if line_start && b == b'.' {
@@ -55,9 +63,9 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
             out.push(b'\r');
         }
         out.push(b);
-        line_start = b == b'\n';
+        line_start = b == b'\n' || (b == b'\r' && text.get(i + 1) != Some(&b'\n'));
     }
-    if !line_start {
+    if !out.is_empty() && !out.ends_with(b"\n") {
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b".\r\n");
@@ -103,18 +111,30 @@ fn refuse_all(rcpt_to: &[String], status: &str, why: &str) -> Vec<(String, Recip
         .collect()
 }
 
-/// A recipient's result from a reply: 2xx done, 4xx deferred, else failed with the
-/// reply's status and text.
+/// A recipient's result from a reply: 2xx done, 5xx failed with the reply's status
+/// and text, anything else (4xx, or a reply no command may get here) deferred.
 pub fn result_of(reply: &Reply, what: &str) -> RecipientResult {
     match reply.class() {
         2 => RecipientResult::Done,
-        4 => RecipientResult::Deferred(format!("smarthost deferred {what}: {reply}")),
-        _ => RecipientResult::Failed {
+        5 => RecipientResult::Failed {
             error: format!("smarthost refused {what}: {reply}"),
             status: reply.status(),
             diagnostic: Some(reply.diagnostic()),
         },
+        _ => RecipientResult::Deferred(format!("smarthost deferred {what}: {reply}")),
     }
+}
+
+/// A reply to MAIL, RCPT, XFORWARD or the final dot must be 2xx, 4xx or 5xx; any other
+/// (a 3xx) is a protocol error: nothing is decided by it and the connection is dropped.
+fn sane(reply: &Reply, line: &str) -> Result<(), Broken> {
+    if matches!(reply.class(), 2 | 4 | 5) {
+        return Ok(());
+    }
+    let verb = line.split([' ', ':']).next().unwrap_or(line);
+    Err(Broken(format!(
+        "protocol error: the smarthost answered {verb} with {reply}"
+    )))
 }
 
 /// The command lines before DATA: XFORWARD (when offered), MAIL FROM, each RCPT TO.
@@ -224,20 +244,36 @@ pub fn deliver(
     let forwarded = lines[0].starts_with("XFORWARD ");
     let mut replies: Vec<Reply> = Vec::new();
     if o.pipelining {
-        let mut batch = String::new();
-        for l in &lines {
-            batch.push_str(l);
-            batch.push_str("\r\n");
+        // In windows, each written whole and then its replies read: a smarthost that
+        // writes its replies as it reads (blocking) fills its socket buffer, then ours,
+        // if thousands of commands go out before a reply is read.
+        let all: Vec<&str> = lines.iter().map(String::as_str).chain(["DATA"]).collect();
+        let mut start = 0;
+        while start < all.len() {
+            let mut batch = String::new();
+            let mut end = start;
+            while end < all.len()
+                && end - start < WINDOW_COMMANDS
+                && (end == start || batch.len() + all[end].len() + 2 <= WINDOW_BYTES)
+            {
+                batch.push_str(all[end]);
+                batch.push_str("\r\n");
+                end += 1;
+            }
+            c.send(batch.as_bytes(), c.timeouts().command)
+                .map_err(broken)?;
+            for _ in start..end {
+                replies.push(c.reply().map_err(broken)?);
+            }
+            start = end;
         }
-        batch.push_str("DATA\r\n");
-        c.send(batch.as_bytes(), c.timeouts().command)
-            .map_err(broken)?;
-        for _ in 0..=lines.len() {
-            replies.push(c.reply().map_err(broken)?);
+        for (reply, line) in replies.iter().zip(&lines) {
+            sane(reply, line).map_err(broken)?;
         }
     } else {
         for (i, l) in lines.iter().enumerate() {
             let reply = c.command(l).map_err(broken)?;
+            sane(&reply, l).map_err(broken)?;
             let stop = !reply.is_ok() && (i == 0 || (forwarded && i == 1));
             replies.push(reply);
             if stop {
@@ -245,24 +281,38 @@ pub fn deliver(
             }
         }
     }
+    // Under PIPELINING DATA went out with the envelope: its reply is the last.
+    let pipelined_data = if o.pipelining { replies.pop() } else { None };
+    // Did DATA open the data phase though nothing is to be sent? Then the session is
+    // inside the data, where no "." may end it for nobody: the connection is dropped.
+    let inside_data = pipelined_data.as_ref().is_some_and(|r| r.code == 354);
     let skip = usize::from(forwarded);
     let mut results: Vec<(String, Option<RecipientResult>)> =
         e.rcpt_to.iter().map(|r| (r.clone(), None)).collect();
-    // A refused XFORWARD or MAIL decides for every recipient.
-    let envelope_reply = if forwarded && !replies[0].is_ok() {
-        Some((replies[0].clone(), "XFORWARD"))
-    } else {
-        replies
-            .get(skip)
-            .filter(|r| !r.is_ok())
-            .map(|r| (r.clone(), "the sender"))
-    };
-    if let Some((reply, what)) = envelope_reply {
-        return Ok(e
+    if forwarded && !replies[0].is_ok() {
+        // XFORWARD only informs: its refusal says nothing of the recipients. A host
+        // error for the message, retried on another connection.
+        return Err(broken(Broken(format!(
+            "the smarthost refused XFORWARD: {}",
+            replies[0]
+        ))));
+    }
+    // A refused MAIL decides for every recipient.
+    if let Some(reply) = replies.get(skip).filter(|r| !r.is_ok()) {
+        let results: Results = e
             .rcpt_to
             .iter()
-            .map(|r| (r.clone(), result_of(&reply, what)))
-            .collect());
+            .map(|r| (r.clone(), result_of(reply, "the sender")))
+            .collect();
+        return match &pipelined_data {
+            Some(r) if inside_data || !matches!(r.class(), 4 | 5) => Err((
+                Broken(format!(
+                    "protocol error: the smarthost answered DATA with {r} after refusing the sender"
+                )),
+                results,
+            )),
+            _ => Ok(results),
+        };
     }
     let mut accepted = Vec::new();
     for (i, (address, result)) in results.iter_mut().enumerate() {
@@ -275,25 +325,29 @@ pub fn deliver(
             *result = Some(result_of(reply, &format!("<{address}>")));
         }
     }
+    if accepted.is_empty() && inside_data {
+        return Err((
+            Broken("protocol error: the smarthost answered DATA with 354 for no recipient".into()),
+            finished(results),
+        ));
+    }
     let data_reply = if o.pipelining {
-        replies.pop()
+        pipelined_data
     } else if accepted.is_empty() {
         None
     } else {
         Some(c.command("DATA").map_err(broken)?)
     };
     match data_reply {
-        Some(r) if r.code == 354 && accepted.is_empty() => {
-            // Nobody to deliver to, yet the data is awaited: an empty message ends it.
-            c.send(b".\r\n", c.timeouts().data).map_err(broken)?;
-            c.reply_within(c.timeouts().data_done).map_err(broken)?;
-        }
         Some(r) if r.code == 354 => {
             c.send(&data, c.timeouts().data).map_err(broken)?;
             let done = c.timeouts().data_done;
             if e.lmtp {
                 for (n, &i) in accepted.iter().enumerate() {
-                    match c.reply_within(done) {
+                    match c
+                        .reply_within(done)
+                        .and_then(|r| sane(&r, "the data's final dot").map(|()| r))
+                    {
                         Ok(reply) => {
                             results[i].1 = Some(result_of(&reply, &format!("<{}>", results[i].0)))
                         }
@@ -308,17 +362,27 @@ pub fn deliver(
                 }
             } else {
                 let reply = c.reply_within(done).map_err(broken)?;
+                sane(&reply, "the data's final dot").map_err(broken)?;
                 for &i in &accepted {
                     results[i].1 = Some(result_of(&reply, "the message"));
                 }
             }
         }
-        Some(r) if !accepted.is_empty() => {
+        Some(r) if matches!(r.class(), 4 | 5) => {
             for &i in &accepted {
                 results[i].1 = Some(result_of(&r, "the data"));
             }
         }
-        _ => {}
+        Some(r) => {
+            // Only 354 lets the data go: a 2xx or 3xx to DATA delivered nothing, and
+            // the session's state is unknown.
+            let why = format!("protocol error: the smarthost answered DATA with {r}");
+            for &i in &accepted {
+                results[i].1 = Some(RecipientResult::Deferred(why.clone()));
+            }
+            return Err((Broken(why), finished(results)));
+        }
+        None => {}
     }
     Ok(finished(results))
 }
@@ -356,6 +420,20 @@ mod tests {
     }
 
     #[test]
+    fn a_dot_after_a_bare_cr_is_stuffed() {
+        assert_eq!(
+            encode(b"A: 1\r\n\r\n", b"x\r.\r\nMAIL FROM:<e@vil>\r\n"),
+            b"A: 1\r\n\r\nx\r..\r\nMAIL FROM:<e@vil>\r\n.\r\n"
+        );
+        assert_eq!(
+            encode(b"", b"a\r.\rb\r\n"),
+            b"a\r..\rb\r\n.\r\n",
+            "CRLF bodies stay byte for byte, bare CRs kept"
+        );
+        assert_eq!(encode(b"", b"a\r\n.\r"), b"a\r\n..\r\r\n.\r\n");
+    }
+
+    #[test]
     fn xtext_encodes_plus_equals_controls_space_and_non_ascii() {
         assert_eq!(xtext("a+b=c d"), "a+2Bb+3Dc+20d");
         assert_eq!(xtext("rfc\r\n"), "rfc+0D+0A");
@@ -372,6 +450,10 @@ mod tests {
         assert_eq!(result_of(&r(250, "2.1.5 ok"), "x"), RecipientResult::Done);
         assert!(matches!(
             result_of(&r(451, "4.3.0 later"), "x"),
+            RecipientResult::Deferred(_)
+        ));
+        assert!(matches!(
+            result_of(&r(354, "go ahead"), "x"),
             RecipientResult::Deferred(_)
         ));
         assert_eq!(
