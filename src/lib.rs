@@ -37,10 +37,12 @@
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
-//! Two small pure modules are shared by all of them: [`mailbox`] judges an envelope
-//! address (the one rule for `inject` and for whom a bounce may go to), and [`escape`]
+//! Three small pure modules are shared by all of them: [`mailbox`] judges an envelope
+//! address (the one rule for `inject` and for whom a bounce may go to), [`escape`]
 //! shows text from messages and the database in log lines, on terminals and in metrics
-//! labels with its control and invisible formatting characters escaped.
+//! labels with its control and invisible formatting characters escaped, and
+//! [`conninfo`] reads a connection string's `target_session_attrs` as the programs
+//! need it.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 //!
@@ -85,6 +87,7 @@
 pub mod bouncer;
 pub mod cli;
 pub mod config;
+pub mod conninfo;
 pub mod db;
 pub mod dispatch;
 pub mod escape;

@@ -276,12 +276,23 @@ impl Key<Conninfo> {
     /// not parse is a problem (and still returned).
     pub fn read(&self, sections: &[Section], p: &mut Problems) -> Option<String> {
         let value = self.text(sections)?;
-        if let Err(e) = value.parse::<postgres::Config>() {
+        let problem = match crate::conninfo::prepared(value) {
+            Err(why) => Some(why),
+            Ok(prepared) => prepared.parse::<postgres::Config>().err().map(|e| {
+                // The library's own words name the option ("invalid value for option
+                // `port`"); they are the error's source.
+                let cause = std::error::Error::source(&e)
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default();
+                format!("is not a valid conninfo or URL: {e}{cause}")
+            }),
+        };
+        if let Some(problem) = problem {
             let section = self
                 .section(sections)
                 .cloned()
                 .unwrap_or_else(|| Section::new(self.section, Origin::Default));
-            p.push(section.error(self.name, format!("is not a valid conninfo or URL: {e}")));
+            p.push(section.error(self.name, problem));
         }
         Some(value.to_string())
     }

@@ -400,6 +400,35 @@ mod tests {
     }
 
     #[test]
+    fn target_session_attrs_primary_is_taken_and_a_reading_one_refused_by_name() {
+        let c = cfg("[pepsi-postgres]\nCONNECTION = host=/s1,/s2 port=5521,5522 target_session_attrs=primary\n").unwrap();
+        assert!(
+            c.postgres
+                .connection_for(DbRole::Dispatch)
+                .contains("primary")
+        );
+        let text = |conf: &str| {
+            cfg(conf)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let e =
+            text("[pepsi-postgres]\nWORKER_CONNECTION = host=/s target_session_attrs=standby\n");
+        assert!(
+            e.contains("/t.conf:2: [pepsi-postgres] WORKER_CONNECTION: target_session_attrs=standby: every Pepsi program writes"),
+            "{e}"
+        );
+        let e = text("[pepsi-postgres]\nCONNECTION = host=/s port=x\n");
+        assert!(
+            e.contains("invalid value for option `port`"),
+            "the library's words: {e}"
+        );
+    }
+
+    #[test]
     fn defaults_for_every_key() {
         let c = cfg("").unwrap();
         assert!(c.pepsi.allow_fusion);

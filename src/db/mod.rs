@@ -116,7 +116,10 @@ pub fn connection_config(
     conninfo: &str,
     application: &str,
 ) -> Result<postgres::Config, postgres::Error> {
-    let mut config: postgres::Config = conninfo.parse()?;
+    // `target_session_attrs=primary` as the library reads it (a value Pepsi refuses
+    // was refused with the configuration, naming it).
+    let prepared = crate::conninfo::prepared(conninfo).unwrap_or_else(|_| conninfo.to_string());
+    let mut config: postgres::Config = prepared.parse()?;
     if config.get_application_name().is_none() {
         config.application_name(application);
     }
@@ -307,6 +310,15 @@ pub fn describe_connect(config: &postgres::Config, err: &postgres::Error) -> Str
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn target_session_attrs_primary_is_parsed_as_read_write() {
+        let c = super::connection_config("host=/tmp target_session_attrs=primary", "p").unwrap();
+        assert_eq!(
+            c.get_target_session_attrs(),
+            postgres::config::TargetSessionAttrs::ReadWrite
+        );
+    }
+
     use super::*;
 
     #[test]
