@@ -6,12 +6,13 @@ use std::process::Command;
 
 use crate::util::pg::{self, TestDb};
 
-/// The child run of [`a_run_on_an_external_server_leaves_no_database_behind`]: makes a
-/// test database on the server `DATABASE_URL` names, then fails. Ignored in a normal
-/// run; the parent runs it with `--ignored`.
-#[test]
-#[ignore = "the child run of a_run_on_an_external_server_leaves_no_database_behind"]
-fn a_child_run_that_panics_with_a_database() {
+/// Set in the child run of [`a_run_on_an_external_server_leaves_no_database_behind`]:
+/// the test binary run again, as a run against an external server that fails.
+const CHILD: &str = "PEPSI_TEST_HARNESS_CHILD";
+
+/// The child's part: makes a test database on the server `DATABASE_URL` names, never
+/// drops it, and fails.
+fn fail_holding_a_database() -> ! {
     let db = TestDb::new();
     std::mem::forget(db);
     panic!("a test that fails holding a database it never drops");
@@ -32,6 +33,9 @@ fn databases_of(c: &mut postgres::Client, pid: u32) -> Vec<String> {
 
 #[test]
 fn a_run_on_an_external_server_leaves_no_database_behind() {
+    if std::env::var_os(CHILD).is_some() {
+        fail_holding_a_database();
+    }
     let db = TestDb::new();
     let mut c = db.client();
     // What a run killed long ago left: its process is gone (no pid reaches 4194303
@@ -44,11 +48,11 @@ fn a_run_on_an_external_server_leaves_no_database_behind() {
         .unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
-            "--ignored",
             "--exact",
-            "suite::harness::a_child_run_that_panics_with_a_database",
+            "suite::harness::a_run_on_an_external_server_leaves_no_database_behind",
             "--test-threads=1",
         ])
+        .env(CHILD, "1")
         .env("DATABASE_URL", pg::base_conninfo())
         .env_remove("PEPSI_TEST_DATABASE_URL")
         .output()
