@@ -126,6 +126,9 @@ mod tests {
             e.starts_with("target_session_attrs=writable: not a value libpq knows"),
             "{e}"
         );
+        // A value that would disguise itself is shown escaped.
+        let e = prepared("host=/s target_session_attrs=any\u{202e}x").unwrap_err();
+        assert!(!e.contains('\u{202e}') && e.contains("\\u{202e}"), "{e}");
         // The key inside another word is not the key.
         assert_eq!(
             prepared("host=/s application_name=xtarget_session_attrs").unwrap(),

@@ -548,6 +548,40 @@ fn check_refuses_a_per_address_value_that_breaks_its_section_naming_the_address(
 }
 
 #[test]
+fn a_hostile_per_address_row_reaches_checks_output_escaped() {
+    let s = scenario("c-settings-hostile").stages(GOOD).build();
+    // An address with a right-to-left override and a value that tries to print a line
+    // of its own, as a row another role may have written.
+    s.client()
+        .execute(
+            "INSERT INTO pepsi.settings VALUES \
+             ('x\u{202e}@y.example', 'filter', 'MATCH', E'sender is a\\nerror: all is well'), \
+             ('z@y.example', 'filter', 'MAX_LIFETIME', E'1h\\r\\n\\u0007')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.contains('\u{202e}') && !text.contains('\u{7}') && !text.contains('\r'),
+        "{text:?}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("error: all is well")),
+        "a value cannot print a line of its own: {text}"
+    );
+    assert!(
+        text.contains("pepsi.settings for x\\u{202e}@y.example"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pepsi.settings for z@y.example: [stage-filter] MAX_LIFETIME"),
+        "{text}"
+    );
+}
+
+#[test]
 fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
     let s = scenario("c-program").stages(GOOD).build();
     let refused = "error: pepsi.config_override: [stage-out] PROGRAM: \"/tmp/x\" is refused: it is not under [pepsi] PROGRAM_PATH (builtin:/usr/lib/pepsi)";

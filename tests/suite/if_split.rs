@@ -109,3 +109,40 @@ fn a_recipient_condition_joined_with_and_is_judged_per_recipient_too() {
     assert_eq!(row_at(&mut c, id), Some(("tb".into(), "pending".into())));
     assert_eq!(rows(&mut c).len(), 1, "not split");
 }
+
+#[test]
+fn ten_thousand_recipients_split_in_one_pass_each_part_whole() {
+    let (s, mut c) = Scenario::new("if-split-many")
+        .pepsi("ALLOW_FUSION = no\n")
+        .stages(STAGES)
+        .connect();
+    let to: Vec<String> = (0..10_000)
+        .map(|i| format!("r{i}@{}.example", if i % 2 == 0 { "a" } else { "b" }))
+        .collect();
+    let refs: Vec<&str> = to.iter().map(String::as_str).collect();
+    let id = inject(&mut c, "route", "s@x.example", &refs);
+    claim(&mut c, &[id]);
+    let mut w = Worker::ready(&stage("if"), &s.conf);
+    assert_eq!(code(&w.run(&[id])[0]), 0);
+    let parts = rows(&mut c);
+    assert_eq!(parts.len(), 2, "one split");
+    let (kept, other) = (&parts[0], &parts[1]);
+    assert_eq!(kept.0, id);
+    assert_eq!(kept.3.len(), 5_000);
+    assert!(kept.3.iter().all(|r| r.ends_with("@a.example")));
+    assert_eq!(other.3.len(), 5_000);
+    assert!(other.3.iter().all(|r| r.ends_with("@b.example")));
+    let ids = [kept.0, other.0];
+    claim(&mut c, &ids);
+    for line in w.run(&ids) {
+        assert_eq!(code(&line), 0, "{line}");
+    }
+    assert_eq!(
+        row_at(&mut c, ids[0]),
+        Some(("ta".into(), "pending".into()))
+    );
+    assert_eq!(
+        row_at(&mut c, ids[1]),
+        Some(("tb".into(), "pending".into()))
+    );
+}
