@@ -459,12 +459,19 @@ fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
     );
 }
 
+/// `check` of the [`GOOD`] pipeline with `insert` (an INSERT of `pepsi.settings` rows)
+/// run first.
+fn check_with_settings(tag: &str, insert: &str) -> Output {
+    let s = scenario(tag).stages(GOOD).build();
+    s.client().execute(insert, &[]).unwrap();
+    check(&s.conf, &[])
+}
+
 #[test]
 fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
-    let s = scenario("c-settings").stages(GOOD).build();
-    s.client()
-        .execute(
-            "INSERT INTO pepsi.settings VALUES \
+    let out = check_with_settings(
+        "c-settings",
+        "INSERT INTO pepsi.settings VALUES \
              ('r@y.example', 'filter', 'NEXT', 'out'), \
              ('r@y.example', 'filter', 'ELSE_STAGE', 'in'), \
              ('r@y.example', 'filter', 'MATCH', 'sender is x@y.example'), \
@@ -474,10 +481,7 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
              ('s@y.example', 'out', 'PARALLELISM', '1'), \
              ('t@y.example', 'gone', 'COMMAND', '/bin/sh'), \
              ('t@y.example', 'gone', 'TIMEOUT', '1s')",
-            &[],
-        )
-        .unwrap();
-    let out = check(&s.conf, &[]);
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -504,19 +508,15 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
 
 #[test]
 fn check_refuses_a_per_address_value_that_breaks_its_section_naming_the_address() {
-    let s = scenario("c-settings-values").stages(GOOD).build();
-    s.client()
-        .execute(
-            "INSERT INTO pepsi.settings VALUES \
+    let out = check_with_settings(
+        "c-settings-values",
+        "INSERT INTO pepsi.settings VALUES \
              ('r@y.example', 'filter', 'MATCH', 'sender is x@y.example'), \
              ('r@y.example', 'filter', 'MAX_LIFETIME', '1h'), \
              ('u@y.example', 'filter', 'MATCH', 'sender is'), \
              ('v@y.example', 'filter', 'MAX_LIFETIME', 'soon'), \
              ('v@y.example', 'filter', 'MATCH', 'subject contains x')",
-            &[],
-        )
-        .unwrap();
-    let out = check(&s.conf, &[]);
+    );
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     let text = stdout(&out);
     for start in [
@@ -549,18 +549,14 @@ fn check_refuses_a_per_address_value_that_breaks_its_section_naming_the_address(
 
 #[test]
 fn a_hostile_per_address_row_reaches_checks_output_escaped() {
-    let s = scenario("c-settings-hostile").stages(GOOD).build();
     // An address with a right-to-left override and a value that tries to print a line
     // of its own, as a row another role may have written.
-    s.client()
-        .execute(
-            "INSERT INTO pepsi.settings VALUES \
+    let out = check_with_settings(
+        "c-settings-hostile",
+        "INSERT INTO pepsi.settings VALUES \
              ('x\u{202e}@y.example', 'filter', 'MATCH', E'sender is a\\nerror: all is well'), \
              ('z@y.example', 'filter', 'MAX_LIFETIME', E'1h\\r\\n\\u0007')",
-            &[],
-        )
-        .unwrap();
-    let out = check(&s.conf, &[]);
+    );
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     let text = stdout(&out);
     assert!(
