@@ -25,6 +25,34 @@ pub(super) fn with_bounce(b: Builder, extra: &str) -> Builder {
     ))
 }
 
+/// [`with_bounce`] with an exec stage `relay` running `relay` (with `relay_lines` in its
+/// section), the failure bouncer moving failed messages to `bounce`, and the reports
+/// handed to `deliver` (an exec stage, `deliver-bounce`) instead of the discard.
+pub(super) fn with_exec_relay_and_reports(
+    b: Builder,
+    relay: &std::path::Path,
+    relay_lines: &str,
+    deliver: &std::path::Path,
+) -> Scenario {
+    let s = with_bounce(
+        b,
+        &format!(
+            "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\n{relay_lines}\n\
+             [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
+             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n",
+            relay.display(),
+            deliver.display()
+        ),
+    )
+    .build();
+    // Reports go to the folder instead of the default discard.
+    let text = std::fs::read_to_string(&s.conf)
+        .unwrap()
+        .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
+    std::fs::write(&s.conf, text).unwrap();
+    s
+}
+
 /// [`with_bounce`] on a new scenario.
 fn scenario(tag: &str, extra: &str) -> Builder {
     with_bounce(Scenario::new(tag), extra)
@@ -989,22 +1017,7 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
         std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
     }
-    let s = with_bounce(
-        b,
-        &format!(
-            "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
-             [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
-             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n",
-            relay.display(),
-            deliver.display()
-        ),
-    )
-    .build();
-    // Reports go to the folder instead of the default discard.
-    let text = std::fs::read_to_string(&s.conf)
-        .unwrap()
-        .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
-    std::fs::write(&s.conf, text).unwrap();
+    let s = with_exec_relay_and_reports(b, &relay, "", &deliver);
 
     let mut c = s.client();
     let inject = |c: &mut Client, from: &str, to: &[&str], state: Value| -> i64 {

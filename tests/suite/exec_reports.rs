@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use super::bounce::{BODY, HEADERS, bounce, dsn_of, field, move_failed, parse, with_bounce};
+use super::bounce::{
+    BODY, HEADERS, bounce, dsn_of, field, move_failed, parse, with_bounce,
+    with_exec_relay_and_reports,
+};
 use crate::util::bouncer::Bouncer;
 use crate::util::rows::queue_len;
 use crate::util::scenario::Scenario;
@@ -140,22 +143,7 @@ fn recipient_limit_1_gives_each_recipient_its_own_invocation_and_outcome() {
         "deliver-bounce",
         &format!("#!/bin/sh\ncat > {}/$PEPSI_ID.eml\n", bounces.display()),
     );
-    let s = with_bounce(
-        b,
-        &format!(
-            "\n[stage-relay]\nPROGRAM = {{exec}}\nCOMMAND = {}\nRECIPIENT_LIMIT = 1\n\n\
-             [stage-deliver-bounce]\nPROGRAM = {{exec}}\nCOMMAND = {}\n\n\
-             [pepsi-failure-bouncer]\nBOUNCE_STAGE = bounce\n",
-            relay.display(),
-            deliver.display()
-        ),
-    )
-    .build();
-    // Reports go to the folder instead of the default discard.
-    let text = std::fs::read_to_string(&s.conf)
-        .unwrap()
-        .replace("NEXT = deliver\n", "NEXT = deliver-bounce\n");
-    std::fs::write(&s.conf, text).unwrap();
+    let s = with_exec_relay_and_reports(b, &relay, "RECIPIENT_LIMIT = 1\n", &deliver);
     let mut c = s.client();
     let to: Vec<String> = ["a@dest.example", "unknown@dest.example", "c@dest.example"]
         .iter()
