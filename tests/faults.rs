@@ -20,6 +20,8 @@
 //! binary that restart or stop its cluster take [`CLUSTER`] first, so they run one at
 //! a time.
 
+#[path = "faults/failover.rs"]
+mod failover;
 mod util;
 
 use std::collections::HashSet;
@@ -390,6 +392,12 @@ fn lower_max_connections() {
 /// The pipeline: `a` pass → `b` if → `c` (drop.example) or `d` (the rest), discards;
 /// for the poison, `b` is the fault worker and sends everything to `c`.
 fn config(dir: &TempDir, db: &TestDb, fault: Fault) -> PathBuf {
+    write_config(dir, db, &pipeline(fault, ""))
+}
+
+/// The `[pepsi-dispatch]` and `[stage-*]` sections of [`config`]; `last` is added to
+/// the sections of the last stages (`c`, `d`).
+fn pipeline(fault: Fault, last: &str) -> String {
     let b = if fault == Fault::Poison {
         format!("PROGRAM = {}\nNEXT = c", fault_worker().to_str().unwrap())
     } else {
@@ -399,19 +407,15 @@ fn config(dir: &TempDir, db: &TestDb, fault: Fault) -> PathBuf {
         )
     };
     let limits = format!("QUEUE_LIMIT = {QUEUE_LIMIT}\nPARALLELISM = {PARALLELISM}\nFUSION = no");
-    write_config(
-        dir,
-        db,
-        &format!(
-            "[pepsi-dispatch]\nPOLL_INTERVAL = 1s\nSTATS_INTERVAL = 60s\nWORKER_IDLE_TIMEOUT = 1s\n\
-             MAX_RUNTIME = 30s\n\n\
-             [stage-a]\nPROGRAM = {pass}\nNEXT = b\n{limits}\n\n\
-             [stage-b]\n{b}\n{limits}\n\n\
-             [stage-c]\nPROGRAM = {discard}\n{limits}\n\n\
-             [stage-d]\nPROGRAM = {discard}\n{limits}\n",
-            pass = stage("pass").display(),
-            discard = stage("discard").display(),
-        ),
+    format!(
+        "[pepsi-dispatch]\nPOLL_INTERVAL = 1s\nSTATS_INTERVAL = 60s\nWORKER_IDLE_TIMEOUT = 1s\n\
+         MAX_RUNTIME = 30s\n\n\
+         [stage-a]\nPROGRAM = {pass}\nNEXT = b\n{limits}\n\n\
+         [stage-b]\n{b}\n{limits}\n\n\
+         [stage-c]\nPROGRAM = {discard}\n{limits}\n{last}\n\
+         [stage-d]\nPROGRAM = {discard}\n{limits}\n{last}",
+        pass = stage("pass").display(),
+        discard = stage("discard").display(),
     )
 }
 

@@ -12,6 +12,7 @@ pub mod notify;
 pub mod pg;
 pub mod postfix;
 pub mod queue;
+pub mod replica;
 pub mod rows;
 pub mod scenario;
 pub mod smarthost;

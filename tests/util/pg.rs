@@ -44,7 +44,8 @@ pub fn server() -> &'static Server {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs a command to its end; its output in the error when it fails.
+pub(super) fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd
         .output()
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
@@ -66,7 +67,7 @@ fn is_root() -> bool {
 }
 
 /// A command run as the cluster's owner: `postgres` when we are root.
-fn as_owner(program: &Path) -> Command {
+pub(super) fn as_owner(program: &Path) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(program);
