@@ -129,6 +129,31 @@ fn remove_stale(bindir: &Path) {
     }
 }
 
+/// The directory of the server binaries a pair needs (`initdb`, `pg_ctl`,
+/// `pg_basebackup`, `pg_waldump`), or why there is none.
+pub fn server_binaries() -> Result<PathBuf, String> {
+    let dir = bindir()?;
+    // A `PATH` directory may hold links to only some of the server binaries: the others
+    // are beside the one `initdb` links to.
+    let dir = if dir.join("pg_basebackup").is_file() {
+        dir
+    } else {
+        std::fs::canonicalize(dir.join("initdb"))
+            .ok()
+            .and_then(|initdb| Some(initdb.parent()?.to_path_buf()))
+            .unwrap_or(dir)
+    };
+    for tool in ["initdb", "pg_ctl", "pg_basebackup", "pg_waldump"] {
+        if !dir.join(tool).is_file() {
+            return Err(format!(
+                "{tool} is not in {} (apt-get install postgresql)",
+                dir.display()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
 impl Pair {
     /// Starts a primary (`wal_level = replica`, `fsync = off`: the fault is a process
     /// kill, which keeps the operating system's page cache) with the pair's database,
@@ -136,25 +161,7 @@ impl Pair {
     /// the database up (or before: it replicates either way).
     pub fn start() -> Result<Pair, String> {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let bindir = bindir()?;
-        // A `PATH` directory may hold links to only some of the server binaries: the
-        // others are beside the one `initdb` links to.
-        let bindir = if bindir.join("pg_basebackup").is_file() {
-            bindir
-        } else {
-            std::fs::canonicalize(bindir.join("initdb"))
-                .ok()
-                .and_then(|initdb| Some(initdb.parent()?.to_path_buf()))
-                .unwrap_or(bindir)
-        };
-        for tool in ["initdb", "pg_ctl", "pg_basebackup", "pg_waldump"] {
-            if !bindir.join(tool).is_file() {
-                return Err(format!(
-                    "{tool} is not in {} (apt-get install postgresql)",
-                    bindir.display()
-                ));
-            }
-        }
+        let bindir = server_binaries()?;
         remove_stale(&bindir);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("{PREFIX}{}-{n}", std::process::id()));
