@@ -107,16 +107,7 @@ impl Mode {
     fn last_stage(self) -> &'static str {
         match self {
             Mode::Async => "",
-            // Until the per-stage key is in: every worker commits synchronously.
-            Mode::Sync => "",
-        }
-    }
-
-    /// What `[pepsi-postgres]` says beside the connection.
-    fn postgres(self) -> &'static str {
-        match self {
-            Mode::Async => "",
-            Mode::Sync => "WORKER_SYNCHRONOUS_COMMIT = yes\n",
+            Mode::Sync => "SYNCHRONOUS_COMMIT = on\n",
         }
     }
 
@@ -249,9 +240,8 @@ fn run(mode: Mode, with_baseline: bool, baseline: Option<Duration>) -> Vec<Line>
     let conf = dir.write(
         "pepsi.conf",
         &format!(
-            "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {}\n{}\n{}",
+            "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {}\n\n{}",
             pair.multi_host(),
-            mode.postgres(),
             pipeline(Fault::None, mode.last_stage())
         ),
     );
