@@ -280,6 +280,8 @@ struct Drain<'a> {
     /// When the primary was killed, at what share of the drain, how many processes.
     killed: Option<Instant>,
     kill_notes: String,
+    /// The standby's `sync_state` just before the kill.
+    sync_state: Option<String>,
     /// The standby's last received WAL position before its promotion.
     received: Option<String>,
     /// When the promotion started (wall clock, to compare with the database's) and
@@ -311,6 +313,7 @@ impl<'a> Drain<'a> {
             exits: Vec::new(),
             killed: None,
             kill_notes: String::new(),
+            sync_state: None,
             received: None,
             promoted: None,
         }
@@ -343,6 +346,8 @@ impl<'a> Drain<'a> {
                 if let (Some(left), None) = (left, self.killed) {
                     let done = 1.0 - left as f64 / MESSAGES as f64;
                     if done >= KILL_AT {
+                        // The replication the commits just before the kill had.
+                        self.sync_state = self.pair.sync_state().ok();
                         let processes = self.pair.kill_primary().unwrap();
                         self.killed = Some(Instant::now());
                         self.kill_notes = format!(
@@ -483,6 +488,19 @@ impl<'a> Drain<'a> {
                 self.mode.last_stage_commit()
             ),
         );
+        if self.failover {
+            let want = match self.mode {
+                Mode::Async => "async",
+                Mode::Sync => "sync",
+            };
+            check(
+                self.sync_state.as_deref() == Some(want),
+                format!(
+                    "the standby was {:?} just before the kill, not {want}",
+                    self.sync_state
+                ),
+            );
+        }
         check(
             self.exits.is_empty(),
             format!("the dispatcher exited: {:?}", self.exits),

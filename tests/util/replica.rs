@@ -371,6 +371,20 @@ impl Pair {
         Ok(victims.len())
     }
 
+    /// How the primary sees the standby (`pg_stat_replication.sync_state`: `sync`,
+    /// `async`), or `none` when it is not streaming.
+    pub fn sync_state(&self) -> Result<String, String> {
+        let row = self
+            .primary
+            .client()?
+            .query_opt(
+                "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'",
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(row.map_or_else(|| "none".into(), |r| r.get(0)))
+    }
+
     /// The standby's last received (and flushed) WAL position.
     pub fn standby_received(&self) -> Result<String, String> {
         Ok(self
