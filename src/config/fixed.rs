@@ -163,6 +163,8 @@ fixed_keys! {
     FAIR_FIFO_PERCENT = Number(10, 0..=100),
     /// The loop limit of §6 "Hops".
     MAX_HOPS = Number(100, 1..=100_000),
+    /// A snapshot older than this is named in the log once a minute; 0 = never.
+    SNAPSHOT_WARNING = Seconds(60),
 
     ["pepsi-failure-bouncer"]
     /// Where failed rows are moved; required by the bouncer only.

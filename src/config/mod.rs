@@ -181,6 +181,9 @@ pub struct DispatchOptions {
     /// The loop limit: a row is claimed at most this many times at a changed stage
     /// (§6 "Hops").
     pub max_hops: u32,
+    /// A snapshot of the database older than this is named in the log once a minute
+    /// (who holds it); zero: never.
+    pub snapshot_warning: Duration,
 }
 
 /// `[pepsi-failure-bouncer]`.
@@ -290,6 +293,7 @@ impl Config {
             fair_half_life: fixed::FAIR_HALF_LIFE.read(f, &mut p),
             fair_fifo_percent: fixed::FAIR_FIFO_PERCENT.read(f, &mut p),
             max_hops: fixed::MAX_HOPS.read(f, &mut p),
+            snapshot_warning: fixed::SNAPSHOT_WARNING.read(f, &mut p),
         };
 
         let bouncer = BouncerOptions {

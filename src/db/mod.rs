@@ -4,9 +4,11 @@
 //!
 //! Nothing here holds state across calls; callers own their clients and pools.
 
+pub mod horizon;
 pub mod pool;
 pub mod schema;
 pub mod sql;
+pub mod sql_horizon;
 
 use std::error::Error as _;
 use std::time::Duration;
