@@ -79,7 +79,7 @@ pub fn read(client: &mut impl GenericClient) -> Result<Vec<Holder>, postgres::Er
 
 /// Why a session's details are missing, for a role that may not see them.
 pub const HIDDEN: &str = "its state, client and start are hidden from this database role; \
-                          grant it pg_read_all_stats (pepsi-setup does where it may)";
+                          a member of pg_read_all_stats would see them";
 
 /// The holder in words, on one line, every value from the database escaped: `session
 /// pid 4711 (application "pg_dump", client local, role "postgres", state "active",

@@ -1,7 +1,7 @@
 //! The statements that name who holds the database's oldest snapshot (the MVCC horizon:
 //! while it is held, VACUUM cannot remove the queue's dead rows and dead index entries,
-//! and claims slow down), and the grant that lets the dispatcher and `pepsi-queue` see
-//! the holder's details. Named constants like [`super::sql`]'s; read by
+//! and claims slow down), and which roles lack the membership that lets the dispatcher
+//! and `pepsi-queue` see a holder's details. Named constants like [`super::sql`]'s; read by
 //! [`super::horizon`] and `pepsi-setup`.
 //!
 //! What holds the horizon of an ordinary table of this database (PostgreSQL 14 and
@@ -65,17 +65,16 @@ pub const HORIZON_HOLDERS: &str = "WITH holders AS ( \
      FROM holders \
     ORDER BY xid_age DESC NULLS LAST, age_seconds DESC NULLS LAST, pid";
 
-/// May this session grant `pg_read_all_stats` (a superuser, or a member with ADMIN
-/// OPTION)? No parameters. Returns one boolean.
-pub const CAN_GRANT_READ_ALL_STATS: &str = "SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r \
-                         WHERE r.rolname = current_user), false) \
-        OR pg_catalog.pg_has_role('pg_read_all_stats', 'MEMBER WITH ADMIN OPTION')";
-
-/// Lets `pepsi-dispatch`'s group role see every session's state, client and start
-/// time, so that it can name who holds the oldest snapshot. The membership is
-/// cluster-wide and read-only (it also shows other sessions' query text). No
-/// parameters.
-pub const GRANT_READ_ALL_STATS_DISPATCH: &str = "GRANT pg_read_all_stats TO pepsi_dispatch";
-
-/// The same for `pepsi-queue`'s group role (`status`, `metrics`). No parameters.
-pub const GRANT_READ_ALL_STATS_ADMIN: &str = "GRANT pg_read_all_stats TO pepsi_admin";
+/// The roles that read the holders but may not see another role's session in full:
+/// `pepsi_dispatch` and `pepsi_admin` where they exist, else (the one-role setup) the
+/// session's own role — each unless a superuser or a member of `pg_read_all_stats`.
+/// No parameters. Returns the role names. Reads only; `pepsi-setup` says what to grant
+/// and grants nothing.
+pub const LACKING_READ_ALL_STATS: &str = "SELECT r.rolname::text FROM pg_catalog.pg_roles r \
+      WHERE (r.rolname IN ('pepsi_dispatch', 'pepsi_admin') \
+             OR (r.rolname = current_user AND NOT EXISTS ( \
+                   SELECT 1 FROM pg_catalog.pg_roles g \
+                    WHERE g.rolname IN ('pepsi_dispatch', 'pepsi_admin')))) \
+        AND NOT r.rolsuper \
+        AND NOT pg_catalog.pg_has_role(r.oid, 'pg_read_all_stats', 'USAGE') \
+      ORDER BY 1";

@@ -597,6 +597,33 @@ fn pepsi_setup_grants_the_roles_every_run_and_upgrades_schema_6_with_rows() {
     assert_eq!(public, 0, "no function of the schema is PUBLIC's");
 }
 
+#[test]
+fn pepsi_setup_says_which_roles_need_pg_read_all_stats_to_name_a_snapshot_holder_and_grants_none() {
+    let db = TestDb::empty();
+    let dir = TempDir::new("roles-read-all-stats");
+    let conf = owner_config(&dir, db.connection(), "");
+    let out = setup(&conf);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "have a superuser run GRANT pg_read_all_stats TO pepsi_admin, pepsi_dispatch"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    // A cluster-wide membership is the server administrator's to give.
+    let member: bool = db
+        .client()
+        .query_one(
+            "SELECT pg_has_role('pepsi_dispatch', 'pg_read_all_stats', 'USAGE') \
+                 OR pg_has_role('pepsi_admin', 'pg_read_all_stats', 'USAGE')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!member);
+}
+
 /// Writes the pipeline's configuration: the owner's CONNECTION and each program's own
 /// connection key.
 pub(super) fn split_config(
