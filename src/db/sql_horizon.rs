@@ -46,7 +46,8 @@ pub const HORIZON_HOLDERS: &str = "WITH holders AS ( \
         AND a.pid <> pg_catalog.pg_backend_pid() \
         AND a.backend_type IS DISTINCT FROM 'autovacuum worker' \
         AND (a.usesysid IS NOT NULL OR a.datid IS NULL) \
-        AND (a.datname = pg_catalog.current_database() OR a.datid IS NULL \
+        AND (a.datname = pg_catalog.current_database() \
+             OR (a.datid IS NULL AND coalesce(a.backend_type = 'walsender', true)) \
              OR pg_catalog.current_setting('server_version_num')::int4 < 140000) \
      UNION ALL \
      SELECT 'replication slot', s.active_pid, s.slot_name::text, NULL, NULL, \

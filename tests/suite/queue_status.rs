@@ -81,16 +81,23 @@ fn status_shows_every_stage_and_status_the_age_shape_unknown_stages_and_statisti
 }
 
 /// A session of the test's database that holds a snapshot: REPEATABLE READ, one read,
-/// then idle in transaction until dropped. Returns the client and its pid.
-fn snapshot_holder(s: &Scenario, application: &str) -> (postgres::Client, i32) {
+/// then idle in transaction until dropped. Returns the client, its pid, its role and
+/// its client address as the holders show it (`local` for a Unix socket).
+fn snapshot_holder(s: &Scenario, application: &str) -> (postgres::Client, i32, String, String) {
     let mut h = s.client();
     h.batch_execute(&format!(
         "SET application_name = '{application}'; \
          BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pepsi.workqueue"
     ))
     .unwrap();
-    let pid: i32 = h.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
-    (h, pid)
+    let r = h
+        .query_one(
+            "SELECT pg_backend_pid(), current_user::text, \
+                    coalesce(host(inet_client_addr()), 'local')",
+            &[],
+        )
+        .unwrap();
+    (h, r.get(0), r.get(1), r.get(2))
 }
 
 #[test]
@@ -100,11 +107,11 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
         .stages(STAGES)
         .connect();
     varied_queue(&mut c);
-    let (mut h, pid) = snapshot_holder(&s, "pepsi-holder-test");
+    let (mut h, pid, role, client) = snapshot_holder(&s, "pepsi-holder-test");
     let d = s.start();
     let named = format!(
-        "held by session pid {pid} (application \"pepsi-holder-test\", client local, \
-         role \"postgres\", state \"idle in transaction\""
+        "held by session pid {pid} (application \"pepsi-holder-test\", client {client}, \
+         role \"{role}\", state \"idle in transaction\""
     );
     d.wait_log(&named, Duration::from_secs(60));
     let warning = d
@@ -119,8 +126,8 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
         "{warning}"
     );
 
-    // `status --json` names the same session, with every detail (the test's role is a
-    // superuser), past the file's threshold.
+    // `status --json` names the same session, with every detail (it is of the role
+    // pepsi-queue connects as), past the file's threshold.
     let mut j = Value::Null;
     wait_until(Duration::from_secs(60), "status names the holder", || {
         let out = queue(&s.conf, &["status", "--json"]);
@@ -132,8 +139,8 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
     assert_eq!(o["kind"], "session", "{j}");
     assert_eq!(o["name"], "pepsi-holder-test");
     assert_eq!(o["state"], "idle in transaction");
-    assert_eq!(o["client"], "local");
-    assert_eq!(o["role"], "postgres");
+    assert_eq!(o["client"], client.as_str());
+    assert_eq!(o["role"], role.as_str());
     assert_eq!(o["database"], s.db.name.as_str());
     assert_eq!(o["details_visible"], true);
     assert!(o["age_seconds"].as_f64().unwrap() >= 1.0, "{o}");
@@ -195,7 +202,7 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
 #[test]
 fn a_role_without_pg_read_all_stats_sees_the_holder_with_its_pid_and_xmin_age_only() {
     let (s, _c) = Scenario::new("q-holder-hidden").stages(STAGES).connect();
-    let (_h, pid) = snapshot_holder(&s, "pepsi-hidden-holder");
+    let (_h, pid, _, _) = snapshot_holder(&s, "pepsi-hidden-holder");
     // A plain login role: not a superuser, not the holder's role, no pg_read_all_stats.
     let role = login_role("pepsi_t_nostats", &[]);
     let mut low = s.db.client_as(&role);
