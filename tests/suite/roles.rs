@@ -977,3 +977,45 @@ fn check_reads_the_per_address_settings_on_the_workers_connection() {
     );
     assert!(!text.contains("is not checked"), "{text}");
 }
+
+/// The dispatcher on a role of `pepsi_dispatch` (no `pg_read_all_stats`) cannot see a
+/// superuser's session in full: it names the holder by pid, application and role, ages
+/// the snapshot from when it first saw it, and says why.
+#[test]
+fn a_dispatcher_that_may_not_see_the_holders_details_names_it_by_pid_and_says_why() {
+    let db = TestDb::new();
+    let dir = TempDir::new("roles-holder");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {}\nDISPATCH_CONNECTION = {}\n\n\
+             [pepsi-dispatch]\nSNAPSHOT_WARNING = 1s\n\n[stage-s]\nPROGRAM = /bin/true\n",
+            db.connection(),
+            db.conninfo_as(&dispatch_login())
+        ),
+    );
+    let mut h = db.client();
+    h.batch_execute(
+        "SET application_name = 'pepsi-hidden-holder'; \
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pepsi.workqueue",
+    )
+    .unwrap();
+    let pid: i32 = h.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let d = Dispatcher::start(&conf, &[]);
+    let named = format!("held by session pid {pid} (application \"pepsi-hidden-holder\"");
+    d.wait_log(&named, Duration::from_secs(60));
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains(&named)).unwrap();
+    assert!(
+        line.contains("at least")
+            && line.contains("hidden from this database role")
+            && line.contains("pg_read_all_stats")
+            && !line.contains("state \""),
+        "{line}"
+    );
+    h.batch_execute("COMMIT").unwrap();
+    d.wait_log(
+        "younger than SNAPSHOT_WARNING (1s) again",
+        Duration::from_secs(60),
+    );
+}
