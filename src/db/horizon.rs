@@ -45,12 +45,19 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// What tells this snapshot from another: kind, pid, name and xmin.
+    /// What tells this snapshot from another: its kind and xmin, and a session's or
+    /// standby's pid, or a slot's or prepared transaction's name. Not a session's
+    /// application name, which the session may change at will, nor a slot's active
+    /// pid, which changes when its standby reconnects.
     pub fn key(&self) -> (String, Option<i32>, Option<String>, Option<String>) {
+        let named = matches!(
+            self.kind.as_str(),
+            "replication slot" | "prepared transaction"
+        );
         (
             self.kind.clone(),
-            self.pid,
-            self.name.clone(),
+            if named { None } else { self.pid },
+            if named { self.name.clone() } else { None },
             self.xmin.clone(),
         )
     }
