@@ -37,12 +37,13 @@
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
-//! Three small pure modules are shared by all of them: [`mailbox`] judges an envelope
+//! Four small pure modules are shared by all of them: [`mailbox`] judges an envelope
 //! address (the one rule for `inject` and for whom a bounce may go to), [`escape`]
 //! shows text from messages and the database in log lines, on terminals and in metrics
 //! labels with its control and invisible formatting characters escaped, and
 //! [`conninfo`] reads a connection string's `target_session_attrs` as the programs
-//! need it.
+//! need it, and [`durability`] names the `synchronous_commit` levels a stage or the
+//! dispatcher may choose.
 //!
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 //!
@@ -90,6 +91,7 @@ pub mod config;
 pub mod conninfo;
 pub mod db;
 pub mod dispatch;
+pub mod durability;
 pub mod escape;
 pub mod exit;
 pub mod ingress;

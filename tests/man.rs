@@ -773,6 +773,10 @@ fn the_example_shows_every_fixed_key_at_its_default() {
         "FAIR_FIFO_PERCENT"
     );
     assert_eq!(s.max_hops, d.max_hops, "MAX_HOPS");
+    assert_eq!(
+        s.synchronous_commit, d.synchronous_commit,
+        "SYNCHRONOUS_COMMIT"
+    );
     assert_eq!(s.snapshot_warning, d.snapshot_warning, "SNAPSHOT_WARNING");
     // STAGE and XFORWARD_FROM have no default: the example shows what a Postfix
     // content filter on this host would set.

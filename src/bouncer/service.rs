@@ -12,6 +12,7 @@ use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
 
 use super::{Scope, Target, Totals, Trouble, sweep};
+use crate::db::reconnect::Reconnect;
 use crate::db::{self, ErrorKind, sql};
 use crate::exit::Failure;
 use crate::logging::Every;
@@ -23,8 +24,8 @@ const SAFETY_NET: Duration = Duration::from_secs(60);
 /// After a call the database refused for a reason other than the connection (a lock
 /// or statement timeout, a permission): when to try again.
 const RETRY_REFUSED: Duration = Duration::from_secs(5);
-/// Reconnect backoff bounds (as the dispatcher's LISTEN session).
-const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between reconnection attempts (the first ten seconds of an
+/// outage are tried every 250 ms, [`Reconnect`]; as the dispatcher's LISTEN session).
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// The longest sleep between two looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
@@ -99,7 +100,7 @@ impl Service {
             self.scope.describe(),
             self.target.stage
         );
-        let mut delay = RETRY_FIRST;
+        let mut waits = Reconnect::new(RETRY_MAX);
         while !self.stopping() {
             if self.client.is_none() {
                 match self.connect() {
@@ -110,7 +111,7 @@ impl Service {
                             );
                         }
                         self.client = Some(client);
-                        delay = RETRY_FIRST;
+                        waits.reset();
                         // Notifications sent while away are lost: catch up at once.
                         self.next_sweep = Instant::now();
                     }
@@ -122,8 +123,7 @@ impl Service {
                                 RETRY_MAX.as_secs()
                             );
                         }
-                        self.sleep(delay);
-                        delay = (delay * 2).min(RETRY_MAX);
+                        self.sleep(waits.after_failure());
                     }
                 }
                 continue;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::program_path::{DEFAULT_PROGRAM_PATH, ProgramPath};
 use super::raw::{Origin, Problems, Section, Value};
+use crate::durability::SynchronousCommit;
 
 /// The default `[pepsi-postgres] CONNECTION`.
 pub const DEFAULT_CONNECTION: &str = "host=/var/run/postgresql dbname=pepsi user=pepsi";
@@ -62,6 +63,10 @@ pub struct HostName;
 /// A [`ProgramPath`], with its default.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Programs(pub &'static str);
+
+/// A `synchronous_commit` level, with its default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability(pub SynchronousCommit);
 
 /// Stage names separated by commas or blanks; by default worked out from the stage
 /// graph (see `Config::inject_stages`).
@@ -163,6 +168,8 @@ fixed_keys! {
     FAIR_FIFO_PERCENT = Number(10, 0..=100),
     /// The loop limit of §6 "Hops".
     MAX_HOPS = Number(100, 1..=100_000),
+    /// `synchronous_commit` of the dispatcher's queue writes (claims, requeues, strikes).
+    SYNCHRONOUS_COMMIT = Durability(SynchronousCommit::Off),
     /// A snapshot older than this is named in the log once a minute; 0 = never.
     SNAPSHOT_WARNING = Seconds(60),
 
@@ -263,6 +270,17 @@ impl Key<Number> {
         self.section(sections)
             .and_then(|s| p.ok(s.number(self.name, *default, range.clone())))
             .unwrap_or(*default)
+    }
+}
+
+impl Key<Durability> {
+    /// The level, or the default after recording a problem.
+    pub fn read(&self, sections: &[Section], p: &mut Problems) -> SynchronousCommit {
+        let default = self.kind.0;
+        self.section(sections)
+            .and_then(|s| p.ok(s.optional_synchronous_commit(self.name)))
+            .flatten()
+            .unwrap_or(default)
     }
 }
 

@@ -19,6 +19,7 @@ pub use super::overlay::{LaidOver, OverrideRow, lay_over};
 pub use super::program_path::{DEFAULT_PROGRAM_PATH, FILE_ONLY_KEYS, ProgramPath, overlay_refusal};
 use super::raw::{ConfigError, Problems, Section};
 pub use super::raw::{STAGE_NAME_RULE, STAGE_PREFIX, valid_stage_name};
+use crate::durability::SynchronousCommit;
 
 /// The most worker processes a stage may run (each holds a database connection).
 pub const MAX_PARALLELISM: u32 = 10_000;
@@ -50,6 +51,9 @@ pub struct StageSection {
     pub max_lifetime: Duration,
     /// Where given-up messages go.
     pub bounce_stage: Option<String>,
+    /// `SYNCHRONOUS_COMMIT`, when set: the level of the commits of this stage's
+    /// outcomes; otherwise `[pepsi-postgres] WORKER_SYNCHRONOUS_COMMIT` decides.
+    pub synchronous_commit: Option<SynchronousCommit>,
     /// Every key of the section, for the program's own options.
     pub section: Section,
 }
@@ -65,6 +69,7 @@ impl StageSection {
         let max_messages = p.ok(section.number("MAX_MESSAGES", 1000u64, 1..=u64::MAX));
         let fusion = p.ok(section.optional_boolean("FUSION"));
         let max_lifetime = p.ok(section.duration("MAX_LIFETIME", Duration::from_secs(120 * 3600)));
+        let synchronous_commit = p.ok(section.optional_synchronous_commit("SYNCHRONOUS_COMMIT"));
         match (
             program,
             parallelism,
@@ -72,6 +77,7 @@ impl StageSection {
             max_messages,
             fusion,
             max_lifetime,
+            synchronous_commit,
         ) {
             (
                 Some(program),
@@ -80,6 +86,7 @@ impl StageSection {
                 Some(max_messages),
                 Some(fusion),
                 Some(max_lifetime),
+                Some(synchronous_commit),
             ) if p.is_empty() => Ok(StageSection {
                 name: section.name[STAGE_PREFIX.len()..].to_string(),
                 program,
@@ -90,6 +97,7 @@ impl StageSection {
                 fusion,
                 max_lifetime,
                 bounce_stage: section.get("BOUNCE_STAGE").map(str::to_string),
+                synchronous_commit,
                 section: section.clone(),
             }),
             _ => Err(p.0),

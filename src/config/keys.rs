@@ -21,6 +21,7 @@ pub const STAGE_KEYS: &[&str] = &[
     "FUSION",
     "MAX_LIFETIME",
     "BOUNCE_STAGE",
+    "SYNCHRONOUS_COMMIT",
 ];
 
 /// The largest edit distance at which a known key is suggested for an unknown one.

@@ -47,6 +47,7 @@ pub use graph::{ProgramPath, StageGraph, StageSection};
 pub use keys::fixed_warnings;
 pub use raw::{ConfigError, DEFAULT_PATH, Origin, Problems, Section};
 
+use crate::durability::SynchronousCommit;
 use crate::exit::Failure;
 
 /// `[pepsi]`.
@@ -155,6 +156,18 @@ impl PostgresOptions {
         };
         format!("[pepsi-postgres] {key}")
     }
+
+    /// The `synchronous_commit` level of a stage's commits: its own
+    /// `SYNCHRONOUS_COMMIT`, else `on` or `off` as `WORKER_SYNCHRONOUS_COMMIT` says.
+    pub fn stage_durability(&self, stage: &StageSection) -> SynchronousCommit {
+        stage
+            .synchronous_commit
+            .unwrap_or(if self.worker_synchronous_commit {
+                SynchronousCommit::On
+            } else {
+                SynchronousCommit::Off
+            })
+    }
 }
 
 /// `[pepsi-dispatch]`.
@@ -181,6 +194,8 @@ pub struct DispatchOptions {
     /// The loop limit: a row is claimed at most this many times at a changed stage
     /// (§6 "Hops").
     pub max_hops: u32,
+    /// `synchronous_commit` of its queue writes (§12.2).
+    pub synchronous_commit: SynchronousCommit,
     /// A snapshot of the database older than this is named in the log once a minute
     /// (who holds it); zero: never.
     pub snapshot_warning: Duration,
@@ -293,6 +308,7 @@ impl Config {
             fair_half_life: fixed::FAIR_HALF_LIFE.read(f, &mut p),
             fair_fifo_percent: fixed::FAIR_FIFO_PERCENT.read(f, &mut p),
             max_hops: fixed::MAX_HOPS.read(f, &mut p),
+            synchronous_commit: fixed::SYNCHRONOUS_COMMIT.read(f, &mut p),
             snapshot_warning: fixed::SNAPSHOT_WARNING.read(f, &mut p),
         };
 

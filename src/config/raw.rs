@@ -17,6 +17,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::durability::SynchronousCommit;
 use crate::escape::Visible;
 
 /// Where a configuration value came from.
@@ -221,6 +222,19 @@ impl Section {
         match self.get(key) {
             None => Ok(None),
             Some(text) => parse_bool(text).map(Some).map_err(|m| self.error(key, m)),
+        }
+    }
+
+    /// A `synchronous_commit` level, or `None` when the key is not set.
+    pub fn optional_synchronous_commit(
+        &self,
+        key: &str,
+    ) -> Result<Option<SynchronousCommit>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(text) => SynchronousCommit::parse(text)
+                .map(Some)
+                .map_err(|m| self.error(key, m)),
         }
     }
 

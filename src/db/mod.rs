@@ -5,7 +5,9 @@
 //! Nothing here holds state across calls; callers own their clients and pools.
 
 pub mod horizon;
+pub mod hosts;
 pub mod pool;
+pub mod reconnect;
 pub mod schema;
 pub mod sql;
 pub mod sql_horizon;
@@ -13,8 +15,8 @@ pub mod sql_horizon;
 use std::error::Error as _;
 use std::time::Duration;
 
+use postgres::Client;
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
 
 use crate::config::graph::OverrideRow;
 use crate::escape::Visible;
@@ -173,12 +175,12 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-/// Opens one connection with a prepared configuration.
+impl std::error::Error for ConnectError {}
+
+/// Opens one connection with a prepared configuration (the first of its hosts that
+/// takes it; a failure names each host's reason).
 pub fn open(config: &postgres::Config) -> Result<Client, ConnectError> {
-    config.connect(NoTls).map_err(|e| ConnectError {
-        kind: classify(&e),
-        message: describe_connect(config, &e),
-    })
+    hosts::connect_any(config)
 }
 
 /// Opens one connection.
@@ -368,7 +370,7 @@ mod tests {
     #[test]
     fn a_connect_failure_names_the_socket_the_user_and_the_reason() {
         let config = connection_config("host=/nowhere port=5999 user=pepsi dbname=q", "t").unwrap();
-        let Err(err) = config.connect(NoTls) else {
+        let Err(err) = config.connect(postgres::NoTls) else {
             panic!("connected to /nowhere")
         };
         let text = describe_connect(&config, &err);

@@ -2,9 +2,13 @@
 //! checkout timeout can be told apart: a refused-for-overload connection (worker status
 //! 75) from an unreachable server (status 74).
 //!
-//! Connections are not tested on checkout: that test is a round trip, and every queue
-//! write must be one. A broken connection fails its statement instead, is classified
-//! there, and is discarded by r2d2 on return (`is_closed`).
+//! Connections are not tested on checkout with a round trip: every queue write must be
+//! one. A broken connection fails its statement instead, is classified there, and is
+//! discarded by r2d2 on return (`is_closed`). When a program learns that the database
+//! went away (its own statement failed for the connection, or its other session was
+//! lost), it calls [`Pool::forget_connections`]: every connection made before is
+//! discarded at its next checkout, without a round trip, so none fails once more
+//! against a server that is gone (a failover's old primary).
 //!
 //! Each connection keeps the statements prepared on it ([`Connection::query_prepared`]):
 //! a worker's load, advance and finish are parsed and planned once per connection, and
@@ -12,14 +16,15 @@
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use postgres::types::{ToSql, Type};
-use postgres::{Client, NoTls, Row, Statement};
-use r2d2_postgres::PostgresConnectionManager;
+use postgres::{Client, Row, Statement};
 
-use super::{ErrorKind, classify, describe};
+use super::reconnect::{self, Reconnect};
+use super::{ConnectError, ErrorKind};
 
 /// The pool type.
 pub type PgPool = r2d2::Pool<Manager>;
@@ -30,6 +35,8 @@ pub type PgConn = r2d2::PooledConnection<Manager>;
 pub struct Connection {
     client: Client,
     prepared: HashMap<&'static str, Statement>,
+    /// The pool's epoch when it was made ([`Pool::forget_connections`]).
+    epoch: u64,
 }
 
 impl Deref for Connection {
@@ -53,6 +60,7 @@ impl Connection {
         Connection {
             client,
             prepared: HashMap::new(),
+            epoch: 0,
         }
     }
 
@@ -82,39 +90,91 @@ impl Connection {
     }
 }
 
-/// r2d2's manager for [`Connection`]s: postgres clients with their prepared statements.
+/// r2d2's manager for [`Connection`]s: postgres clients with their prepared statements,
+/// made by [`super::hosts::connect_any`] (each host's reason in a failure).
 #[derive(Debug)]
-pub struct Manager(PostgresConnectionManager<NoTls>);
+pub struct Manager {
+    config: postgres::Config,
+    /// Raised by [`Pool::forget_connections`]; a connection of an older epoch is not
+    /// valid.
+    epoch: Arc<AtomicU64>,
+    /// Cleared by a connection made: an old failure must not explain a later timeout.
+    last: LastError,
+    /// The current outage's waits.
+    waits: Mutex<Reconnect>,
+}
+
+/// Locks a mutex, also one a panicking thread left.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`Manager::is_valid`]'s refusal of a connection from before the database was lost:
+/// not a connection failure (nothing was tried), so not remembered as one.
+const STALE: &str = "a connection made before the database was lost";
 
 impl r2d2::ManageConnection for Manager {
     type Connection = Connection;
-    type Error = postgres::Error;
+    type Error = ConnectError;
 
-    fn connect(&self) -> Result<Connection, postgres::Error> {
-        Ok(Connection::new(self.0.connect()?))
+    /// Early in an outage (its first ten seconds) an unreachable server is tried again
+    /// every 250 ms within the call, so that a connection is made within a quarter of a
+    /// second of the server's return (a failover's promotion); after that, or for an
+    /// overloaded server, the failure goes back to r2d2, which waits longer each time.
+    fn connect(&self) -> Result<Connection, ConnectError> {
+        loop {
+            let epoch = self.epoch.load(Ordering::Acquire);
+            match super::hosts::connect_any(&self.config) {
+                Ok(client) => {
+                    lock(&self.waits).reset();
+                    *lock(&self.last.last) = None;
+                    return Ok(Connection {
+                        epoch,
+                        ..Connection::new(client)
+                    });
+                }
+                Err(e) if e.kind == ErrorKind::Connection => {
+                    let wait = lock(&self.waits).after_failure();
+                    if wait > reconnect::FAST {
+                        return Err(e);
+                    }
+                    *lock(&self.last.last) = Some((e.kind, e.message));
+                    std::thread::sleep(wait);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
-    fn is_valid(&self, conn: &mut Connection) -> Result<(), postgres::Error> {
-        self.0.is_valid(&mut conn.client)
+    /// No round trip: a connection is valid unless made before the pool was told the
+    /// database went away, or closed.
+    fn is_valid(&self, conn: &mut Connection) -> Result<(), ConnectError> {
+        if conn.epoch == self.epoch.load(Ordering::Acquire) && !conn.client.is_closed() {
+            return Ok(());
+        }
+        Err(ConnectError {
+            kind: ErrorKind::Connection,
+            message: STALE.into(),
+        })
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
-        self.0.has_broken(&mut conn.client)
+        conn.client.is_closed()
     }
 }
 
 #[derive(Debug, Default, Clone)]
 struct LastError {
     last: Arc<Mutex<Option<(ErrorKind, String)>>>,
-    /// Where the pool connects, for the message.
-    target: Arc<str>,
 }
 
-impl r2d2::HandleError<postgres::Error> for LastError {
-    fn handle_error(&self, error: postgres::Error) {
+impl r2d2::HandleError<ConnectError> for LastError {
+    fn handle_error(&self, error: ConnectError) {
+        if error.message == STALE {
+            return;
+        }
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let message = format!("cannot connect to {}: {}", self.target, describe(&error));
-        *last = Some((classify(&error), message));
+        *last = Some((error.kind, error.message));
     }
 }
 
@@ -133,23 +193,35 @@ pub struct CheckoutError {
 pub struct Pool {
     pool: PgPool,
     last: LastError,
+    epoch: Arc<AtomicU64>,
 }
 
 impl Pool {
     /// Builds a pool of up to `size` connections. No connection is opened yet.
     pub fn new(config: postgres::Config, size: u32, checkout_timeout: Duration) -> Pool {
-        let last = LastError {
-            last: Arc::default(),
-            target: super::target(&config).into(),
-        };
+        let last = LastError::default();
+        let epoch = Arc::new(AtomicU64::new(0));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
-            .test_on_check_out(false)
+            // `Manager::is_valid`, which makes no round trip.
+            .test_on_check_out(true)
             .connection_timeout(checkout_timeout)
             .error_handler(Box::new(last.clone()))
-            .build_unchecked(Manager(PostgresConnectionManager::new(config, NoTls)));
-        Pool { pool, last }
+            .build_unchecked(Manager {
+                config,
+                epoch: epoch.clone(),
+                last: last.clone(),
+                // r2d2 waits at most half the checkout timeout between its attempts.
+                waits: Mutex::new(Reconnect::new(checkout_timeout / 2)),
+            });
+        Pool { pool, last, epoch }
+    }
+
+    /// The database went away: every connection made so far is discarded at its next
+    /// checkout (or return) instead of failing a statement first.
+    pub fn forget_connections(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Checks out a connection.

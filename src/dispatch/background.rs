@@ -144,6 +144,10 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
             ),
         },
     }
+    if conn.is_closed() {
+        // The session was lost: so were the pool's others, to the same server.
+        pool.forget_connections();
+    }
 }
 
 fn name(job: &Job) -> &'static str {

@@ -31,9 +31,10 @@ use postgres::types::Type;
 use super::claim::{Claim, StrikeKind};
 use super::events::{Event, EventSender};
 use super::scheduler::ClaimRequest;
-use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_FIRST, OUTAGE_MAX, Refused};
+use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_MAX, Refused, Target};
 use super::statements;
-use crate::db::pool::Connection;
+use crate::db::pool::{Connection, Pool};
+use crate::db::reconnect::Reconnect;
 use crate::db::{self, ErrorKind, sql};
 use crate::exit::Failure;
 use crate::logging::Every;
@@ -109,8 +110,11 @@ impl Command {
 pub struct Parts {
     /// The locked session from start-up.
     pub client: Client,
-    /// `[pepsi-postgres] CONNECTION`, to reconnect.
-    pub conninfo: String,
+    /// Where and how to reconnect.
+    pub target: Target,
+    /// The dispatcher's pool, whose connections are forgotten when the session is
+    /// lost (they went to the same server).
+    pub pool: Pool,
     /// Commands from the loop.
     pub commands: Receiver<Command>,
     /// Events to the loop.
@@ -127,7 +131,8 @@ pub struct Parts {
 pub fn spawn(parts: Parts) -> std::io::Result<()> {
     let Parts {
         client,
-        conninfo,
+        target,
+        pool,
         commands,
         events,
         max_hops,
@@ -140,7 +145,8 @@ pub fn spawn(parts: Parts) -> std::io::Result<()> {
         let last_words = events.clone();
         let reset = Coordinator {
             client: Some(Connection::new(client)),
-            conninfo,
+            target,
+            pool,
             events,
             retries: Vec::new(),
             reconcile_due: false,
@@ -171,7 +177,8 @@ struct Retry {
 struct Coordinator {
     /// The locked session, with the claim statement prepared on it once used.
     client: Option<Connection>,
-    conninfo: String,
+    target: Target,
+    pool: Pool,
     events: EventSender,
     retries: Vec<Retry>,
     /// The lock was re-taken: claims wait for the loop's reconcile, or the reset of
@@ -394,25 +401,31 @@ impl Coordinator {
         true
     }
 
-    /// Reconnects and re-takes the lock, for as long as the database is away (waits
-    /// doubling up to half a minute, one log line a minute at most). False when it
-    /// cannot go on: the loop is shutting down, another dispatcher kept the lock for
-    /// [`LOCK_WAIT`], or the schema no longer matches (the loop has been told).
+    /// Reconnects and re-takes the lock, for as long as the database is away (every
+    /// 250 ms for ten seconds, then waits doubling up to half a minute; one log line a
+    /// minute at most). False when it cannot go on: the loop is shutting down, another
+    /// dispatcher kept the lock for [`LOCK_WAIT`], or the schema no longer matches
+    /// (the loop has been told).
     fn reconnect(&mut self) -> bool {
         self.events.send(Event::LockLost);
-        let mut delay = OUTAGE_FIRST;
+        self.pool.forget_connections();
+        let mut waits = Reconnect::new(OUTAGE_MAX);
         let mut said = Every::minute();
         let mut held_elsewhere_since: Option<Instant> = None;
         loop {
             if self.stopping.load(Ordering::Relaxed) {
                 return false;
             }
-            let why = match session::connect_checked(&self.conninfo) {
+            let why = match session::connect_checked(&self.target) {
                 Ok(mut client) => match session::try_lock(&mut client) {
                     Ok(true) => {
                         log::warn!(
-                            "database connection re-established; the dispatcher lock is held again"
+                            "database connection re-established after {:.1}s; the dispatcher lock is held again",
+                            waits.outage().as_secs_f64()
                         );
+                        // Connections the pool made while the session was away may
+                        // have gone to a server that is no longer the primary.
+                        self.pool.forget_connections();
                         self.client = Some(Connection::new(client));
                         self.reconcile_due = true;
                         self.generation += 1;
@@ -444,8 +457,7 @@ impl Coordinator {
                     OUTAGE_MAX.as_secs()
                 );
             }
-            self.sleep(delay);
-            delay = (delay * 2).min(OUTAGE_MAX);
+            self.sleep(waits.after_failure());
         }
     }
 

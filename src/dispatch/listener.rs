@@ -15,12 +15,13 @@ use std::time::Duration;
 use postgres::fallible_iterator::FallibleIterator;
 
 use super::events::{Event, EventSender};
+use crate::db::reconnect::Reconnect;
 use crate::db::{self, sql};
 
 /// How long one wait for notifications lasts before the stop flag is checked.
 const WAIT: Duration = Duration::from_millis(500);
-/// Reconnect backoff bounds.
-const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between reconnection attempts (the first ten seconds of an
+/// outage are tried every 250 ms, [`Reconnect`]).
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Starts the listener thread.
@@ -30,7 +31,7 @@ pub fn spawn(conninfo: String, events: EventSender, stop: Arc<AtomicBool>) -> st
 }
 
 fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {
-    let mut delay = RETRY_FIRST;
+    let mut waits = Reconnect::new(RETRY_MAX);
     let mut said = crate::logging::Every::minute();
     while !stop.load(Ordering::Relaxed) {
         let connected = db::connect(conninfo, "pepsi-dispatch listener").and_then(|mut c| {
@@ -48,13 +49,12 @@ fn run(conninfo: &str, events: &EventSender, stop: &AtomicBool) {
                 if said.due() {
                     log::warn!("LISTEN session: {e}; retrying (said once a minute)");
                 }
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(RETRY_MAX);
+                std::thread::sleep(waits.after_failure());
                 continue;
             }
         };
         said.reset();
-        delay = RETRY_FIRST;
+        waits.reset();
         log::debug!("LISTEN session connected");
         if !events.send(Event::ListenerUp) {
             return;

@@ -125,8 +125,9 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     // kill the process half-started (a shutdown signal ends the wait; the loop acts on
     // a reload once it runs).
     let mut signals = signals::install()?;
-    let conninfo = config.postgres.connection_for(DbRole::Dispatch).to_string();
-    let started = session::start(&conninfo, |delay| {
+    let target = session::Target::of(&config);
+    let conninfo = target.conninfo.clone();
+    let started = session::start(&target, |delay| {
         signals::wait_for(&mut signals.shutdown, delay)
     })?;
     let Some((client, overlay)) = started else {
@@ -151,16 +152,6 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     let (command_tx, command_rx) = crossbeam_channel::unbounded();
     let thread_err = |e: std::io::Error| Failure::general(format!("cannot start a thread: {e}"));
     let stopping = Arc::new(AtomicBool::new(false));
-    coordinator::spawn(coordinator::Parts {
-        client,
-        conninfo: conninfo.clone(),
-        commands: command_rx,
-        events: events.clone(),
-        max_hops: config.dispatch.max_hops,
-        stopping: stopping.clone(),
-    })
-    .map_err(thread_err)?;
-    listener::spawn(conninfo.clone(), events.clone(), stopping.clone()).map_err(thread_err)?;
     let pg = db::connection_config(&conninfo, "pepsi-dispatch").map_err(|e| {
         Failure::general(format!(
             "{}: {e}",
@@ -168,6 +159,17 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         ))
     })?;
     let pool = Pool::new(pg, config.dispatch.db_pool_size, POOL_CHECKOUT);
+    coordinator::spawn(coordinator::Parts {
+        client,
+        target,
+        pool: pool.clone(),
+        commands: command_rx,
+        events: events.clone(),
+        max_hops: config.dispatch.max_hops,
+        stopping: stopping.clone(),
+    })
+    .map_err(thread_err)?;
+    listener::spawn(conninfo.clone(), events.clone(), stopping.clone()).map_err(thread_err)?;
     let jobs = background::spawn(pool, events).map_err(thread_err)?;
     // A send to the pool's own channel, which lives as long as the loop: it cannot fail
     // while `jobs` is held.

@@ -15,7 +15,10 @@ use postgres::Client;
 use postgres::types::Type;
 
 use crate::config::graph::OverrideRow;
+use crate::config::{Config, DbRole};
+use crate::db::reconnect::Reconnect;
 use crate::db::{self, ConnectError, ErrorKind, schema, sql};
+use crate::durability::SynchronousCommit;
 use crate::exit::Failure;
 use crate::logging::Every;
 use crate::protocol;
@@ -24,29 +27,48 @@ use crate::protocol;
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// How often the lock is tried within that time.
 pub const LOCK_RETRY: Duration = Duration::from_millis(500);
-/// While the database is away: the first wait between attempts, doubling up to the cap.
-pub const OUTAGE_FIRST: Duration = Duration::from_millis(500);
-/// The longest wait between attempts while the database is away.
+/// The longest wait between attempts while the database is away (the first ten
+/// seconds of an outage are tried every 250 ms, [`Reconnect`]).
 pub const OUTAGE_MAX: Duration = Duration::from_secs(30);
+
+/// Where and how the dispatcher's session connects.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `[pepsi-postgres] DISPATCH_CONNECTION` or `CONNECTION`.
+    pub conninfo: String,
+    /// `[pepsi-dispatch] SYNCHRONOUS_COMMIT`.
+    pub durability: SynchronousCommit,
+}
+
+impl Target {
+    /// The dispatcher's, from its configuration.
+    pub fn of(config: &Config) -> Target {
+        Target {
+            conninfo: config.postgres.connection_for(DbRole::Dispatch).to_string(),
+            durability: config.dispatch.synchronous_commit,
+        }
+    }
+}
 /// How often the start-up reset is tried when a row lock holds it up.
 const RESET_ATTEMPTS: u32 = 10;
 
-/// The session's settings. Its writes commit without waiting for the WAL flush, like
-/// the workers' (§12.1): a claim, requeue or strike lost with a database crash leaves
-/// its rows `running` or `pending`, and the reset at the next lock re-take or start
-/// puts them back; a claim is on every hop's path, and a flush there would add a disk
-/// sync to every hop's latency. Its lock and statement timeouts bound how long one row
-/// can stall the serial queue writes.
-pub fn connect(conninfo: &str) -> Result<Client, ConnectError> {
+/// The session's settings. By default (`[pepsi-dispatch] SYNCHRONOUS_COMMIT = off`)
+/// its writes commit without waiting for the WAL flush, like the workers' (§12.1): a
+/// claim, requeue or strike lost with a database crash leaves its rows `running` or
+/// `pending`, and the reset at the next lock re-take or start puts them back; a claim
+/// is on every hop's path, and a flush there would add a disk sync to every hop's
+/// latency. Its lock and statement timeouts bound how long one row can stall the
+/// serial queue writes.
+pub fn connect(target: &Target) -> Result<Client, ConnectError> {
     let mut config =
-        db::connection_config(conninfo, "pepsi-dispatch").map_err(|e| ConnectError {
+        db::connection_config(&target.conninfo, "pepsi-dispatch").map_err(|e| ConnectError {
             kind: ErrorKind::Other,
             message: format!(
                 "[pepsi-postgres] DISPATCH_CONNECTION (or CONNECTION): {}",
                 db::describe(&e)
             ),
         })?;
-    db::append_options(&mut config, sql::ASYNC_COMMIT_OPTION);
+    db::append_options(&mut config, target.durability.option());
     db::append_options(&mut config, sql::COORDINATOR_TIMEOUTS_OPTION);
     db::open(&config)
 }
@@ -178,8 +200,8 @@ impl Refused {
 
 /// Connects and checks the schema: a mismatch is fatal (exit 78), an unreachable
 /// database is not.
-pub fn connect_checked(conninfo: &str) -> Result<Client, Refused> {
-    let mut client = connect(conninfo).map_err(Refused::from_connect)?;
+pub fn connect_checked(target: &Target) -> Result<Client, Refused> {
+    let mut client = connect(target).map_err(Refused::from_connect)?;
     match schema::check(&mut client) {
         Ok(()) => Ok(client),
         Err(schema::SchemaError::Mismatch(m)) => {
@@ -192,8 +214,8 @@ pub fn connect_checked(conninfo: &str) -> Result<Client, Refused> {
 /// The start-up steps of §6, once: connect, check the schema, take the lock (for about
 /// ten seconds), terminate the sessions earlier workers left, reset their orphaned
 /// running rows, release paused rows stored without a retry time, read the overlay.
-fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
-    let mut client = connect_checked(conninfo)?;
+fn start_once(target: &Target) -> Result<(Client, Vec<OverrideRow>), Refused> {
+    let mut client = connect_checked(target)?;
     let locked = take_lock(&mut client)
         .map_err(|e| Refused::from_db("cannot take the dispatcher lock", &e))?;
     if !locked {
@@ -253,17 +275,17 @@ fn start_once(conninfo: &str) -> Result<(Client, Vec<OverrideRow>), Refused> {
 }
 
 /// Start-up: the steps of [`start_once`], again and again while the database is away
-/// (waits doubling up to [`OUTAGE_MAX`], one log line a minute at most). `wait` sleeps
-/// for up to the given time and returns true when a shutdown was asked for meanwhile;
-/// then `Ok(None)`.
+/// (every 250 ms for ten seconds, then waits doubling up to [`OUTAGE_MAX`]; one log
+/// line a minute at most). `wait` sleeps for up to the given time and returns true
+/// when a shutdown was asked for meanwhile; then `Ok(None)`.
 pub fn start(
-    conninfo: &str,
+    target: &Target,
     mut wait: impl FnMut(Duration) -> bool,
 ) -> Result<Option<(Client, Vec<OverrideRow>)>, Failure> {
-    let mut delay = OUTAGE_FIRST;
+    let mut waits = Reconnect::new(OUTAGE_MAX);
     let mut said = Every::minute();
     loop {
-        match start_once(conninfo) {
+        match start_once(target) {
             Ok(session) => return Ok(Some(session)),
             Err(Refused::Fatal(failure)) => return Err(failure),
             Err(Refused::Away(why)) => {
@@ -273,10 +295,9 @@ pub fn start(
                         OUTAGE_MAX.as_secs()
                     );
                 }
-                if wait(delay) {
+                if wait(waits.after_failure()) {
                     return Ok(None);
                 }
-                delay = (delay * 2).min(OUTAGE_MAX);
             }
         }
     }
@@ -286,8 +307,8 @@ pub fn start(
 /// the lock with it): takes the lock on a connection of its own, then puts every
 /// running row back to pending. Refuses when another dispatcher took the lock
 /// meanwhile: the rows are then that one's. Returns how many rows it reset.
-pub fn reset_alone(conninfo: &str) -> Result<u64, String> {
-    let mut client = connect(conninfo).map_err(|e| e.message)?;
+pub fn reset_alone(target: &Target) -> Result<u64, String> {
+    let mut client = connect(target).map_err(|e| e.message)?;
     if !take_lock(&mut client).map_err(|e| db::describe(&e))? {
         return Err(format!(
             "another dispatcher holds the lock now ({})",

@@ -46,11 +46,7 @@ impl Dispatcher {
         } else {
             // The coordinator is gone and its connection, the lock with it: take the
             // lock on a connection of our own to put the rows back.
-            match session::reset_alone(
-                self.config
-                    .postgres
-                    .connection_for(crate::config::DbRole::Dispatch),
-            ) {
+            match session::reset_alone(&session::Target::of(&self.config)) {
                 Ok(n) => log::info!("{n} in-flight rows back to pending"),
                 Err(e) => {
                     log::warn!("cannot reset in-flight rows ({e}); the next start resets them")

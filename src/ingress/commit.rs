@@ -10,7 +10,7 @@
 //! commit.
 //!
 //! The database away or refusing connections is a deferral (451) for every message
-//! until a reconnect succeeds (retried from 250 ms, doubling to 5 s); a message the
+//! until a reconnect succeeds (tried every 250 ms for ten seconds, then doubling to 5 s); a message the
 //! database refuses for itself (class 22, a value `workqueue_inject_many` rejects) is
 //! found by committing the batch's messages one by one and is refused (554) alone. It
 //! also writes the counters ([`super::counters`]) every few seconds.
@@ -26,15 +26,15 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::counters::Counters;
 use crate::db::pool::Connection;
+use crate::db::reconnect::Reconnect;
 use crate::db::{self, ErrorKind, schema, sql};
 
 /// The most messages in one commit.
 const MAX_BATCH: usize = 500;
 /// The most bytes of message data in one commit.
 const MAX_BATCH_BYTES: usize = 64 << 20;
-/// The first wait before reconnecting, doubled up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(250);
-/// The longest wait before reconnecting.
+/// The longest wait before reconnecting (the first ten seconds of an outage are tried
+/// every 250 ms, [`Reconnect`]).
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// A message a session accepted, as it will be queued.
@@ -105,7 +105,7 @@ struct Thread {
     client: Option<Connection>,
     /// Not before this is a connection tried again.
     retry_at: Instant,
-    backoff: Duration,
+    waits: Reconnect,
     /// When the last "unavailable" warning was logged (one a minute).
     warned: Option<Instant>,
 }
@@ -127,7 +127,7 @@ pub fn spawn(
         counters,
         client: None,
         retry_at: Instant::now(),
-        backoff: FIRST_BACKOFF,
+        waits: Reconnect::new(MAX_BACKOFF),
         warned: None,
     };
     let handle = std::thread::Builder::new()
@@ -186,7 +186,7 @@ impl Thread {
                     if self.warned.take().is_some() {
                         log::info!("the database is back: accepting mail again");
                     }
-                    self.backoff = FIRST_BACKOFF;
+                    self.waits.reset();
                     self.client = Some(Connection::new(c));
                 }
                 Err(e) => {
@@ -202,8 +202,7 @@ impl Thread {
     /// a warning at most once a minute.
     fn unavailable(&mut self, why: &str) {
         self.client = None;
-        self.retry_at = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.retry_at = Instant::now() + self.waits.after_failure();
         if self
             .warned
             .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))

@@ -158,6 +158,7 @@ impl Server {
                     db::describe(&e)
                 );
                 drop(conn);
+                self.pool.forget_connections();
                 conn = match self.pool.get() {
                     Ok(c) => c,
                     Err(e) => {
@@ -218,6 +219,11 @@ impl Server {
         }
         let write_started = Instant::now();
         commit(&mut conn, &mut plans);
+        if conn.is_closed() {
+            // The session is gone, and the pool's other connections went to the same
+            // server: none is tried again for the next batch.
+            self.pool.forget_connections();
+        }
         let write_share = per_message(write_started.elapsed(), plans.len());
         for plan in &mut plans {
             if let Some(last) = plan.report.last_mut() {

@@ -34,7 +34,8 @@ use crate::cli::Globals;
 use crate::config::raw::join_errors;
 use crate::config::{Config, DbRole, StageGraph, StageSection};
 use crate::db::pool::{CheckoutError, Pool};
-use crate::db::{self, ErrorKind, schema, sql};
+use crate::db::{self, ErrorKind, schema};
+use crate::durability::SynchronousCommit;
 use crate::exit::{self, Failure};
 use crate::protocol;
 
@@ -92,12 +93,10 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     // Set after parsing so it wins over an application_name in CONNECTION: the
     // dispatcher terminates a killed worker's sessions by this name (§8.2).
     pg.application_name(&name);
-    if !config.postgres.worker_synchronous_commit {
-        // Group commit across concurrent workers; a lost advance is re-run (§12.1).
-        db::append_options(&mut pg, sql::ASYNC_COMMIT_OPTION);
-    }
-    let pool = Pool::new(pg, POOL_SIZE, CHECKOUT_TIMEOUT);
-    let mut conn = pool.get().map_err(|CheckoutError { kind, message }| {
+    // The start-up session only reads; the pool that writes outcomes is made once the
+    // stages it runs, and so their `SYNCHRONOUS_COMMIT`, are known.
+    let start = Pool::new(pg.clone(), 1, CHECKOUT_TIMEOUT);
+    let mut conn = start.get().map_err(|CheckoutError { kind, message }| {
         startup_failure(kind, format!("database: {message}"))
     })?;
     match schema::check(&mut **conn) {
@@ -109,6 +108,7 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     }
     let overlay = db::read_overlay(&mut **conn).map_err(|e| db_startup_failure(&e))?;
     drop(conn);
+    drop(start);
     // Refused overlay rows are left out as the dispatcher leaves them out; it logs them
     // (at start and at every reload), so every worker start need not.
     let graph = config.graph(&overlay).map_err(|errors| {
@@ -122,7 +122,13 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     }
     let batch_max = batch_max(&graph, registry, own);
     let mut runner = Runner::new(config, graph, registry);
-    for (section, stage) in check_sections(&mut runner, own, stage.as_deref())? {
+    let (sections, durability) = check_sections(&mut runner, own, stage.as_deref())?;
+    // `off` (the default): group commit across concurrent workers, a lost outcome is
+    // run again (§12.1); a stage with side effects outside the database may ask for
+    // more, and a worker that may fuse into it commits at its level (§12.2).
+    db::append_options(&mut pg, durability.option());
+    let pool = Pool::new(pg, POOL_SIZE, CHECKOUT_TIMEOUT);
+    for (section, stage) in sections {
         stage.start(runner.config(), &section).map_err(|e| {
             Failure::config(format!(
                 "[stage-{}] cannot be run, refusing to run: {e}",
@@ -161,12 +167,14 @@ fn batch_max(graph: &StageGraph, registry: Registry, own: &dyn Stage) -> usize {
 /// whose `PROGRAM` is the stage `own`. Never the whole file: one bad section stops only
 /// its own stage. The sections it may fuse into are checked too, but a bad one only
 /// stops fusion into it (`can_fuse` refuses a successor whose configuration fails), so
-/// it is a warning. Returns the own sections with the stage each runs as.
+/// it is a warning. Returns the own sections with the stage each runs as, and the
+/// strongest `synchronous_commit` level of the stages its commits record outcomes of
+/// (its own and those it may fuse into).
 fn check_sections(
     runner: &mut Runner,
     own: &'static dyn Stage,
     started_for: Option<&str>,
-) -> Result<Vec<(StageSection, &'static dyn Stage)>, Failure> {
+) -> Result<(Checked, SynchronousCommit), Failure> {
     let sections: Vec<StageSection> = match started_for {
         Some(name) => match runner.graph().get(name) {
             Some(section) => vec![section.clone()],
@@ -205,13 +213,26 @@ fn check_sections(
             problems.join("\n")
         )));
     }
+    let postgres = &runner.config().postgres;
+    let mut durability = sections
+        .iter()
+        .map(|s| postgres.stage_durability(s))
+        .max()
+        .unwrap_or(SynchronousCommit::Off);
     for (section, stage) in runner.fusable_successors(&sections) {
-        if let Err(e) = stage.configure(&section) {
-            log::warn!(
+        match stage.configure(&section) {
+            Ok(_) => {
+                let level = runner.config().postgres.stage_durability(&section);
+                durability = durability.max(level);
+            }
+            Err(e) => log::warn!(
                 "{e}; messages will not be fused into stage {}",
                 section.name
-            );
+            ),
         }
     }
-    Ok(checked)
+    Ok((checked, durability))
 }
+
+/// A worker's own sections, each with the stage it runs as.
+type Checked = Vec<(StageSection, &'static dyn Stage)>;

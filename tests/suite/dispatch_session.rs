@@ -105,10 +105,12 @@ mod coordinator {
     use std::time::Duration;
 
     use crossbeam_channel::{Receiver, unbounded};
+    use pepsi::db::{self, pool::Pool};
     use pepsi::dispatch::coordinator::{self, Command};
     use pepsi::dispatch::events::{Event, EventSender};
     use pepsi::dispatch::scheduler::ClaimRequest;
     use pepsi::dispatch::session;
+    use pepsi::durability::SynchronousCommit;
     use std::sync::atomic::AtomicBool;
 
     use crate::util::TestDb;
@@ -129,7 +131,11 @@ mod coordinator {
         let db = TestDb::new();
         let mut c = db.client();
         inject_many(&mut c, "s", "a@x.example", 3);
-        let (client, _) = session::start(&db.conninfo, |_| true)
+        let target = session::Target {
+            conninfo: db.conninfo.clone(),
+            durability: SynchronousCommit::Off,
+        };
+        let (client, _) = session::start(&target, |_| true)
             .expect("the session starts")
             .expect("the database is there");
         let poll = mio::Poll::new().unwrap();
@@ -138,7 +144,12 @@ mod coordinator {
         let (commands, rx) = unbounded();
         coordinator::spawn(coordinator::Parts {
             client,
-            conninfo: db.conninfo.clone(),
+            target,
+            pool: Pool::new(
+                db::connection_config(&db.conninfo, "pepsi-dispatch").unwrap(),
+                1,
+                Duration::from_secs(1),
+            ),
             commands: rx,
             events: EventSender::new(tx, waker),
             max_hops: 100,

@@ -12,6 +12,7 @@ mod dispatch_reload;
 mod dispatch_session;
 mod dispatch_shutdown;
 mod dispatch_verdict;
+mod durability;
 mod exec_reports;
 mod fair;
 mod fair_sql;

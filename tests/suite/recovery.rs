@@ -383,6 +383,23 @@ fn the_dispatcher_rides_out_a_20_second_database_outage() {
         "{}",
         d.log()
     );
+    // Once back, no pooled connection from before the outage is tried and fails: the
+    // statistics flushes and the reload after the reconnect all work the first time.
+    let log = d.log();
+    let back = log
+        .find("the dispatcher lock is held again")
+        .unwrap_or_else(|| panic!("the lock is re-taken:\n{log}"));
+    let after = &log[back..];
+    for failure in [
+        "statistics flush failed",
+        "background job",
+        "retrying the reload",
+    ] {
+        assert!(
+            !after.contains(failure),
+            "{failure} after the reconnect:\n{after}"
+        );
+    }
 }
 
 #[test]
