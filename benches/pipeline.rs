@@ -37,6 +37,9 @@
 //! benchmark's own role, a superuser, which row-level security does not apply to. The
 //! raw loops (a) and (a2), the fair claim (f), the injections and every measuring
 //! statement always run as the benchmark's own role. The header says which mode ran.
+//! `BENCH_LAST_STAGE_SYNC=on` (or another level) sets the last stage's
+//! `SYNCHRONOUS_COMMIT`, so that what it costs can be measured (the stage that
+//! finishes a message, where a delivery stage would be).
 //! With `BENCH_RLS=off` as well, the queue's row-level security is disabled in each
 //! database of the run, so that one session can measure what it costs.
 
@@ -165,6 +168,13 @@ fn ensure_group_grants(db: &TestDb) {
 /// the one mode it applies to).
 fn rls_off() -> bool {
     std::env::var("BENCH_RLS").as_deref() == Ok("off")
+}
+
+/// `BENCH_LAST_STAGE_SYNC`: the last stage's `SYNCHRONOUS_COMMIT` (a level), or none.
+fn last_stage_sync() -> Option<String> {
+    std::env::var("BENCH_LAST_STAGE_SYNC")
+        .ok()
+        .filter(|v| !v.is_empty())
 }
 
 fn messages() -> i64 {
@@ -353,6 +363,9 @@ impl Setup {
             "[stage-p5]\nPROGRAM = {}\nQUEUE_LIMIT = {queue_limit}\n",
             self.bin.join("pepsi-stage-discard").display()
         ));
+        if let Some(level) = last_stage_sync() {
+            text.push_str(&format!("SYNCHRONOUS_COMMIT = {level}\n"));
+        }
         let path = self
             .dir
             .join(format!("bench-{fusion}-{queue_limit}-{fair}.conf"));
@@ -815,6 +828,12 @@ fn main() {
     )
     .unwrap();
     writeln!(out, "roles: {}", roles.describe()).unwrap();
+    writeln!(
+        out,
+        "last stage's SYNCHRONOUS_COMMIT: {}",
+        last_stage_sync().as_deref().unwrap_or("unset (off)")
+    )
+    .unwrap();
     if rls_off() {
         writeln!(
             out,

@@ -4,11 +4,13 @@
 //! program (so a `CONNECTION` using peer authentication connects as that account, the
 //! one that owns the schema), then connects with `[pepsi-postgres] CONNECTION` (never
 //! a program's own key: the schema belongs to the owner), applies the missing files
-//! and sets up the database roles (SPEC §4 "Least privilege"), every run.
+//! and sets up the database roles (SPEC §4 "Least privilege"), every run; it says
+//! which roles would need `pg_read_all_stats` to name who holds the database's oldest
+//! snapshot in full (issue 25), and grants it to none.
 
 use crate::cli::{Invocation, Program};
 use crate::config::Config;
-use crate::db::{self, schema};
+use crate::db::{self, schema, sql_horizon};
 use crate::exit::Failure;
 
 /// The program's description.
@@ -39,6 +41,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         schema::Installed::UpToDate(v) => log::info!("schema is up to date (version {v})"),
     }
     report_roles(&setup.roles);
+    report_read_all_stats(&mut client);
     report_public_schema(setup.public_schema);
     write_inject_stages(&config, &mut client);
     Ok(())
@@ -135,5 +138,33 @@ fn report_roles(roles: &[schema::RoleStatus]) {
         log::info!("{text}; until then every program connects as one role");
     } else {
         log::warn!("{text}");
+    }
+}
+
+/// Says which of the roles that read who holds the database's oldest snapshot
+/// (`pepsi_dispatch`, `pepsi_admin`; in the one-role setup this session's) may not see
+/// another role's session in full, and the statement that would let them. It grants
+/// nothing itself: `pg_read_all_stats` is a cluster-wide membership that also shows
+/// every session's query text, a decision for the server's administrator, not for the
+/// setup of one database.
+fn report_read_all_stats(client: &mut postgres::Client) {
+    let lacking = client
+        .query(sql_horizon::LACKING_READ_ALL_STATS, &[])
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect::<Vec<String>>());
+    match lacking {
+        Ok(roles) if roles.is_empty() => {}
+        Ok(roles) => log::info!(
+            "{} may not see another role's session in full: the dispatcher's oldest-snapshot \
+             warning and pepsi-queue status name such a holder by pid, application, role and \
+             age in transactions only; for its state, client and age in time, have a superuser \
+             run GRANT pg_read_all_stats TO {} (cluster-wide; it also shows every session's \
+             query text; README, \"The oldest snapshot\")",
+            roles.join(", "),
+            roles.join(", ")
+        ),
+        Err(e) => log::warn!(
+            "cannot tell which roles may see every session: {}",
+            db::describe(&e)
+        ),
     }
 }

@@ -777,6 +777,7 @@ fn the_example_shows_every_fixed_key_at_its_default() {
         s.synchronous_commit, d.synchronous_commit,
         "SYNCHRONOUS_COMMIT"
     );
+    assert_eq!(s.snapshot_warning, d.snapshot_warning, "SNAPSHOT_WARNING");
     // STAGE and XFORWARD_FROM have no default: the example shows what a Postfix
     // content filter on this host would set.
     let (s, d) = (&shown.ingress, &default.ingress);

@@ -170,6 +170,8 @@ fixed_keys! {
     MAX_HOPS = Number(100, 1..=100_000),
     /// `synchronous_commit` of the dispatcher's queue writes (claims, requeues, strikes).
     SYNCHRONOUS_COMMIT = Durability(SynchronousCommit::Off),
+    /// A snapshot older than this is named in the log once a minute; 0 = never.
+    SNAPSHOT_WARNING = Seconds(60),
 
     ["pepsi-failure-bouncer"]
     /// Where failed rows are moved; required by the bouncer only.

@@ -196,6 +196,9 @@ pub struct DispatchOptions {
     pub max_hops: u32,
     /// `synchronous_commit` of its queue writes (§12.2).
     pub synchronous_commit: SynchronousCommit,
+    /// A snapshot of the database older than this is named in the log once a minute
+    /// (who holds it); zero: never.
+    pub snapshot_warning: Duration,
 }
 
 /// `[pepsi-failure-bouncer]`.
@@ -306,6 +309,7 @@ impl Config {
             fair_fifo_percent: fixed::FAIR_FIFO_PERCENT.read(f, &mut p),
             max_hops: fixed::MAX_HOPS.read(f, &mut p),
             synchronous_commit: fixed::SYNCHRONOUS_COMMIT.read(f, &mut p),
+            snapshot_warning: fixed::SNAPSHOT_WARNING.read(f, &mut p),
         };
 
         let bouncer = BouncerOptions {

@@ -4,11 +4,13 @@
 //!
 //! Nothing here holds state across calls; callers own their clients and pools.
 
+pub mod horizon;
 pub mod hosts;
 pub mod pool;
 pub mod reconnect;
 pub mod schema;
 pub mod sql;
+pub mod sql_horizon;
 
 use std::error::Error as _;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The small thread pool for work off the loop and off the queue-write path: statistics
 //! flushes, the body GC, reading a reload's inputs (the configuration overlay and the
-//! file), counting rows at unknown stages, and writing the stages injecting roles may
-//! inject into. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
+//! file), counting rows at unknown stages, writing the stages injecting roles may
+//! inject into, and reading who holds the database's oldest snapshot. Jobs use the dispatcher's r2d2 pool (`DB_POOL_SIZE`).
 //!
 //! The loop's housekeeping ([`super::housekeeping`]) sends the jobs; each answers, if
 //! at all, with an event. A job reads or writes the database and, for a reload, the
@@ -16,7 +16,7 @@ use super::events::{Event, EventSender, ReloadFile, ReloadInput};
 use super::stats::{self, Deltas};
 use crate::config::Config;
 use crate::db::pool::Pool;
-use crate::db::{self, sql};
+use crate::db::{self, horizon, sql};
 
 /// Threads in the pool.
 const THREADS: usize = 2;
@@ -38,6 +38,8 @@ pub enum Job {
     /// Write the stages an injecting role may inject into (`[pepsi] INJECT_STAGES` of
     /// the current graph).
     InjectStages(Vec<String>),
+    /// Read who holds the database's oldest snapshot (issue 25).
+    Horizon,
 }
 
 /// Starts the pool; jobs sent to the returned sender run in order of arrival.
@@ -76,6 +78,9 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 }
                 Job::BodyGc => {
                     events.send(Event::BodyGcDone { more: true });
+                }
+                Job::Horizon => {
+                    events.send(Event::Horizon(Err(e.message)));
                 }
                 Job::UnknownStages(_) | Job::InjectStages(_) => {}
             }
@@ -117,6 +122,10 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Err(e) => log::warn!("cannot count rows at unknown stages: {}", db::describe(&e)),
             }
         }
+        Job::Horizon => {
+            let holders = horizon::read(&mut **conn).map_err(|e| db::describe(&e));
+            events.send(Event::Horizon(holders));
+        }
         // Idempotent and rewritten at every start and reload, a reconnect included (a
         // reconnected LISTEN session reloads): a failure here is only a warning.
         Job::InjectStages(stages) => match db::write_inject_stages(&mut **conn, &stages) {
@@ -148,6 +157,7 @@ fn name(job: &Job) -> &'static str {
         Job::ReadReload(_) => "configuration reload",
         Job::UnknownStages(_) => "unknown-stage count",
         Job::InjectStages(_) => "entry stages",
+        Job::Horizon => "oldest snapshot",
     }
 }
 

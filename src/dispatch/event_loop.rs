@@ -55,6 +55,7 @@ use super::claim::Claim;
 use super::claim_side::ClaimSide;
 use super::coordinator::Command;
 use super::events::Event;
+use super::horizon::Notice;
 use super::housekeeping::Housekeeping;
 use super::pools::Pools;
 use super::signals::{self, Signals};
@@ -173,7 +174,12 @@ impl Dispatcher {
             master: parts.master,
             pools: Pools::new(&parts.graph),
             claim_side: ClaimSide::new(&opts, now),
-            housekeeping: Housekeeping::new(parts.jobs, now, opts.stats_interval),
+            housekeeping: Housekeeping::new(
+                parts.jobs,
+                now,
+                opts.stats_interval,
+                opts.snapshot_warning,
+            ),
             config: parts.config,
             graph: parts.graph,
             opts,
@@ -372,6 +378,19 @@ impl Dispatcher {
                     );
                 }
             }
+            // The lines name the holder with its text escaped (`db::horizon::describe`).
+            Event::Horizon(Ok(holders)) => {
+                match self.housekeeping.horizon_read(&holders, Instant::now()) {
+                    Some(Notice::Held(line)) => log::warn!("{line}"),
+                    Some(Notice::Ended(line)) => log::info!("{line}"),
+                    None => {}
+                }
+            }
+            Event::Horizon(Err(e)) => {
+                if self.housekeeping.horizon_failed(Instant::now()) {
+                    log::warn!("cannot read who holds the database's oldest snapshot: {e}");
+                }
+            }
             Event::UnknownStages(list) => {
                 // These stage names come from rows, not from the configuration.
                 for (stage, count) in list {
@@ -405,6 +424,7 @@ impl Dispatcher {
             stats_tick: self.housekeeping.stats_tick_at(),
             idle_flush: self.housekeeping.idle_flush_at(|| self.busy()),
             unknown_checked: self.housekeeping.unknown_checked(),
+            horizon_check: self.housekeeping.horizon_check_at(),
         }
     }
 
@@ -454,6 +474,7 @@ impl Dispatcher {
                 let known = self.pools.stage_names();
                 self.housekeeping.count_unknown(now, known);
             }
+            Due::Horizon => self.housekeeping.check_horizon(now),
         }
     }
 

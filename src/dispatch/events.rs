@@ -13,6 +13,7 @@ use super::claim::Claim;
 use super::stats::Deltas;
 use crate::config::graph::OverrideRow;
 use crate::config::{Config, ConfigError};
+use crate::db::horizon::Holder;
 use crate::exit::Failure;
 
 /// Something the loop must learn about.
@@ -75,6 +76,9 @@ pub enum Event {
     Flushed(Result<(), (String, Box<Deltas>)>),
     /// Rows wait at stages that have no section: (stage, count).
     UnknownStages(Vec<(String, i64)>),
+    /// Who holds the database's oldest snapshot, oldest first; or why they could not
+    /// be read.
+    Horizon(Result<Vec<Holder>, String>),
     /// A helper thread died (it panicked).
     ThreadDied {
         /// The thread's name.

@@ -2,8 +2,9 @@
 //! ([`super::background`]) and the state of every chore the loop hands it — statistics
 //! flushes (one in flight at most, every `STATS_INTERVAL` and when the pipeline goes
 //! idle), the body GC (only after activity), the count of rows at unknown stages, the
-//! stages an injecting role may inject into, and the reads of a reload (asked for, in
-//! flight, retried).
+//! stages an injecting role may inject into, the reads of a reload (asked for, in
+//! flight, retried), and the read of who holds the oldest snapshot with the watch that
+//! decides what to log about it ([`super::horizon`]).
 //!
 //! One owner with verbs, a field of the loop's `Dispatcher`: the loop's event and timer
 //! dispatch, the worker handlers ([`super::workers`], which note activity), the reload
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::background::Job;
+use super::horizon::{self, Notice, Watch};
 use super::ledger::Ledger;
 use super::stats::Deltas;
 use super::timers;
@@ -44,13 +46,28 @@ pub struct Housekeeping {
     was_busy: bool,
     unknown_checked: Instant,
     reload: ReloadRequest,
+    /// The oldest-snapshot watch and how often it reads; `None` when
+    /// `SNAPSHOT_WARNING` is 0.
+    horizon: Option<(Watch, Duration)>,
+    /// When the holders were last asked for.
+    horizon_checked: Instant,
+    /// A read of the holders is in flight.
+    horizon_in_flight: bool,
+    /// When a failed read was last logged.
+    horizon_failure_logged: Option<Instant>,
 }
 
 impl Housekeeping {
     /// Housekeeping that hands its jobs to `jobs`: the first statistics tick one
     /// `stats_interval` from now, the first count of rows at unknown stages at the
-    /// first turn.
-    pub fn new(jobs: Sender<Job>, now: Instant, stats_interval: Duration) -> Housekeeping {
+    /// first turn; the first read of who holds the oldest snapshot one check gap from
+    /// now (none when `snapshot_warning` is zero).
+    pub fn new(
+        jobs: Sender<Job>,
+        now: Instant,
+        stats_interval: Duration,
+        snapshot_warning: Duration,
+    ) -> Housekeeping {
         Housekeeping {
             jobs,
             flush_in_flight: false,
@@ -60,6 +77,11 @@ impl Housekeeping {
             was_busy: false,
             unknown_checked: now.checked_sub(timers::UNKNOWN_STAGE_GAP).unwrap_or(now),
             reload: ReloadRequest::default(),
+            horizon: horizon::check_gap(snapshot_warning)
+                .map(|gap| (Watch::new(snapshot_warning), gap)),
+            horizon_checked: now,
+            horizon_in_flight: false,
+            horizon_failure_logged: None,
         }
     }
 
@@ -161,6 +183,50 @@ impl Housekeeping {
     /// Writes the stages an injecting role may inject into.
     pub fn inject_stages(&self, stages: Vec<String>) {
         self.send(Job::InjectStages(stages));
+    }
+
+    // ---- the oldest snapshot (issue 25) --------------------------------------------
+
+    /// Reads who holds the oldest snapshot.
+    pub fn check_horizon(&mut self, now: Instant) {
+        self.horizon_checked = now;
+        self.horizon_in_flight = true;
+        self.send(Job::Horizon);
+    }
+
+    /// When the holders are read next: `None` when the warning is off or a read is in
+    /// flight (its answer sets the next).
+    pub fn horizon_check_at(&self) -> Option<Instant> {
+        match &self.horizon {
+            Some((_, gap)) if !self.horizon_in_flight => Some(self.horizon_checked + *gap),
+            _ => None,
+        }
+    }
+
+    /// The holders arrived (oldest first): what to log, if anything. A failed read
+    /// changes nothing; the caller logs its error.
+    pub fn horizon_read(
+        &mut self,
+        holders: &[crate::db::horizon::Holder],
+        now: Instant,
+    ) -> Option<Notice> {
+        self.horizon_in_flight = false;
+        self.horizon_checked = now;
+        self.horizon.as_mut()?.0.observe(holders, now)
+    }
+
+    /// A read of the holders failed: whether to log it (at most once a
+    /// [`horizon::WARNING_GAP`], the database may be away for long).
+    pub fn horizon_failed(&mut self, now: Instant) -> bool {
+        self.horizon_in_flight = false;
+        self.horizon_checked = now;
+        let log = self
+            .horizon_failure_logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= horizon::WARNING_GAP);
+        if log {
+            self.horizon_failure_logged = Some(now);
+        }
+        log
     }
 
     // ---- reloads (§9) --------------------------------------------------------------

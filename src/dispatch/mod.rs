@@ -44,6 +44,7 @@ pub mod coordinator;
 pub mod event_loop;
 pub mod events;
 pub mod fair;
+pub mod horizon;
 pub mod housekeeping;
 pub mod ledger;
 pub mod listener;

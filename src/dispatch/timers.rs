@@ -53,6 +53,8 @@ pub enum Due {
     IdleFlush,
     /// Count rows at stages without a section.
     UnknownStages,
+    /// Read who holds the database's oldest snapshot.
+    Horizon,
 }
 
 /// One deadline.
@@ -129,6 +131,9 @@ pub struct Clocks {
     pub idle_flush: Option<Instant>,
     /// When rows at unknown stages were last counted.
     pub unknown_checked: Instant,
+    /// When the holders of the oldest snapshot are read next (`None`: the warning is
+    /// off, or a read is in flight).
+    pub horizon_check: Option<Instant>,
 }
 
 /// Every deadline, in the order the loop acts on those that are due (a worker's hang
@@ -176,6 +181,9 @@ pub fn deadlines(c: &Clocks) -> Vec<Deadline> {
         at(t, Due::IdleFlush);
     }
     at(c.unknown_checked + UNKNOWN_STAGE_GAP, Due::UnknownStages);
+    if let Some(t) = c.horizon_check {
+        at(t, Due::Horizon);
+    }
     if c.can_claim {
         at(c.last_claim + c.poll_interval, Due::Heartbeat);
         if let Some(t) = c.claim_retry {
@@ -220,6 +228,7 @@ mod tests {
             stats_tick: now + Duration::from_secs(60),
             idle_flush: None,
             unknown_checked: now,
+            horizon_check: None,
         }
     }
 
@@ -300,6 +309,7 @@ mod tests {
         c.deferred_resume = Some(now + Duration::from_secs(1));
         c.reload_retry = Some(now + Duration::from_secs(1));
         c.idle_flush = Some(now);
+        c.horizon_check = Some(now + Duration::from_secs(15));
         let list = deadlines(&c);
         assert_eq!(
             due(list.clone(), now).collect::<Vec<_>>(),
@@ -320,5 +330,6 @@ mod tests {
         );
         assert!(list.iter().any(|d| d.due == Due::DeferredResume));
         assert!(list.iter().any(|d| d.due == Due::StatsTick));
+        assert!(list.iter().any(|d| d.due == Due::Horizon));
     }
 }

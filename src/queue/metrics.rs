@@ -5,8 +5,9 @@
 //! `pepsi.ingress_stats` (`_total` names; busy time in seconds), gauges from the
 //! queue: rows and the oldest row's age by stage and status (every status of every
 //! stage, 0 when empty, so an alert sees a series fall to 0 rather than vanish), rows
-//! at stages without a section, whether a dispatcher holds its lock, and when the
-//! dispatcher and `pepsi-ingress` last wrote their statistics. `--output` writes a
+//! at stages without a section, whether a dispatcher holds its lock, when the
+//! dispatcher and `pepsi-ingress` last wrote their statistics, and the age of the
+//! database's oldest snapshot in seconds and in transactions ([`super::horizon`]). `--output` writes a
 //! temporary file beside FILE, syncs it and renames it over FILE, so the collector
 //! never reads half a file.
 //!
@@ -18,6 +19,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
+use super::horizon;
 use super::status::{DISPATCH_COUNTERS, INGRESS_COUNTERS, STAGE_COUNTERS, Snapshot};
 use super::{Session, emit};
 use crate::escape::{self, Visible};
@@ -211,6 +213,23 @@ pub fn render(s: &Snapshot) -> String {
         "1 when a session holds the dispatcher's lock (a dispatcher is running), else 0.",
     );
     f.sample(&[], u8::from(s.dispatcher_running).to_string());
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_oldest_snapshot_age_seconds",
+        "gauge",
+        "Age of the oldest snapshot or transaction holding the database's MVCC horizon \
+         (VACUUM cannot remove the queue's dead rows newer than it), among those whose start \
+         this role can see; 0 when none.",
+    );
+    f.sample(&[], number(horizon::age_seconds(&s.holders)));
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_oldest_snapshot_age_transactions",
+        "gauge",
+        "Transactions since the oldest xmin holding the database's MVCC horizon (sessions, \
+         standbys, replication slots, prepared transactions); 0 when none.",
+    );
+    f.sample(&[], horizon::age_transactions(&s.holders).to_string());
 
     for (i, column) in INGRESS_COUNTERS.iter().enumerate() {
         let name = format!("pepsi_ingress_{column}_total");

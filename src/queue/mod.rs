@@ -20,6 +20,7 @@
 
 pub mod args;
 pub mod format;
+pub mod horizon;
 pub mod inject;
 pub mod list;
 pub mod message;

@@ -1,20 +1,24 @@
 //! `pepsi-queue status`, and the snapshot it shares with `metrics`: rows per stage and
 //! status with the oldest age, the age shape per stage (Postfix `qshape`), the rows at
 //! stages that have no section, the statistics tables (`metrics` alone shows
-//! `pepsi.ingress_stats`) and whether a dispatcher holds its lock — all read in one
-//! read-only transaction, so the numbers agree.
+//! `pepsi.ingress_stats`), whether a dispatcher holds its lock, and who holds the
+//! database's oldest snapshot ([`super::horizon`]) — all read in one read-only
+//! transaction, so the numbers agree.
 //!
 //! [`Snapshot::read`] is the only database access; everything else here is rendering.
 //! Stage names come from rows as well as from the configuration: the text shows them
 //! escaped (its tables escape every cell, [`crate::escape`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use postgres::IsolationLevel;
 use serde_json::{Value, json};
 
 use super::format::{Align, Table, age};
+use super::horizon;
 use super::{Session, configured_stages, db_failure, emit, emit_json};
+use crate::db::horizon::Holder;
 use crate::db::{self, sql};
 use crate::escape::Visible;
 use crate::exit::Failure;
@@ -117,6 +121,10 @@ pub struct Snapshot {
     pub dispatcher_running: bool,
     /// The database's clock (epoch seconds).
     pub now: f64,
+    /// Who holds the database's oldest snapshot, oldest first (this session excluded).
+    pub holders: Vec<Holder>,
+    /// `[pepsi-dispatch] SNAPSHOT_WARNING` of the file.
+    pub snapshot_warning: Duration,
 }
 
 impl Snapshot {
@@ -187,6 +195,7 @@ impl Snapshot {
             .map_err(failed)?
             .get(0);
         let overlay = db::read_overlay(&mut tx).map_err(failed)?;
+        let holders = db::horizon::read(&mut tx).map_err(failed)?;
         tx.commit().map_err(failed)?;
         Ok(Snapshot {
             statuses,
@@ -197,6 +206,8 @@ impl Snapshot {
             ingress,
             dispatcher_running,
             now,
+            holders,
+            snapshot_warning: session.config.dispatch.snapshot_warning,
         })
     }
 
@@ -330,7 +341,7 @@ pub fn to_json(s: &Snapshot) -> Value {
         .flat_map(|m| m.values())
         .map(|c| c.rows)
         .sum();
-    json!({
+    let mut doc = json!({
         "rows": rows,
         "statuses": totals,
         "age_buckets": BUCKET_NAMES,
@@ -339,7 +350,11 @@ pub fn to_json(s: &Snapshot) -> Value {
         "stage_stats": stage_stats,
         "dispatch_stats": dispatch,
         "dispatcher_running": s.dispatcher_running,
-    })
+    });
+    for (key, value) in horizon::json_fields(&s.holders, s.snapshot_warning) {
+        doc[key] = value;
+    }
+    doc
 }
 
 /// The snapshot for people.
@@ -357,14 +372,15 @@ pub fn to_text(s: &Snapshot) -> String {
         .map(|st| format!("{st} {}", s.status_total(st)))
         .collect();
     out.push_str(&format!(
-        "queue: {total} message{} ({})\ndispatcher: {}\n\n",
+        "queue: {total} message{} ({})\ndispatcher: {}\n{}\n",
         if total == 1 { "" } else { "s" },
         by_status.join(", "),
         if s.dispatcher_running {
             "running"
         } else {
             "NOT RUNNING (no session holds its lock)"
-        }
+        },
+        horizon::text(&s.holders, s.snapshot_warning)
     ));
 
     let mut columns = vec![("STAGE", Align::Left)];

@@ -597,6 +597,33 @@ fn pepsi_setup_grants_the_roles_every_run_and_upgrades_schema_6_with_rows() {
     assert_eq!(public, 0, "no function of the schema is PUBLIC's");
 }
 
+#[test]
+fn pepsi_setup_says_which_roles_need_pg_read_all_stats_to_name_a_snapshot_holder_and_grants_none() {
+    let db = TestDb::empty();
+    let dir = TempDir::new("roles-read-all-stats");
+    let conf = owner_config(&dir, db.connection(), "");
+    let out = setup(&conf);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "have a superuser run GRANT pg_read_all_stats TO pepsi_admin, pepsi_dispatch"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    // A cluster-wide membership is the server administrator's to give.
+    let member: bool = db
+        .client()
+        .query_one(
+            "SELECT pg_has_role('pepsi_dispatch', 'pg_read_all_stats', 'USAGE') \
+                 OR pg_has_role('pepsi_admin', 'pg_read_all_stats', 'USAGE')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!member);
+}
+
 /// Writes the pipeline's configuration: the owner's CONNECTION and each program's own
 /// connection key.
 pub(super) fn split_config(
@@ -949,4 +976,46 @@ fn check_reads_the_per_address_settings_on_the_workers_connection() {
         "the refused row is listed: {text}"
     );
     assert!(!text.contains("is not checked"), "{text}");
+}
+
+/// The dispatcher on a role of `pepsi_dispatch` (no `pg_read_all_stats`) cannot see a
+/// superuser's session in full: it names the holder by pid, application and role, ages
+/// the snapshot from when it first saw it, and says why.
+#[test]
+fn a_dispatcher_that_may_not_see_the_holders_details_names_it_by_pid_and_says_why() {
+    let db = TestDb::new();
+    let dir = TempDir::new("roles-holder");
+    let conf = dir.write(
+        "pepsi.conf",
+        &format!(
+            "[pepsi]\nRUN_AS = root\n\n[pepsi-postgres]\nCONNECTION = {}\nDISPATCH_CONNECTION = {}\n\n\
+             [pepsi-dispatch]\nSNAPSHOT_WARNING = 1s\n\n[stage-s]\nPROGRAM = /bin/true\n",
+            db.connection(),
+            db.conninfo_as(&dispatch_login())
+        ),
+    );
+    let mut h = db.client();
+    h.batch_execute(
+        "SET application_name = 'pepsi-hidden-holder'; \
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pepsi.workqueue",
+    )
+    .unwrap();
+    let pid: i32 = h.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let d = Dispatcher::start(&conf, &[]);
+    let named = format!("held by session pid {pid} (application \"pepsi-hidden-holder\"");
+    d.wait_log(&named, Duration::from_secs(60));
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains(&named)).unwrap();
+    assert!(
+        line.contains("at least")
+            && line.contains("hidden from this database role")
+            && line.contains("pg_read_all_stats")
+            && !line.contains("state \""),
+        "{line}"
+    );
+    h.batch_execute("COMMIT").unwrap();
+    d.wait_log(
+        "younger than SNAPSHOT_WARNING (1s) again",
+        Duration::from_secs(60),
+    );
 }

@@ -178,7 +178,7 @@ fn start_cluster() -> Result<(String, PathBuf), String> {
     ]))?;
     let conf = format!(
         "\nlisten_addresses = ''\nunix_socket_directories = '{}'\nfsync = off\nfull_page_writes = off\n\
-         max_connections = 300\nshared_preload_libraries = 'pg_stat_statements'\n\
+         max_connections = 300\nmax_prepared_transactions = 10\nshared_preload_libraries = 'pg_stat_statements'\n\
          pg_stat_statements.track = all\npg_stat_statements.track_planning = on\nlog_min_messages = warning\n",
         sock.display()
     );
