@@ -323,7 +323,7 @@ impl<'a> Drain<'a> {
         if self.failover {
             format!("failover, {}", self.mode.name())
         } else {
-            format!("none, {} pair (baseline)", self.mode.name())
+            format!("none, {} (baseline)", self.mode.name())
         }
     }
 
