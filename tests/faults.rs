@@ -15,8 +15,10 @@
 //! cargo test --test faults -- --nocapture
 //! ```
 //!
-//! Beside it, the failure bouncer's PostgreSQL restart, and `pepsi-ingress` answering
-//! 451 while PostgreSQL is stopped and 250 once it is started again. The tests of this
+//! Beside it, the failure bouncer's PostgreSQL restart, `pepsi-ingress` answering
+//! 451 while PostgreSQL is stopped and 250 once it is started again, and the failover
+//! test ([`failover`]: the same pipeline on a primary and a streaming standby of its
+//! own, the primary killed and the standby promoted mid-drain). The tests of this
 //! binary that restart or stop its cluster take [`CLUSTER`] first, so they run one at
 //! a time.
 
