@@ -4,6 +4,7 @@
 //!
 //! Nothing here holds state across calls; callers own their clients and pools.
 
+pub mod claim_sql;
 pub mod pool;
 pub mod schema;
 pub mod sql;

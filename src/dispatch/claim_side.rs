@@ -151,13 +151,14 @@ impl ClaimSide {
     /// The claim to send now for these free capacities (stages with none left out), if
     /// any: the wake-up is consumed either way, and with no capacity asked only the
     /// heartbeat claims (for the paused clock it brings back). A claim returned is in
-    /// flight until [`Self::answered`] or [`Self::failed`].
+    /// flight until [`Self::answered`] or [`Self::failed`]; it comes with the floor of
+    /// each stage it asks of, in order.
     pub fn begin(
         &mut self,
         asked: Vec<(String, i32)>,
         poll_interval: Duration,
         now: Instant,
-    ) -> Option<ClaimRequest> {
+    ) -> Option<(ClaimRequest, Vec<Option<i64>>)> {
         let heartbeat = self.gate.last + poll_interval <= now;
         self.gate.want = false;
         if asked.is_empty() && !heartbeat {
@@ -167,22 +168,27 @@ impl ClaimSide {
         self.gate.retry_at = None;
         self.gate.last = now;
         self.asked = asked.iter().map(|(stage, _)| stage.clone()).collect();
-        Some(self.ledger.policy().request(asked))
+        let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
+        let floors = self.ledger.floors().for_claim(&stages, now);
+        Some((self.ledger.policy().request(asked), floors))
     }
 
     /// The claim in flight answered: the ledger and its policy take in the rows and
-    /// where a fair claim's sender windows ended, the paused clock the earliest due
-    /// row. Returns the stages it asked capacity of.
+    /// where a fair claim's sender windows ended, the floors where each stage's next
+    /// pick starts, the paused clock the earliest due row. Returns the stages it asked
+    /// capacity of.
     pub fn answered(
         &mut self,
         claims: &[Claim],
         windows: &[(String, Option<String>)],
+        floors: &[(String, Option<i64>)],
         next_paused: Option<f64>,
         now: Instant,
     ) -> Vec<String> {
         self.gate.in_flight = false;
         self.paused.learn(next_paused, now);
         self.ledger.claimed(claims, windows);
+        self.ledger.floors().answered(floors);
         std::mem::take(&mut self.asked)
     }
 
@@ -202,6 +208,8 @@ impl ClaimSide {
 
     /// The coordinator holds the lock again: claim.
     pub fn lock_regained(&mut self) {
+        // The reconcile that follows puts running rows back to pending.
+        self.ledger.floors().reset();
         self.gate.lock_held = true;
         self.gate.want = true;
     }
@@ -227,6 +235,8 @@ impl ClaimSide {
         self.paused.next = None;
         self.paused.learn(next_paused, now);
         if count > 0 {
+            // The flipped rows are pending again, below any floor.
+            self.ledger.floors().reset();
             self.gate.want = true;
         }
     }
@@ -253,6 +263,11 @@ impl ClaimSide {
             .iter()
             .position(|d| d.1 + DEFER_GRACE > now)
             .unwrap_or(self.deferred.len());
+        if split > 0 {
+            // The resume puts them back to pending before the next claim runs (the
+            // coordinator's commands run in order), below any floor.
+            self.ledger.floors().reset();
+        }
         self.deferred.drain(..split).map(|d| d.0).collect()
     }
 
@@ -341,10 +356,11 @@ mod tests {
         let mut side = ClaimSide::new(&options(), now);
         assert!(side.due());
         let asked = vec![("a".to_string(), 4), ("b".to_string(), 1)];
-        let request = side.begin(asked.clone(), poll, now).expect("a claim");
+        let (request, floors) = side.begin(asked.clone(), poll, now).expect("a claim");
+        assert_eq!(floors, [None, None], "no floor before a first answer");
         assert_eq!(request.asked(), &asked[..]);
         assert!(side.in_flight() && !side.due());
-        assert_eq!(side.answered(&[], &[], None, now), ["a", "b"]);
+        assert_eq!(side.answered(&[], &[], &[], None, now), ["a", "b"]);
         side.want();
         side.begin(vec![("c".to_string(), 2)], poll, now);
         assert_eq!(side.failed(now), ["c"]);

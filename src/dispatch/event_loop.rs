@@ -315,7 +315,8 @@ impl Dispatcher {
                 claims,
                 next_paused,
                 windows,
-            } => self.on_claimed(claims, next_paused, &windows),
+                floors,
+            } => self.on_claimed(claims, next_paused, &windows, &floors),
             Event::ClaimFailed => self.on_claim_failed(),
             Event::Flipped { count, next_paused } => {
                 self.claim_side.flipped(count, next_paused, Instant::now())
