@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
+use super::floors;
 use super::ledger::Ledger;
 use super::scheduler::ClaimRequest;
 use crate::config::DispatchOptions;
@@ -100,6 +101,12 @@ pub struct ClaimSide {
     /// resume").
     deferred: Vec<(Claim, Instant)>,
     ledger: Ledger,
+    /// After a notification on `workqueue` (another session's write, which may have put
+    /// a row back below a floor): when a claim goes without floors for every stage
+    /// whose floors were last set aside before it (`floors.rs`).
+    catch_up_at: Option<Instant>,
+    /// How often each stage's claim goes without its floor.
+    full_every: Duration,
 }
 
 impl ClaimSide {
@@ -112,6 +119,8 @@ impl ClaimSide {
             paused: PausedClock::default(),
             deferred: Vec::new(),
             ledger: Ledger::for_options(opts),
+            catch_up_at: None,
+            full_every: floors::full_every(opts.poll_interval),
         }
     }
 
@@ -127,7 +136,18 @@ impl ClaimSide {
         self.gate.want = true;
     }
 
-    /// A claim that failed is due again.
+    /// Another session wrote the queue and notified `workqueue`: claim now, and once
+    /// more when every stage's floor has been set aside since, so a row it moved back
+    /// below a floor (a resume, a requeue) is claimed within [`floors::FULL_PICK_EVERY`]
+    /// even when nothing else wakes a claim.
+    pub fn notified(&mut self, now: Instant) {
+        self.gate.want = true;
+        if self.catch_up_at.is_none() {
+            self.catch_up_at = Some(now + self.full_every);
+        }
+    }
+
+    /// A claim that failed (or the catch-up after a notification) is due again.
     pub fn retry_due(&mut self) {
         self.gate.retry_at = None;
         self.gate.want = true;
@@ -167,6 +187,9 @@ impl ClaimSide {
         self.gate.in_flight = true;
         self.gate.retry_at = None;
         self.gate.last = now;
+        if self.catch_up_at.is_some_and(|t| t <= now) {
+            self.catch_up_at = None;
+        }
         self.asked = asked.iter().map(|(stage, _)| stage.clone()).collect();
         let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
         let floors = self.ledger.floors().for_claim(&stages, now);
@@ -288,9 +311,13 @@ impl ClaimSide {
         self.gate.last
     }
 
-    /// When a failed claim is tried again.
+    /// When a failed claim is tried again, or the catch-up claim after a notification
+    /// is due, whichever comes first.
     pub fn retry_at(&self) -> Option<Instant> {
-        self.gate.retry_at
+        match (self.gate.retry_at, self.catch_up_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When the earliest paused row is due, if a flip may be sent.
@@ -370,5 +397,31 @@ mod tests {
         assert!(side.begin(Vec::new(), poll, now).is_none());
         assert!(!side.wanted() && !side.in_flight());
         assert!(side.begin(Vec::new(), poll, now + poll).is_some());
+    }
+
+    #[test]
+    fn a_notification_asks_for_a_claim_now_and_a_catch_up_once_the_floors_are_stale() {
+        let now = Instant::now();
+        let poll = Duration::from_secs(30);
+        let mut side = ClaimSide::new(&options(), now);
+        side.begin(vec![("a".to_string(), 1)], poll, now);
+        side.answered(&[], &[], &[("a".to_string(), Some(10))], None, now);
+        let t = now + Duration::from_millis(100);
+        side.notified(t);
+        assert!(side.due());
+        let catch_up = t + floors::FULL_PICK_EVERY;
+        assert_eq!(side.retry_at(), Some(catch_up));
+        // The claim the notification woke does not end the wait; a claim at the
+        // catch-up time does, and it reads without the floor.
+        let (_, floors) = side.begin(vec![("a".to_string(), 1)], poll, t).unwrap();
+        assert_eq!(floors, [Some(10)]);
+        side.answered(&[], &[], &[], None, t);
+        assert_eq!(side.retry_at(), Some(catch_up));
+        side.retry_due();
+        let (_, floors) = side
+            .begin(vec![("a".to_string(), 1)], poll, catch_up)
+            .unwrap();
+        assert_eq!(floors, [None]);
+        assert_eq!(side.retry_at(), None);
     }
 }

@@ -350,7 +350,7 @@ impl Dispatcher {
                 }
             }
             Event::Notify(channel) => match channel.as_str() {
-                sql::CHANNEL_WORKQUEUE => self.claim_side.want(),
+                sql::CHANNEL_WORKQUEUE => self.claim_side.notified(Instant::now()),
                 sql::CHANNEL_CONFIG_CHANGED => self.housekeeping.want_reload(),
                 sql::CHANNEL_TELEMETRY_CHANGED => {
                     log::info!("telemetry setting changed: retiring every worker");
@@ -361,7 +361,7 @@ impl Dispatcher {
             // Notifications sent while the session was away are lost: catch up with a
             // claim, and re-read the configuration in case it changed meanwhile.
             Event::ListenerUp => {
-                self.claim_side.want();
+                self.claim_side.notified(Instant::now());
                 self.housekeeping.want_reload();
             }
             Event::ListenerLost => self.send(Command::Check),

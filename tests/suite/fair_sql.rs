@@ -744,7 +744,7 @@ pub(super) fn nested_plans(db: &TestDb, calls: &str) -> String {
 /// function's statements (and, in a session's first call, of their planning), so
 /// only its rows are bounded.
 #[track_caller]
-fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
+pub(super) fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
     let number_after = |line: &str, tag: &str| -> Option<f64> {
         let rest = &line[line.find(tag)? + tag.len()..];
         let end = rest
@@ -757,7 +757,8 @@ fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
     let mut caller = false;
     for line in plans.lines() {
         if let Some(text) = line.strip_prefix("Query Text: ") {
-            caller = text.contains("workqueue_claim_fair(");
+            caller =
+                text.contains("workqueue_claim_fair(") || text.contains("workqueue_claim_oldest(");
         }
         if let Some(rows) = number_after(line, "actual rows=") {
             loops = number_after(line, "loops=").unwrap_or(1.0);
