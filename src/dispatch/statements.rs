@@ -1,8 +1,8 @@
 //! The coordinator's claim statement and guarded writes over claims, and the reading
 //! of their answers: which rows a claim took (a row failed by the loop limit is logged
-//! and left out), where a fair claim's sender windows ended, and the rows a requeue or
-//! an early resume wrote. Called only by the coordinator thread, on its session; it
-//! holds no state.
+//! and left out), where a fair claim's sender windows ended, where each stage's next
+//! pick may start (`floors.rs`), and the rows a requeue or an early resume wrote.
+//! Called only by the coordinator thread, on its session; it holds no state.
 
 use std::time::Instant;
 
