@@ -17,6 +17,11 @@
 --    neither walks the dead entries below the floor. The fair claim answers each
 --    stage's next floor: the lowest id it read from the floor and did not claim, or
 --    just past the highest it read when it claimed every one (NULL: it read none).
+--    The fair claim's walk over the senders (a loose index scan, whose probes cannot
+--    start at a floor) runs only for a stage with more than 512 pending rows from its
+--    floor: up to 512, the claim reads them from the floor in id order with their
+--    senders, and takes the window of senders and their candidates from them — the
+--    same window and candidates, since they are every pending row of the stage.
 -- 2. Stable plans. Both claims are functions with the planner settings attached:
 --    no sequential scan and no bitmap scan of the queue, whatever its statistics say
 --    (after an autovacuum truncated the small table, the claim's cached plans turned
@@ -144,6 +149,8 @@ DECLARE
     v_senders text[];
     v_window_end text;
     v_head bigint[];
+    v_set_ids bigint[];
+    v_set_keys text[];
     v_order bigint[];
     v_try bigint[];
     v_got bigint[];
@@ -196,9 +203,64 @@ BEGIN
              WHERE q.stage >= v_stage AND q.stage <= v_stage AND q.status = 'pending'
                AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
              ORDER BY q.stage, q.workqueue_id LIMIT least(v_cap, 64) + 1);
+        v_set_ids := NULL;
+        v_set_keys := NULL;
+        IF cardinality(v_head) > least(v_cap, 64) THEN
+            SELECT array_agg(x.workqueue_id ORDER BY x.workqueue_id),
+                   array_agg(x.sender_key ORDER BY x.workqueue_id)
+              INTO v_set_ids, v_set_keys
+              FROM (SELECT q.workqueue_id, q.sender_key FROM pepsi.workqueue q
+                     WHERE q.stage >= v_stage AND q.stage <= v_stage AND q.status = 'pending'
+                       AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
+                     ORDER BY q.stage, q.workqueue_id LIMIT 513) x;
+        END IF;
         IF cardinality(v_head) <= least(v_cap, 64) THEN
             v_order := v_head;
             v_ends := v_ends || NULL::text;
+        ELSIF cardinality(v_set_ids) <= 512 THEN
+            -- 1–4 from the stage's pending rows themselves, when there are no more
+            -- than 512 of them from the floor (read in id order, with their senders):
+            -- they are every pending row of the stage, so the senders among them, in
+            -- key order from just after the cursor and wrapping round, are the window
+            -- the loose index scan would find, and a sender's oldest rows among them
+            -- its candidates. The walk cannot start at the floor; this read does.
+            WITH keys AS (
+                SELECT DISTINCT k.key FROM unnest(v_set_keys) AS k(key)
+            ), ring AS (
+                SELECT k.key, row_number() OVER (
+                           ORDER BY (v_cursor IS NOT NULL AND k.key <= v_cursor), k.key) AS n
+                  FROM keys k
+            )
+            SELECT ARRAY(SELECT r.key FROM ring r WHERE r.n <= 64 ORDER BY r.n),
+                   (SELECT r.key FROM ring r WHERE r.n = 64 AND EXISTS (
+                        SELECT 1 FROM ring x WHERE x.n = 65))
+              INTO v_senders, v_window_end;
+            v_ends := v_ends || v_window_end;
+            WITH known AS (
+                SELECT l.sender, min(l.us) AS us
+                  FROM unnest(p_lead_stage, p_lead_sender, p_lead_us) AS l(stage, sender, us)
+                 WHERE l.stage = v_stage AND l.us IS NOT NULL
+                 GROUP BY l.sender
+            ), led AS (
+                SELECT s.key, coalesce(k.us, min(k.us) OVER () - v_avg / 2, 0) AS lead
+                  FROM unnest(v_senders) AS s(key)
+                  LEFT JOIN known k ON k.sender = s.key
+            ), row_of AS (
+                SELECT r.id, r.key,
+                       row_number() OVER (PARTITION BY r.key ORDER BY r.id) AS k
+                  FROM unnest(v_set_ids, v_set_keys) AS r(id, key)
+            ), candidate AS (
+                SELECT r.id, led.lead + (r.k - 1) * v_avg AS rank
+                  FROM row_of r JOIN led ON led.key = r.key
+                 WHERE r.k <= v_cap
+            ), oldest AS (
+                SELECT o.id FROM unnest(v_set_ids[1 : v_fifo]) AS o(id)
+            )
+            SELECT ARRAY(SELECT o.id FROM oldest o ORDER BY o.id)
+                   || ARRAY(SELECT c.id FROM candidate c
+                             WHERE c.id NOT IN (SELECT o.id FROM oldest o)
+                             ORDER BY c.rank, c.id)
+              INTO v_order;
         ELSE
             -- 1. The window of senders, as in schema 4. The probes cannot start at the
             -- floor (each is a range on the sender), so a sender whose rows at the

@@ -1,7 +1,8 @@
 //! The claim side of the loop's state (§6, §8.4): the claim gate (at most one claim in
 //! flight, none without the lock, a burst of wake-ups collapses into one claim) with the
-//! stages the claim in flight asked for, the paused-row clock, the rows deferred for 74
-//! and the claim [`Ledger`].
+//! stages the claim in flight asked for, the paused-row clock, the rows deferred for 74,
+//! the claim [`Ledger`] (with the claim floors) and the catch-up claim a second after a
+//! notification, which goes without floors.
 //!
 //! One owner with verbs, a field of the loop's `Dispatcher`: the claim handlers
 //! ([`super::claims`]), the worker handlers ([`super::workers`]), shutdown and the

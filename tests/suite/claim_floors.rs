@@ -153,9 +153,15 @@ fn the_claims_plans_stay_on_the_pending_indexes_after_the_table_was_emptied_vacu
     let plans = nested_plans(&db, &script);
     assert_eq!(
         plans.matches("WITH RECURSIVE walk").count(),
+        6,
+        "every call's nested statements are logged (the senders' walk of both stages \
+         without floors and of `a` from its floor, twice; `b` has fewer than 512 rows \
+         from its floor):\n{plans}"
+    );
+    assert_eq!(
+        plans.matches("array_agg(x.workqueue_id").count(),
         8,
-        "every call's nested statements are logged (the senders' walk of both stages, in \
-         both fair calls, twice):\n{plans}"
+        "the rows from the floor, read where the first 65 do not fit the cap:\n{plans}"
     );
     assert!(plans.contains("workqueue_pending_idx"), "{plans}");
     assert!(plans.contains("workqueue_pending_sender_idx"), "{plans}");
