@@ -182,15 +182,17 @@ impl ClaimSide {
     ) -> Option<(ClaimRequest, Vec<Option<i64>>)> {
         let heartbeat = self.gate.last + poll_interval <= now;
         self.gate.want = false;
+        // The catch-up is spent even when no stage has capacity: a stage asked later
+        // goes without its floor then, its last claim without one being old enough.
+        if self.catch_up_at.is_some_and(|t| t <= now) {
+            self.catch_up_at = None;
+        }
         if asked.is_empty() && !heartbeat {
             return None;
         }
         self.gate.in_flight = true;
         self.gate.retry_at = None;
         self.gate.last = now;
-        if self.catch_up_at.is_some_and(|t| t <= now) {
-            self.catch_up_at = None;
-        }
         self.asked = asked.iter().map(|(stage, _)| stage.clone()).collect();
         let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
         let floors = self.ledger.floors().for_claim(&stages, now);
@@ -423,6 +425,14 @@ mod tests {
             .begin(vec![("a".to_string(), 1)], poll, catch_up)
             .unwrap();
         assert_eq!(floors, [None]);
+        assert_eq!(side.retry_at(), None);
+        // With no capacity anywhere at the catch-up time, it is spent all the same (no
+        // timer left in the past to spin on).
+        side.answered(&[], &[], &[], None, catch_up);
+        side.notified(catch_up);
+        let later = catch_up + floors::FULL_PICK_EVERY;
+        side.retry_due();
+        assert!(side.begin(Vec::new(), poll, later).is_none());
         assert_eq!(side.retry_at(), None);
     }
 }
