@@ -744,7 +744,16 @@ fn fair_claim_ms(depth: i64) -> f64 {
         tx.query(
             pepsi::db::sql::CLAIM_FAIR,
             &[
-                &stages, &caps, &fifo, &avg, &cursor, &none_t, &none_t, &none_f, &100i32,
+                &stages,
+                &caps,
+                &fifo,
+                &avg,
+                &cursor,
+                &none_t,
+                &none_t,
+                &none_f,
+                &100i32,
+                &None::<Vec<i64>>,
             ],
         )
         .unwrap();

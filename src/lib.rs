@@ -64,7 +64,8 @@
 //!   `GRANT`: `pepsi-setup` applies that table on every run); one
 //!   `migration!("NNN_verb_noun.sql")` line at the end of `FILES` in
 //!   `src/db/schema.rs`; and the statement that calls it, a named constant in
-//!   `src/db/sql.rs`, used where it is needed. Released schema files are never edited
+//!   `src/db/sql.rs` (the two claim statements live in `src/db/claim_sql.rs`, which
+//!   `sql.rs` re-exports), used where it is needed. Released schema files are never edited
 //!   (their bytes are in the digest databases store); `src/db/schema.rs` says more.
 //! - **A built-in stage**: its file `src/stages/NAME.rs` (a type implementing
 //!   `worker::Stage`: loads, fusion default, its keys, its overridable keys,

@@ -4,6 +4,7 @@
 //!
 //! Nothing here holds state across calls; callers own their clients and pools.
 
+pub mod claim_sql;
 pub mod horizon;
 pub mod hosts;
 pub mod pool;

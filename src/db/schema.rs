@@ -98,6 +98,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("010_containment.sql"),
     migration!("011_ingress.sql"),
     migration!("012_relay_verdict.sql"),
+    migration!("013_claim_floors.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -1,7 +1,8 @@
 //! The claim side of the loop's state (§6, §8.4): the claim gate (at most one claim in
 //! flight, none without the lock, a burst of wake-ups collapses into one claim) with the
-//! stages the claim in flight asked for, the paused-row clock, the rows deferred for 74
-//! and the claim [`Ledger`].
+//! stages the claim in flight asked for, the paused-row clock, the rows deferred for 74,
+//! the claim [`Ledger`] (with the claim floors) and the catch-up claim a second after a
+//! notification, which goes without floors.
 //!
 //! One owner with verbs, a field of the loop's `Dispatcher`: the claim handlers
 //! ([`super::claims`]), the worker handlers ([`super::workers`]), shutdown and the
@@ -13,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
+use super::floors;
 use super::ledger::Ledger;
 use super::scheduler::ClaimRequest;
 use crate::config::DispatchOptions;
@@ -100,6 +102,12 @@ pub struct ClaimSide {
     /// resume").
     deferred: Vec<(Claim, Instant)>,
     ledger: Ledger,
+    /// After a notification on `workqueue` (another session's write, which may have put
+    /// a row back below a floor): when a claim goes without floors for every stage
+    /// whose floors were last set aside before it (`floors.rs`).
+    catch_up_at: Option<Instant>,
+    /// How often each stage's claim goes without its floor.
+    full_every: Duration,
 }
 
 impl ClaimSide {
@@ -112,6 +120,8 @@ impl ClaimSide {
             paused: PausedClock::default(),
             deferred: Vec::new(),
             ledger: Ledger::for_options(opts),
+            catch_up_at: None,
+            full_every: floors::full_every(opts.poll_interval),
         }
     }
 
@@ -127,7 +137,18 @@ impl ClaimSide {
         self.gate.want = true;
     }
 
-    /// A claim that failed is due again.
+    /// Another session wrote the queue and notified `workqueue`: claim now, and once
+    /// more when every stage's floor has been set aside since, so a row it moved back
+    /// below a floor (a resume, a requeue) is claimed within [`floors::FULL_PICK_EVERY`]
+    /// even when nothing else wakes a claim.
+    pub fn notified(&mut self, now: Instant) {
+        self.gate.want = true;
+        if self.catch_up_at.is_none() {
+            self.catch_up_at = Some(now + self.full_every);
+        }
+    }
+
+    /// A claim that failed (or the catch-up after a notification) is due again.
     pub fn retry_due(&mut self) {
         self.gate.retry_at = None;
         self.gate.want = true;
@@ -151,15 +172,21 @@ impl ClaimSide {
     /// The claim to send now for these free capacities (stages with none left out), if
     /// any: the wake-up is consumed either way, and with no capacity asked only the
     /// heartbeat claims (for the paused clock it brings back). A claim returned is in
-    /// flight until [`Self::answered`] or [`Self::failed`].
+    /// flight until [`Self::answered`] or [`Self::failed`]; it comes with the floor of
+    /// each stage it asks of, in order.
     pub fn begin(
         &mut self,
         asked: Vec<(String, i32)>,
         poll_interval: Duration,
         now: Instant,
-    ) -> Option<ClaimRequest> {
+    ) -> Option<(ClaimRequest, Vec<Option<i64>>)> {
         let heartbeat = self.gate.last + poll_interval <= now;
         self.gate.want = false;
+        // The catch-up is spent even when no stage has capacity: a stage asked later
+        // goes without its floor then, its last claim without one being old enough.
+        if self.catch_up_at.is_some_and(|t| t <= now) {
+            self.catch_up_at = None;
+        }
         if asked.is_empty() && !heartbeat {
             return None;
         }
@@ -167,22 +194,27 @@ impl ClaimSide {
         self.gate.retry_at = None;
         self.gate.last = now;
         self.asked = asked.iter().map(|(stage, _)| stage.clone()).collect();
-        Some(self.ledger.policy().request(asked))
+        let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
+        let floors = self.ledger.floors().for_claim(&stages, now);
+        Some((self.ledger.policy().request(asked), floors))
     }
 
     /// The claim in flight answered: the ledger and its policy take in the rows and
-    /// where a fair claim's sender windows ended, the paused clock the earliest due
-    /// row. Returns the stages it asked capacity of.
+    /// where a fair claim's sender windows ended, the floors where each stage's next
+    /// pick starts, the paused clock the earliest due row. Returns the stages it asked
+    /// capacity of.
     pub fn answered(
         &mut self,
         claims: &[Claim],
         windows: &[(String, Option<String>)],
+        floors: &[(String, Option<i64>)],
         next_paused: Option<f64>,
         now: Instant,
     ) -> Vec<String> {
         self.gate.in_flight = false;
         self.paused.learn(next_paused, now);
         self.ledger.claimed(claims, windows);
+        self.ledger.floors().answered(floors);
         std::mem::take(&mut self.asked)
     }
 
@@ -202,6 +234,8 @@ impl ClaimSide {
 
     /// The coordinator holds the lock again: claim.
     pub fn lock_regained(&mut self) {
+        // The reconcile that follows puts running rows back to pending.
+        self.ledger.floors().reset();
         self.gate.lock_held = true;
         self.gate.want = true;
     }
@@ -227,6 +261,8 @@ impl ClaimSide {
         self.paused.next = None;
         self.paused.learn(next_paused, now);
         if count > 0 {
+            // The flipped rows are pending again, below any floor.
+            self.ledger.floors().reset();
             self.gate.want = true;
         }
     }
@@ -253,6 +289,11 @@ impl ClaimSide {
             .iter()
             .position(|d| d.1 + DEFER_GRACE > now)
             .unwrap_or(self.deferred.len());
+        if split > 0 {
+            // The resume puts them back to pending before the next claim runs (the
+            // coordinator's commands run in order), below any floor.
+            self.ledger.floors().reset();
+        }
         self.deferred.drain(..split).map(|d| d.0).collect()
     }
 
@@ -273,9 +314,13 @@ impl ClaimSide {
         self.gate.last
     }
 
-    /// When a failed claim is tried again.
+    /// When a failed claim is tried again, or the catch-up claim after a notification
+    /// is due, whichever comes first.
     pub fn retry_at(&self) -> Option<Instant> {
-        self.gate.retry_at
+        match (self.gate.retry_at, self.catch_up_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When the earliest paused row is due, if a flip may be sent.
@@ -341,10 +386,11 @@ mod tests {
         let mut side = ClaimSide::new(&options(), now);
         assert!(side.due());
         let asked = vec![("a".to_string(), 4), ("b".to_string(), 1)];
-        let request = side.begin(asked.clone(), poll, now).expect("a claim");
+        let (request, floors) = side.begin(asked.clone(), poll, now).expect("a claim");
+        assert_eq!(floors, [None, None], "no floor before a first answer");
         assert_eq!(request.asked(), &asked[..]);
         assert!(side.in_flight() && !side.due());
-        assert_eq!(side.answered(&[], &[], None, now), ["a", "b"]);
+        assert_eq!(side.answered(&[], &[], &[], None, now), ["a", "b"]);
         side.want();
         side.begin(vec![("c".to_string(), 2)], poll, now);
         assert_eq!(side.failed(now), ["c"]);
@@ -354,5 +400,39 @@ mod tests {
         assert!(side.begin(Vec::new(), poll, now).is_none());
         assert!(!side.wanted() && !side.in_flight());
         assert!(side.begin(Vec::new(), poll, now + poll).is_some());
+    }
+
+    #[test]
+    fn a_notification_asks_for_a_claim_now_and_a_catch_up_once_the_floors_are_stale() {
+        let now = Instant::now();
+        let poll = Duration::from_secs(30);
+        let mut side = ClaimSide::new(&options(), now);
+        side.begin(vec![("a".to_string(), 1)], poll, now);
+        side.answered(&[], &[], &[("a".to_string(), Some(10))], None, now);
+        let t = now + Duration::from_millis(100);
+        side.notified(t);
+        assert!(side.due());
+        let catch_up = t + floors::FULL_PICK_EVERY;
+        assert_eq!(side.retry_at(), Some(catch_up));
+        // The claim the notification woke does not end the wait; a claim at the
+        // catch-up time does, and it reads without the floor.
+        let (_, floors) = side.begin(vec![("a".to_string(), 1)], poll, t).unwrap();
+        assert_eq!(floors, [Some(10)]);
+        side.answered(&[], &[], &[], None, t);
+        assert_eq!(side.retry_at(), Some(catch_up));
+        side.retry_due();
+        let (_, floors) = side
+            .begin(vec![("a".to_string(), 1)], poll, catch_up)
+            .unwrap();
+        assert_eq!(floors, [None]);
+        assert_eq!(side.retry_at(), None);
+        // With no capacity anywhere at the catch-up time, it is spent all the same (no
+        // timer left in the past to spin on).
+        side.answered(&[], &[], &[], None, catch_up);
+        side.notified(catch_up);
+        let later = catch_up + floors::FULL_PICK_EVERY;
+        side.retry_due();
+        assert!(side.begin(Vec::new(), poll, later).is_none());
+        assert_eq!(side.retry_at(), None);
     }
 }

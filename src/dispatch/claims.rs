@@ -18,7 +18,8 @@ use super::event_loop::Dispatcher;
 
 impl Dispatcher {
     /// A claim answered: the claim side takes in the rows (the policy learns where a
-    /// fair claim's sender windows ended), the stages it asked of are free to be asked
+    /// fair claim's sender windows ended, the floors where each stage's next pick
+    /// starts), the stages it asked of are free to be asked
     /// again, then its rows join their stages' queues (rows of a stage that went away
     /// meanwhile go straight back).
     pub(super) fn on_claimed(
@@ -26,10 +27,11 @@ impl Dispatcher {
         claims: Vec<Claim>,
         next_paused: Option<f64>,
         windows: &[(String, Option<String>)],
+        floors: &[(String, Option<i64>)],
     ) {
         let asked = self
             .claim_side
-            .answered(&claims, windows, next_paused, Instant::now());
+            .answered(&claims, windows, floors, next_paused, Instant::now());
         self.pools.release(&asked);
         // The dispatcher's own claims succeed: the database answers again.
         if self.pools.database_is_back() {
@@ -85,6 +87,7 @@ impl Dispatcher {
     /// this dispatcher does not hold — its killed workers' rows, and those of a claim
     /// that committed while its answer was lost — then claim.
     pub(super) fn on_lock_regained(&mut self, generation: u64) {
+        // Sets the floors aside too: the reconcile puts rows back to pending.
         self.claim_side.lock_regained();
         let held = self.pools.held_ids();
         self.send(Command::Reconcile { held, generation });
@@ -99,10 +102,11 @@ impl Dispatcher {
         }
         let now = Instant::now();
         let asked = self.pools.free_capacities(now);
-        let Some(request) = self.claim_side.begin(asked, self.opts.poll_interval, now) else {
+        let Some((request, floors)) = self.claim_side.begin(asked, self.opts.poll_interval, now)
+        else {
             return;
         };
         self.pools.reserve(request.asked());
-        self.send(Command::Claim(request));
+        self.send(Command::Claim(request, floors));
     }
 }

@@ -55,8 +55,8 @@ pub const FAULT_PANIC_ENV: &str = "PEPSI_FAULT_COORDINATOR_PANIC";
 /// A request to the coordinator.
 #[derive(Clone, Debug)]
 pub enum Command {
-    /// Claim as the policy asks.
-    Claim(ClaimRequest),
+    /// Claim as the policy asks, each stage's pick from its floor (`floors.rs`).
+    Claim(ClaimRequest, Vec<Option<i64>>),
     /// Flip due paused rows to pending.
     FlipPaused,
     /// Put claimed rows back to pending.
@@ -92,7 +92,7 @@ pub enum Command {
 impl Command {
     fn name(&self) -> &'static str {
         match self {
-            Command::Claim(_) => "claim",
+            Command::Claim(..) => "claim",
             Command::FlipPaused => "paused-row flip",
             Command::Requeue(_) => "requeue",
             Command::Strike { .. } => "strike",
@@ -231,7 +231,7 @@ impl Coordinator {
     /// Runs a command until it is done, answered as failed, or queued for a retry.
     /// False when the coordinator cannot go on (the loop was told).
     fn handle(&mut self, command: Command) -> bool {
-        if let Command::Claim(_) = command {
+        if let Command::Claim(..) = command {
             self.claims_seen += 1;
             if self.fault_panic_at == Some(self.claims_seen) {
                 panic!(
@@ -249,7 +249,7 @@ impl Coordinator {
                 return false;
             }
             match &command {
-                Command::Claim(_) if self.reconcile_due => {
+                Command::Claim(..) if self.reconcile_due => {
                     log::debug!("coordinator: no claim until the reconcile after the reconnect");
                     self.events.send(Event::ClaimFailed);
                     return true;
@@ -289,7 +289,7 @@ impl Coordinator {
             }
             match command {
                 // The loop asks again when it can.
-                Command::Claim(_) => {
+                Command::Claim(..) => {
                     self.events.send(Event::ClaimFailed);
                     return true;
                 }
@@ -476,8 +476,8 @@ impl Coordinator {
     fn execute(&mut self, command: &Command) -> Result<(), postgres::Error> {
         let client = self.client.as_mut().expect("connected");
         match command {
-            Command::Claim(request) => {
-                let event = statements::claim(client, request, self.max_hops)?;
+            Command::Claim(request, floors) => {
+                let event = statements::claim(client, request, floors, self.max_hops)?;
                 self.events.send(event);
             }
             Command::FlipPaused => {

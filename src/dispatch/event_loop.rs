@@ -321,7 +321,8 @@ impl Dispatcher {
                 claims,
                 next_paused,
                 windows,
-            } => self.on_claimed(claims, next_paused, &windows),
+                floors,
+            } => self.on_claimed(claims, next_paused, &windows, &floors),
             Event::ClaimFailed => self.on_claim_failed(),
             Event::Flipped { count, next_paused } => {
                 self.claim_side.flipped(count, next_paused, Instant::now())
@@ -355,7 +356,7 @@ impl Dispatcher {
                 }
             }
             Event::Notify(channel) => match channel.as_str() {
-                sql::CHANNEL_WORKQUEUE => self.claim_side.want(),
+                sql::CHANNEL_WORKQUEUE => self.claim_side.notified(Instant::now()),
                 sql::CHANNEL_CONFIG_CHANGED => self.housekeeping.want_reload(),
                 sql::CHANNEL_TELEMETRY_CHANGED => {
                     log::info!("telemetry setting changed: retiring every worker");
@@ -366,7 +367,7 @@ impl Dispatcher {
             // Notifications sent while the session was away are lost: catch up with a
             // claim, and re-read the configuration in case it changed meanwhile.
             Event::ListenerUp => {
-                self.claim_side.want();
+                self.claim_side.notified(Instant::now());
                 self.housekeeping.want_reload();
             }
             Event::ListenerLost => self.send(Command::Check),

@@ -31,6 +31,9 @@ pub enum Event {
         /// when the window was full and more wait, else `None` (§7). Empty for an
         /// oldest-first claim.
         windows: Vec<(String, Option<String>)>,
+        /// Per stage asked, where its next pick may start (`None`: the claim read no
+        /// row there), as `floors.rs` takes it.
+        floors: Vec<(String, Option<i64>)>,
     },
     /// A claim could not be made (database trouble); nothing was claimed.
     ClaimFailed,

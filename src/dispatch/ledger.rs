@@ -13,13 +13,16 @@
 //! [`ClaimPolicy`], so a policy that charges senders for worker time (§7) sees every
 //! charge, correction and refund once. A transition for a claim the ledger does not
 //! hold (already settled, or from an earlier claim of the same row) changes nothing.
-//! The ledger does no I/O; the loop calls it from its handlers.
+//! The ledger does no I/O; the loop calls it from its handlers. It owns the claim
+//! floors (`floors.rs`) too: a claim that settles may have put its row back to
+//! pending, so each settled claim lowers them.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use super::claim::{Claim, StrikeKind};
 use super::fair::FairPolicy;
+use super::floors::{FULL_PICK_EVERY, Floors, full_every};
 use super::scheduler::{ClaimPolicy, OldestFirst, served};
 use super::stats::Deltas;
 use crate::config::DispatchOptions;
@@ -89,6 +92,8 @@ pub struct Ledger {
     /// Statistics not yet flushed.
     deltas: Deltas,
     policy: Box<dyn ClaimPolicy>,
+    /// The claim floors: every claim that leaves the dispatcher's hands lowers them.
+    floors: Floors,
 }
 
 impl Ledger {
@@ -98,17 +103,25 @@ impl Ledger {
             live: HashMap::new(),
             deltas: Deltas::default(),
             policy,
+            floors: Floors::new(FULL_PICK_EVERY),
         }
     }
 
     /// An empty ledger feeding the policy the configuration asks for: fair between
     /// senders (§7) unless `FAIR_SCHEDULING = no`, then oldest first.
     pub fn for_options(opts: &DispatchOptions) -> Ledger {
-        if opts.fair_scheduling {
+        let mut ledger = if opts.fair_scheduling {
             Ledger::new(Box::new(FairPolicy::new(opts)))
         } else {
             Ledger::new(Box::new(OldestFirst))
-        }
+        };
+        ledger.floors = Floors::new(full_every(opts.poll_interval));
+        ledger
+    }
+
+    /// The claim floors, for a claim's start and answer and the wholesale resets.
+    pub fn floors(&mut self) -> &mut Floors {
+        &mut self.floors
     }
 
     /// The policy, to build a claim request.
@@ -129,7 +142,11 @@ impl Ledger {
     /// Settles a claim: true when it was live (the transition applies).
     fn settle(&mut self, claim: &Claim, transition: &str) -> bool {
         match self.live.remove(&(claim.id, claim.token)) {
-            Some(_) => true,
+            Some(_) => {
+                // The row may be pending again, at any stage: no floor stays above it.
+                self.floors.released(claim.id);
+                true
+            }
             None => {
                 log::debug!(
                     "{}: message {} claim {}: {transition} of a claim already settled; ignored",

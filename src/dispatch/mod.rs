@@ -27,7 +27,8 @@
 //!   [`housekeeping`], [`ledger`];
 //! - pure decisions: [`pool`] (capacity, picking a worker, cooldowns, the retire and
 //!   throttle rules), [`verdict`] (a worker's end), [`timers`] (every deadline),
-//!   [`scheduler`] and [`fair`] (which rows a claim takes), [`reload`]'s plan;
+//!   [`scheduler`] and [`fair`] (which rows a claim takes), [`floors`] (where each
+//!   stage's pick starts), [`reload`]'s plan;
 //! - mechanism: [`process`] (one worker process);
 //! - vocabulary shared by many, using none of them back: [`claim`] (the claim record),
 //!   [`worker_view`] (a worker's phase and view), [`events`] (the loop's messages).
@@ -44,6 +45,7 @@ pub mod coordinator;
 pub mod event_loop;
 pub mod events;
 pub mod fair;
+pub mod floors;
 pub mod horizon;
 pub mod housekeeping;
 pub mod ledger;

@@ -1,8 +1,8 @@
 //! The coordinator's claim statement and guarded writes over claims, and the reading
 //! of their answers: which rows a claim took (a row failed by the loop limit is logged
-//! and left out), where a fair claim's sender windows ended, and the rows a requeue or
-//! an early resume wrote. Called only by the coordinator thread, on its session; it
-//! holds no state.
+//! and left out), where a fair claim's sender windows ended, where each stage's next
+//! pick may start (`floors.rs`), and the rows a requeue or an early resume wrote.
+//! Called only by the coordinator thread, on its session; it holds no state.
 
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use postgres::types::Type;
 
 use super::claim::Claim;
 use super::events::Event;
+use super::floors;
 use super::scheduler::ClaimRequest;
 use crate::db::pool::Connection;
 use crate::db::{self, sql};
@@ -38,14 +39,16 @@ pub fn write_claims(
     })
 }
 
-/// Runs one claim statement and reads its answer: the claimed rows (rows failed by the
-/// loop limit are logged and left out) and, for a fair claim, where each stage's sender
-/// window ended. The statement is prepared on the session the first time (one more
+/// Runs one claim statement, each stage's pick from its floor (`floors`, parallel to
+/// the stages asked), and reads its answer: the claimed rows (rows failed by the loop
+/// limit are logged and left out), for a fair claim where each stage's sender window
+/// ended, and where each stage's next pick may start. The statement is prepared on the session the first time (one more
 /// round trip, once): a claim is then one round trip that the server neither parses
 /// nor plans: about half the server time of a one-message claim.
 pub fn claim(
     client: &mut Connection,
     request: &ClaimRequest,
+    floors: &[Option<i64>],
     max_hops: i32,
 ) -> Result<Event, postgres::Error> {
     let stages: Vec<&str> = request.asked().iter().map(|a| a.0.as_str()).collect();
@@ -54,8 +57,13 @@ pub fn claim(
         ClaimRequest::Oldest(_) => db::retry_transient(|| {
             client.query_prepared(
                 sql::CLAIM_OLDEST,
-                &[Type::TEXT_ARRAY, Type::INT4_ARRAY, Type::INT4],
-                &[&stages, &caps, &max_hops],
+                &[
+                    Type::TEXT_ARRAY,
+                    Type::INT4_ARRAY,
+                    Type::INT4,
+                    Type::INT8_ARRAY,
+                ],
+                &[&stages, &caps, &max_hops, &floors],
             )
         })?,
         ClaimRequest::Fair(fair) => db::retry_transient(|| {
@@ -71,6 +79,7 @@ pub fn claim(
                     Type::TEXT_ARRAY,
                     Type::FLOAT8_ARRAY,
                     Type::INT4,
+                    Type::INT8_ARRAY,
                 ],
                 &[
                     &stages,
@@ -82,11 +91,29 @@ pub fn claim(
                     &fair.lead_sender,
                     &fair.lead_us,
                     &max_hops,
+                    &floors,
                 ],
             )
         })?,
     };
     let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
+    // Where each stage's next pick may start: a fair claim says so per stage; an
+    // oldest-first claim took every pending row from the floor up to its highest
+    // (looped rows included, so this reads them before they are left out).
+    let next_floors = match request {
+        ClaimRequest::Oldest(_) => {
+            let took: Vec<(String, i64)> = rows
+                .iter()
+                .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(0)?)))
+                .collect();
+            floors::oldest_next(&stages, &took)
+        }
+        ClaimRequest::Fair(_) => rows
+            .iter()
+            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
+            .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(7))))
+            .collect(),
+    };
     // A row that passed MAX_HOPS was failed by the claim instead of run.
     for r in rows
         .iter()
@@ -134,5 +161,6 @@ pub fn claim(
         claims,
         next_paused,
         windows,
+        floors: next_floors,
     })
 }

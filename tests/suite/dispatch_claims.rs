@@ -4,8 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::Client;
-
+use super::fair_sql::nested_plans;
 use crate::util::notify::{listen, notified};
 use crate::util::rows::{count, inject_many, wait_empty};
 use crate::util::{Scenario, TestDb, row_at, wait_until};
@@ -100,22 +99,22 @@ fn the_claim_uses_the_partial_pending_index() {
     // Run: no step reads more rows than are claimed, with statistics that have not seen
     // the rows yet and with current ones (a join of the update with the picked ids was
     // once planned as a walk over every pending row).
-    let touches_only_the_claimed = |c: &mut Client, stages: &[String], caps: &[i32], when: &str| {
+    // The claim is a function (schema 13): its statements' plans are read through
+    // auto_explain, rolled back.
+    let call = |stages: &[String], caps: &[i32]| {
+        format!(
+            "BEGIN;\nSELECT * FROM pepsi.workqueue_claim_oldest('{{{}}}', '{{{}}}', NULL, 100);\nROLLBACK;\n",
+            stages.join(","),
+            caps.iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    let touches_only_the_claimed = |db: &TestDb, stages: &[String], caps: &[i32], when: &str| {
         let most: i64 = caps.iter().map(|&n| i64::from(n)).sum();
-        let mut tx = c.transaction().unwrap();
-        let analyzed: Vec<String> = tx
-            .query(
-                &format!(
-                    "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) {}",
-                    pepsi::db::sql::CLAIM_OLDEST
-                ),
-                &[&stages, &caps, &100i32],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        tx.rollback().unwrap();
+        let plans = nested_plans(db, &call(stages, caps));
+        let analyzed: Vec<&str> = plans.lines().collect();
         // Nor does any step filter out more rows than are claimed (a walk of the
         // primary key in id order, filtering by stage, reads as few rows as it returns
         // but skips over all the others).
@@ -128,17 +127,18 @@ fn the_claim_uses_the_partial_pending_index() {
                 .next()
                 .and_then(|n| n.trim().parse().ok())
                 .unwrap_or_else(|| panic!("no count in {line:?}"));
-            assert!(removed <= most, "{when}: {line}\n{}", analyzed.join("\n"));
+            assert!(removed <= most, "{when}: {line}\n{plans}");
         }
-        for line in analyzed.iter().filter(|l| l.contains(" on workqueue")) {
+        for line in analyzed.iter().filter(|l| l.contains(" on workqueue ")) {
             let rows: i64 = line
                 .split("actual rows=")
                 .nth(1)
                 .and_then(|r| r.split(' ').next())
                 .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("no row count in {line:?}"));
-            assert!(rows <= most, "{when}: {line}\n{}", analyzed.join("\n"));
+            assert!(rows <= most, "{when}: {line}\n{plans}");
         }
+        plans
     };
     // A burst just injected into an empty queue, before any ANALYZE.
     let burst = TestDb::new();
@@ -150,25 +150,18 @@ fn the_claim_uses_the_partial_pending_index() {
     )
     .unwrap();
     let five: Vec<String> = (1..=5).map(|i| format!("p{i}")).collect();
-    touches_only_the_claimed(&mut b, &five, &[64; 5], "a fresh burst");
-    touches_only_the_claimed(&mut c, &stages, &caps, "before ANALYZE");
+    touches_only_the_claimed(&burst, &five, &[64; 5], "a fresh burst");
+    touches_only_the_claimed(&db, &stages, &caps, "before ANALYZE");
     c.batch_execute("ANALYZE pepsi.workqueue").unwrap();
-    touches_only_the_claimed(&mut c, &stages, &caps, "after ANALYZE");
-    let plan: Vec<String> = c
-        .query(
-            &format!("EXPLAIN {}", pepsi::db::sql::CLAIM_OLDEST),
-            &[&stages, &caps, &100i32],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let plan = touches_only_the_claimed(&db, &stages, &caps, "after ANALYZE");
     assert!(plan.contains("workqueue_pending_idx"), "{plan}");
-    assert!(!plan.contains("Seq Scan on workqueue q"), "{plan}");
+    assert!(!plan.contains("Seq Scan on workqueue"), "{plan}");
     // And it takes exactly the capacities asked, though thousands wait.
     let rows = c
-        .query(pepsi::db::sql::CLAIM_OLDEST, &[&stages, &caps, &100i32])
+        .query(
+            pepsi::db::sql::CLAIM_OLDEST,
+            &[&stages, &caps, &100i32, &None::<Vec<i64>>],
+        )
         .unwrap();
     let claimed: Vec<String> = rows
         .iter()

@@ -123,7 +123,10 @@ mod coordinator {
     }
 
     fn claim(stage: &str, n: i32) -> Command {
-        Command::Claim(ClaimRequest::Oldest(vec![(stage.to_string(), n)]))
+        Command::Claim(
+            ClaimRequest::Oldest(vec![(stage.to_string(), n)]),
+            vec![None],
+        )
     }
 
     #[test]

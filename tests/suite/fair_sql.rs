@@ -124,6 +124,7 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
                 &lead_sender,
                 &lead_us,
                 &max_hops,
+                &None::<Vec<i64>>,
             ],
         )
         .unwrap();
@@ -578,6 +579,39 @@ fn the_fair_claim_stamps_one_token_counts_hops_and_tells_the_due_time() {
     assert!(answer.rows.is_empty() && answer.ends.is_empty() && answer.due.is_some());
 }
 
+/// The oldest-first claim statement of releases 3 to 12 (before schema 13 made it a
+/// function), to claim on a database as release 3 left it.
+const RELEASE_3_CLAIM: &str = "WITH want AS ( \
+         SELECT w.stage, w.cap FROM unnest($1::text[], $2::int4[]) AS w(stage, cap) WHERE w.cap > 0 \
+     ), picked AS MATERIALIZED ( \
+         SELECT p.workqueue_id FROM want w CROSS JOIN LATERAL ( \
+             SELECT q.workqueue_id FROM pepsi.workqueue q \
+              WHERE q.stage >= w.stage AND q.stage <= w.stage AND q.status = 'pending' \
+              ORDER BY q.stage, q.workqueue_id LIMIT w.cap \
+                FOR NO KEY UPDATE SKIP LOCKED) p \
+     ), claimed AS ( \
+         UPDATE pepsi.workqueue q \
+            SET status = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > $3::int4 \
+                              THEN 'failed' ELSE 'running' END::pepsi.workqueue_status, \
+                hops = q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int, \
+                hop_stage = q.stage, \
+                claim = (SELECT nextval('pepsi.workqueue_claim_seq')), \
+                state = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > $3::int4 \
+                             THEN q.state || jsonb_build_object( \
+                                 'failure_class', 'looped', 'failed_stage', q.stage, \
+                                 'last_error', 'looped: claimed at a changed stage more than MAX_HOPS (' \
+                                               || $3::int4 || ') times') \
+                             ELSE q.state END \
+           FROM unnest(ARRAY(SELECT workqueue_id FROM picked)) AS p(id) \
+          WHERE q.workqueue_id = p.id AND q.status::text = 'pending' \
+         RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim, q.status = 'failed' AS looped \
+     ) \
+     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, n.due, c.looped \
+       FROM (SELECT extract(epoch FROM min(timeout))::float8 - extract(epoch FROM now())::float8 \
+                    AS due \
+               FROM pepsi.workqueue WHERE status = 'paused') n \
+       LEFT JOIN claimed c ON true";
+
 #[test]
 fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
     let db = TestDb::empty();
@@ -588,7 +622,7 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
     let ids = add(&mut c, "a", "x@a.example", 12);
     let rows = c
         .query(
-            sql::CLAIM_OLDEST,
+            RELEASE_3_CLAIM,
             &[&vec!["a".to_string()], &vec![5i32], &MAX_HOPS],
         )
         .unwrap();
@@ -664,7 +698,7 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
 
 /// The plan lines of every statement `auto_explain` logged while `psql` ran `calls`
 /// (superuser: `LOAD` of a library outside `plugins/` needs it).
-fn nested_plans(db: &TestDb, calls: &str) -> String {
+pub(super) fn nested_plans(db: &TestDb, calls: &str) -> String {
     let script = format!(
         "\\set ON_ERROR_STOP on\n\
          LOAD 'auto_explain';\n\
@@ -710,7 +744,7 @@ fn nested_plans(db: &TestDb, calls: &str) -> String {
 /// function's statements (and, in a session's first call, of their planning), so
 /// only its rows are bounded.
 #[track_caller]
-fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
+pub(super) fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
     let number_after = |line: &str, tag: &str| -> Option<f64> {
         let rest = &line[line.find(tag)? + tag.len()..];
         let end = rest
@@ -723,7 +757,8 @@ fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &str) {
     let mut caller = false;
     for line in plans.lines() {
         if let Some(text) = line.strip_prefix("Query Text: ") {
-            caller = text.contains("workqueue_claim_fair(");
+            caller =
+                text.contains("workqueue_claim_fair(") || text.contains("workqueue_claim_oldest(");
         }
         if let Some(rows) = number_after(line, "actual rows=") {
             loops = number_after(line, "loops=").unwrap_or(1.0);
@@ -836,10 +871,10 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     // Seven calls in one session: the first five with custom plans, the later ones
     // with the generic plans PL/pgSQL switches to.
     let call = format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4) AS {};\n",
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[]) AS {};\n",
         sql::CLAIM_FAIR
     ) + &"BEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100);\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL);\n\
           ROLLBACK;\n"
         .repeat(7);
     for when in ["a fresh burst", "after ANALYZE"] {

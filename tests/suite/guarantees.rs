@@ -34,7 +34,10 @@ fn claim_token(c: &mut impl GenericClient, stage: &str, id: i64) -> i64 {
     let stages = vec![stage.to_string()];
     let caps = vec![1i32];
     let rows = c
-        .query(sql::CLAIM_OLDEST, &[&stages, &caps, &100i32])
+        .query(
+            sql::CLAIM_OLDEST,
+            &[&stages, &caps, &100i32, &None::<Vec<i64>>],
+        )
         .unwrap();
     let claimed: Vec<(Option<i64>, Option<i64>)> = rows
         .iter()

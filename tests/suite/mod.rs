@@ -3,6 +3,7 @@
 mod batching;
 mod bounce;
 mod bouncer;
+mod claim_floors;
 mod config_check;
 mod containment;
 mod dispatch_background;

@@ -374,7 +374,7 @@ fn an_injector_may_only_inject() {
         "SELECT * FROM pepsi.workqueue_bounce_failed('b', ARRAY['failed'::pepsi.workqueue_status], 1)",
         "SELECT * FROM pepsi.workqueue_strike(1, 's', 'crashed', 'x', 0)",
         "SELECT * FROM pepsi.workqueue_claim_fair(ARRAY['s'], ARRAY[1], ARRAY[0], ARRAY[1.0::float8], \
-           ARRAY[NULL::text], '{}', '{}', '{}', 100)",
+           ARRAY[NULL::text], '{}', '{}', '{}', 100, NULL)",
         "SELECT pepsi.workqueue_body_gc(10)",
         "SELECT * FROM pepsi.terminate_worker_sessions(ARRAY['%'])",
         "SELECT * FROM pepsi.setup_roles()",
@@ -425,6 +425,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&stages, Type::TEXT_ARRAY),
                 (&vec![3i32], Type::INT4_ARRAY),
                 (&100i32, Type::INT4),
+                (&None::<Vec<i64>>, Type::INT8_ARRAY),
             ],
         )
         .unwrap();
@@ -479,6 +480,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&Vec::<String>::new(), Type::TEXT_ARRAY),
                 (&Vec::<f64>::new(), Type::FLOAT8_ARRAY),
                 (&100i32, Type::INT4),
+                (&None::<Vec<i64>>, Type::INT8_ARRAY),
             ],
         )
         .unwrap();

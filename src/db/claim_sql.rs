@@ -1,0 +1,98 @@
+//! The two claim statements (SPEC §6, §7), as named constants: the oldest-first claim
+//! and the fair claim, each one call of its function (schema 13) with its parameters,
+//! re-exported by [`super::sql`] where every other statement lives. Only the
+//! coordinator runs them, on its one session; the tests and benchmarks call them too.
+//!
+//! Both functions carry their planner settings (no sequential or bitmap scan of the
+//! queue, no JIT), so their plans use the pending indexes whatever the table's
+//! statistics say, and both take per stage a floor: the lowest id the pick reads, so
+//! that a snapshot held open elsewhere, which keeps the entries of claimed rows in the
+//! pending indexes, does not make every claim walk them (`dispatch/floors.rs` keeps
+//! the floors).
+
+/// The batched oldest-first claim (§6): `pepsi.workqueue_claim_oldest` (schema 13) for
+/// every stage with free capacity at once, up to its own capacity. $1 stages (text[]),
+/// $2 capacities (int4[]), $3 MAX_HOPS (int4), $4 each stage's floor (int8[], NULL
+/// elements or a NULL array: none). Returns (id, stage, sender key, token, seconds
+/// until the earliest paused row is due or NULL, looped) per row, with a row of NULLs
+/// but the due time when nothing was claimed.
+///
+/// - The pick is driven by the partial pending index from (stage, floor), so its cost
+///   stops at the cap, and the dead entries below the floor are never read. The stage
+///   is matched as a range of one value and the rows ordered by (stage, id): an
+///   equality would let the planner drop the stage from the order and walk the primary
+///   key in id order, filtering. Only the `(stage, workqueue_id)` pending index gives
+///   this order.
+/// - The one claimer is the only pending → running writer; still, the pick locks its
+///   rows with SKIP LOCKED, so a row another session has locked (an operator's
+///   `SELECT … FOR UPDATE`, a repair command in a long transaction) is left for a later
+///   claim instead of stalling the claims of every stage behind `lock_timeout`.
+/// - The update fetches the picked rows by primary key, joined as an unnested array,
+///   with the status tested as text so the partial indexes do not apply; the test still
+///   re-checks a row changed concurrently.
+/// - Every claimed row is stamped with one fresh claim token for the whole call (an
+///   InitPlan: one `nextval` per claim that takes rows).
+/// - It counts the row's hops (§6 "Hops") and fails a row whose hops pass MAX_HOPS
+///   with `failure_class` `looped` instead of running it.
+/// - The due time is a difference of epochs, so a paused row stored with an infinite
+///   `timeout` gives an infinite number, not an error.
+/// - The function runs with `enable_seqscan`, `enable_bitmapscan` and `jit` off: its
+///   cached plans stay on the indexes after an autovacuum truncated the table and an
+///   ANALYZE saw it empty.
+///
+/// A stage's next floor is just past the highest id claimed there (every pending row
+/// between the floor and it was claimed, but for rows locked elsewhere).
+pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, c.due, c.looped \
+       FROM pepsi.workqueue_claim_oldest($1::text[], $2::int4[], $4::int8[], $3::int4) c";
+
+/// The batched fair claim (§7), one round trip: `pepsi.workqueue_claim_fair` (schema
+/// 13) for every stage with free capacity at once. $1 stages (text[]), $2 capacities
+/// (int4[], never exceeded), $3 of each capacity the slots for the stage's oldest rows
+/// whoever sent them (int4[]), $4 each stage's average worker time per message in µs
+/// (float8[]), $5 each stage's sender cursor (text[], NULL elements: from the first
+/// sender), $6 $7 $8 the known leads in µs as parallel arrays of stage (text[]),
+/// sender key (text[]) and lead (float8[]), $9 MAX_HOPS (int4), $10 each stage's
+/// floor (int8[], NULL elements or a NULL array: none). Returns (0 id, 1 stage, 2
+/// sender key, 3 token, 4 seconds until the earliest paused row is due or NULL, 5
+/// looped, 6 window end, 7 next floor): one row per claimed row (window end and next
+/// floor NULL), and one row per stage of $1 with a NULL id, its window end — the last
+/// sender considered when its window of 64 senders was full, to pass as its next
+/// cursor; NULL when the window reached every waiting sender, so the cursor starts
+/// over (a stage asked with no capacity returns its cursor unmoved) — and its next
+/// floor (NULL: the claim read no row there). The due time is on every row; with no
+/// stage asked the one row holds only it.
+///
+/// It keeps every property of [`CLAIM_OLDEST`]:
+/// - Pending-index-only access, whatever the backlog: the senders waiting at a stage
+///   are enumerated by a loose index scan over the `(stage, sender_key, workqueue_id)`
+///   pending index (one probe per sender, at most 64 senders, the window rotating
+///   from one claim to the next), each sender's candidates are its capacity of oldest
+///   rows from the floor in the same index, and the FIFO reserve reads the stage's
+///   oldest rows from the floor in the `(stage, workqueue_id)` pending index. A stage
+///   whose rows from the floor fit its capacity and a window (65 entries read) has them
+///   all claimed without the senders' walk. The reads stop at (senders × capacity)
+///   candidates plus the FIFO rows plus one probe per sender: a sender's deep backlog
+///   is never walked, nor, but by the senders' probes, the entries below the floor.
+///   The lock and the update fetch the picked rows by primary key with the status
+///   tested as text, so no partial index applies there. The function's statements are
+///   PL/pgSQL static SQL with the planner settings of [`CLAIM_OLDEST`]; the fair claim
+///   suite checks every nested plan's rows and buffers over a million-row backlog,
+///   before and after ANALYZE, and after the table was emptied, vacuumed and analyzed.
+/// - SKIP LOCKED: the picked rows are locked `FOR NO KEY UPDATE SKIP LOCKED`,
+///   re-checked pending at their stage; a row another session holds is left for a
+///   later claim and the next candidate in line (of those read) takes its slot.
+/// - One claim token per statement, hops and the looped failure, and the due time as
+///   in [`CLAIM_OLDEST`].
+///
+/// Per stage, the pick: the $3 oldest rows first, then the candidates by
+/// `lead + k × average` (the k-th oldest row of its sender, k from 0; ties by lower
+/// id), skipping rows already taken. A sender's lead is its known lead ($6–$8) or,
+/// without one, level with the least-served: the least known lead among the senders
+/// considered, 0 when none has one (§7 "keeping quiet buys no later priority").
+///
+/// The next floor: the lowest id the claim read from the floor in id order (at most
+/// 65) and did not claim, or just past the highest when it claimed them all.
+pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, f.due, f.looped, \
+            f.window_end, f.next_floor \
+       FROM pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], \
+                 $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4, $10::int8[]) f";

@@ -1,0 +1,228 @@
+//! The claim floors (issue 25): per stage, the lowest id the next claim's pick needs to
+//! read, so that a snapshot held open elsewhere — which keeps the pending indexes'
+//! entries of every row claimed since — does not make each claim walk them all again.
+//! Pure (no I/O); owned by the claim [`Ledger`](super::ledger::Ledger), which tells it
+//! every claim that leaves the dispatcher's hands, and driven by the claim side
+//! ([`super::claim_side`]) at each claim's start and answer.
+//!
+//! The invariant: no row below a stage's floor is pending at that stage, but rows that
+//! came back there since the floor was set. They come back in three ways, each caught:
+//! - a claim of this dispatcher ends (a worker's advance, split or pause, a requeue, a
+//!   strike, a deferral, a reset): every floor drops to the row's id at once, so the
+//!   next claim reads from there (a row a worker advanced before its status line was
+//!   read is held until then, and its status line wakes a claim);
+//! - the dispatcher flips paused rows, resumes deferred ones or reconciles after a lock
+//!   loss: every floor is forgotten;
+//! - another session moves a row back (a resume, requeue or release, the failure
+//!   bouncer, an injection whose id was drawn before a newer one committed): every
+//!   stage's claim goes without a floor at least once per [`full_every`] (a second,
+//!   or the poll interval when shorter).
+//!
+//! A claim raises a stage's floor to what its answer says (the lowest id it read and
+//! left, or just past the highest it took), lowered again by whatever ended while it
+//! was in flight.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How often at most a stage's claim reads from the start of its index, catching rows
+/// another session moved back below the floor.
+pub const FULL_PICK_EVERY: Duration = Duration::from_secs(1);
+
+/// No floor: the pick reads from the stage's first entry.
+const NONE: i64 = i64::MIN;
+
+/// One stage's floor.
+#[derive(Clone, Copy, Debug)]
+struct Stage {
+    /// The floor ([`NONE`]: none).
+    key: i64,
+    /// When the stage's claim last went without a floor.
+    last_full: Option<Instant>,
+}
+
+/// The floors of every stage asked so far.
+#[derive(Debug)]
+pub struct Floors {
+    stages: HashMap<String, Stage>,
+    /// The lowest id a claim that ended (or a reset: [`NONE`]) brought since the claim
+    /// in flight was sent; `i64::MAX` when nothing did.
+    lowered_in_flight: i64,
+    /// At most this long between two claims of a stage without a floor.
+    full_every: Duration,
+}
+
+/// How often a stage's claim goes without a floor: [`FULL_PICK_EVERY`], or the poll
+/// interval when that is shorter, so that a row moved back below the floor by another
+/// session is claimed within one poll interval.
+pub fn full_every(poll_interval: Duration) -> Duration {
+    FULL_PICK_EVERY.min(poll_interval)
+}
+
+impl Floors {
+    /// No floors yet: every stage's first claim reads from its first entry.
+    pub fn new(full_every: Duration) -> Floors {
+        Floors {
+            stages: HashMap::new(),
+            lowered_in_flight: i64::MAX,
+            full_every,
+        }
+    }
+
+    /// The floors of a claim about to be sent for `stages`, in order (`None`: read from
+    /// the first entry — no floor yet, or the stage's periodic claim without one).
+    pub fn for_claim(&mut self, stages: &[&str], now: Instant) -> Vec<Option<i64>> {
+        self.lowered_in_flight = i64::MAX;
+        let every = self.full_every;
+        stages
+            .iter()
+            .map(|stage| {
+                let s = self.stages.entry((*stage).to_string()).or_insert(Stage {
+                    key: NONE,
+                    last_full: None,
+                });
+                let stale = s.last_full.is_none_or(|t| now.duration_since(t) >= every);
+                if s.key == NONE || stale {
+                    s.last_full = Some(now);
+                    None
+                } else {
+                    Some(s.key)
+                }
+            })
+            .collect()
+    }
+
+    /// The claim in flight answered: per stage, its next floor (`None`: it read no row
+    /// there, so the floor stays), lowered by whatever ended meanwhile.
+    pub fn answered(&mut self, next: &[(String, Option<i64>)]) {
+        for (stage, floor) in next {
+            if let (Some(s), Some(floor)) = (self.stages.get_mut(stage), floor) {
+                s.key = (*floor).min(self.lowered_in_flight);
+            }
+        }
+        self.lowered_in_flight = i64::MAX;
+    }
+
+    /// A claim of row `id` ended: the row may be pending again at any stage, so no
+    /// floor stays above it.
+    pub fn released(&mut self, id: i64) {
+        for s in self.stages.values_mut() {
+            s.key = s.key.min(id);
+        }
+        self.lowered_in_flight = self.lowered_in_flight.min(id);
+    }
+
+    /// Rows went back to pending wholesale (a flip, an early resume, a reconcile):
+    /// every floor is forgotten, also by the answer of a claim in flight.
+    pub fn reset(&mut self) {
+        for s in self.stages.values_mut() {
+            s.key = NONE;
+        }
+        self.lowered_in_flight = NONE;
+    }
+}
+
+/// The next floors of an oldest-first claim's answer: per stage asked, just past the
+/// highest id it took there (every pending row from the floor up to it was taken, but
+/// for rows locked elsewhere), or `None` when it took none. `claimed` holds (stage, id)
+/// of every row the claim took, looped ones included.
+pub fn oldest_next(asked: &[&str], claimed: &[(String, i64)]) -> Vec<(String, Option<i64>)> {
+    asked
+        .iter()
+        .map(|stage| {
+            let top = claimed
+                .iter()
+                .filter(|(s, _)| s == stage)
+                .map(|(_, id)| *id)
+                .max();
+            ((*stage).to_string(), top.map(|id| id.saturating_add(1)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVERY: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_stage_claims_without_a_floor_first_then_from_its_answer() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        assert_eq!(f.for_claim(&["a", "b"], t), [None, None]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), None)]);
+        let t1 = t + Duration::from_millis(10);
+        assert_eq!(f.for_claim(&["a", "b"], t1), [Some(50), None]);
+        f.answered(&[("a".into(), Some(60)), ("b".into(), Some(7))]);
+        let t2 = t + Duration::from_millis(20);
+        assert_eq!(f.for_claim(&["a", "b"], t2), [Some(60), Some(7)]);
+    }
+
+    #[test]
+    fn every_stage_claims_without_a_floor_once_per_period() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        f.for_claim(&["a"], t);
+        f.answered(&[("a".into(), Some(50))]);
+        assert_eq!(f.for_claim(&["a"], t + EVERY / 2), [Some(50)]);
+        f.answered(&[("a".into(), None)]);
+        assert_eq!(f.for_claim(&["a"], t + EVERY), [None], "the period is up");
+        // A claim without a floor that read nothing leaves the floor where it was.
+        f.answered(&[("a".into(), None)]);
+        assert_eq!(f.for_claim(&["a"], t + EVERY * 3 / 2), [Some(50)]);
+    }
+
+    #[test]
+    fn a_claim_that_ends_lowers_every_floor_even_past_the_answer_in_flight() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        f.for_claim(&["a", "b"], t);
+        f.answered(&[("a".into(), Some(100)), ("b".into(), Some(200))]);
+        f.released(150);
+        assert_eq!(f.for_claim(&["a", "b"], t), [Some(100), Some(150)]);
+        // While that claim is in flight, row 120 comes back: its answer cannot raise
+        // a floor past it.
+        f.released(120);
+        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))]);
+        assert_eq!(f.for_claim(&["a", "b"], t), [Some(120), Some(120)]);
+        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))]);
+        assert_eq!(f.for_claim(&["a", "b"], t), [Some(300), Some(400)]);
+    }
+
+    #[test]
+    fn a_reset_forgets_every_floor_and_the_answer_in_flight() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        f.for_claim(&["a"], t);
+        f.answered(&[("a".into(), Some(100))]);
+        f.for_claim(&["a"], t);
+        f.reset();
+        f.answered(&[("a".into(), Some(300))]);
+        assert_eq!(f.for_claim(&["a"], t), [None]);
+    }
+
+    #[test]
+    fn the_period_is_the_poll_interval_when_shorter() {
+        assert_eq!(full_every(Duration::from_secs(30)), FULL_PICK_EVERY);
+        let short = Duration::from_millis(200);
+        assert_eq!(full_every(short), short);
+    }
+
+    #[test]
+    fn an_oldest_claim_moves_each_floor_past_what_it_took() {
+        let claimed = [
+            ("a".to_string(), 5),
+            ("a".to_string(), 9),
+            ("b".to_string(), 7),
+        ];
+        assert_eq!(
+            oldest_next(&["a", "b", "c"], &claimed),
+            [
+                ("a".to_string(), Some(10)),
+                ("b".to_string(), Some(8)),
+                ("c".to_string(), None)
+            ]
+        );
+    }
+}
