@@ -75,6 +75,20 @@ impl SynchronousCommit {
     }
 }
 
+impl SynchronousCommit {
+    /// The statement that sets the level on a session made without its option (a
+    /// worker's start-up session, kept in its pool).
+    pub fn set_statement(self) -> &'static str {
+        match self {
+            SynchronousCommit::Off => "SET synchronous_commit = off",
+            SynchronousCommit::Local => "SET synchronous_commit = local",
+            SynchronousCommit::RemoteWrite => "SET synchronous_commit = remote_write",
+            SynchronousCommit::On => "SET synchronous_commit = on",
+            SynchronousCommit::RemoteApply => "SET synchronous_commit = remote_apply",
+        }
+    }
+}
+
 impl fmt::Display for SynchronousCommit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -94,7 +94,8 @@ impl Connection {
 /// made by [`super::hosts::connect_any`] (each host's reason in a failure).
 #[derive(Debug)]
 pub struct Manager {
-    config: postgres::Config,
+    /// How new connections are made ([`Pool::reconfigure`]).
+    config: Arc<Mutex<postgres::Config>>,
     /// Raised by [`Pool::forget_connections`]; a connection of an older epoch is not
     /// valid.
     epoch: Arc<AtomicU64>,
@@ -124,7 +125,8 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> Result<Connection, ConnectError> {
         loop {
             let epoch = self.epoch.load(Ordering::Acquire);
-            match super::hosts::connect_any(&self.config) {
+            let config = lock(&self.config).clone();
+            match super::hosts::connect_any(&config) {
                 Ok(client) => {
                     lock(&self.waits).reset();
                     *lock(&self.last.last) = None;
@@ -192,6 +194,7 @@ pub struct CheckoutError {
 #[derive(Clone)]
 pub struct Pool {
     pool: PgPool,
+    config: Arc<Mutex<postgres::Config>>,
     last: LastError,
     epoch: Arc<AtomicU64>,
 }
@@ -201,6 +204,7 @@ impl Pool {
     pub fn new(config: postgres::Config, size: u32, checkout_timeout: Duration) -> Pool {
         let last = LastError::default();
         let epoch = Arc::new(AtomicU64::new(0));
+        let config = Arc::new(Mutex::new(config));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -209,13 +213,24 @@ impl Pool {
             .connection_timeout(checkout_timeout)
             .error_handler(Box::new(last.clone()))
             .build_unchecked(Manager {
-                config,
+                config: config.clone(),
                 epoch: epoch.clone(),
                 last: last.clone(),
                 // r2d2 waits at most half the checkout timeout between its attempts.
                 waits: Mutex::new(Reconnect::new(checkout_timeout / 2)),
             });
-        Pool { pool, last, epoch }
+        Pool {
+            pool,
+            config,
+            last,
+            epoch,
+        }
+    }
+
+    /// Connections made from now on are made with `config`; those in the pool stay as
+    /// they are (a worker sets its start-up session's level itself).
+    pub fn reconfigure(&self, config: postgres::Config) {
+        *lock(&self.config) = config;
     }
 
     /// The database went away: every connection made so far is discarded at its next

@@ -93,10 +93,10 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     // Set after parsing so it wins over an application_name in CONNECTION: the
     // dispatcher terminates a killed worker's sessions by this name (§8.2).
     pg.application_name(&name);
-    // The start-up session only reads; the pool that writes outcomes is made once the
-    // stages it runs, and so their `SYNCHRONOUS_COMMIT`, are known.
-    let start = Pool::new(pg.clone(), 1, CHECKOUT_TIMEOUT);
-    let mut conn = start.get().map_err(|CheckoutError { kind, message }| {
+    // The start-up session stays in the pool; it gets its `SYNCHRONOUS_COMMIT` once the
+    // stages the worker runs are known, and so do the connections made after it.
+    let pool = Pool::new(pg.clone(), POOL_SIZE, CHECKOUT_TIMEOUT);
+    let mut conn = pool.get().map_err(|CheckoutError { kind, message }| {
         startup_failure(kind, format!("database: {message}"))
     })?;
     match schema::check(&mut **conn) {
@@ -107,8 +107,6 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
         Err(schema::SchemaError::Db(e)) => return Err(db_startup_failure(&e)),
     }
     let overlay = db::read_overlay(&mut **conn).map_err(|e| db_startup_failure(&e))?;
-    drop(conn);
-    drop(start);
     // Refused overlay rows are left out as the dispatcher leaves them out; it logs them
     // (at start and at every reload), so every worker start need not.
     let graph = config.graph(&overlay).map_err(|errors| {
@@ -127,7 +125,10 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     // run again (§12.1); a stage with side effects outside the database may ask for
     // more, and a worker that may fuse into it commits at its level (§12.2).
     db::append_options(&mut pg, durability.option());
-    let pool = Pool::new(pg, POOL_SIZE, CHECKOUT_TIMEOUT);
+    pool.reconfigure(pg);
+    conn.batch_execute(durability.set_statement())
+        .map_err(|e| db_startup_failure(&e))?;
+    drop(conn);
     for (section, stage) in sections {
         stage.start(runner.config(), &section).map_err(|e| {
             Failure::config(format!(
