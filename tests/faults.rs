@@ -197,6 +197,107 @@ impl Fault {
     }
 }
 
+/// What the fault log and the queue say after a drain, as counts.
+struct Drained {
+    /// Rows left running.
+    stuck: i64,
+    /// Rows left in the queue (but the poison, left there on purpose).
+    left: i64,
+    /// Messages whose last stage never committed its outcome.
+    lost: i64,
+    /// Stage outcomes committed twice.
+    duplicate_commits: i64,
+    /// Messages whose committed outcomes, in commit order, are not exactly their path.
+    off_path: i64,
+    /// Outcomes written on a row that was not running (by no claim's holder).
+    unclaimed_outcomes: i64,
+    /// Claims of a row that was not pending (one some worker still held).
+    double_claims: i64,
+    /// Second claims of a row at one stage: what the fault must explain.
+    reclaims: i64,
+    /// Rows given back by a worker: struck, deferred, requeued.
+    given_back: (i64, i64, i64),
+}
+
+impl Drained {
+    /// Reads the counts once the database answers; `poison` is a row left in the queue
+    /// on purpose.
+    fn read(m: &mut Monitor, poison: Option<i64>) -> Drained {
+        let returns = |m: &mut Monitor, kind: &str| {
+            m.must(&format!(
+                "SELECT count(*) FROM public.fault_log WHERE kind = '{kind}'"
+            ))
+        };
+        Drained {
+            stuck: m.must("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'"),
+            left: m.must(&format!(
+                "SELECT count(*) FROM pepsi.workqueue WHERE workqueue_id <> {}",
+                poison.unwrap_or(0)
+            )),
+            lost: m.must(
+                "SELECT count(*) FROM public.fault_injected i WHERE NOT EXISTS ( \
+                   SELECT 1 FROM public.fault_log l WHERE l.id = i.id AND l.kind = 'outcome' \
+                      AND l.next IS NULL AND l.stage = i.end_stage)",
+            ),
+            duplicate_commits: m.must(
+                "SELECT (count(*) - count(DISTINCT (id, stage)))::int8 FROM public.fault_log \
+                  WHERE kind = 'outcome'",
+            ),
+            off_path: m.must(
+                "SELECT count(*) FROM public.fault_injected i \
+                  WHERE (SELECT array_agg(l.stage || '>' || coalesce(l.next, 'done') ORDER BY l.n) \
+                           FROM public.fault_log l WHERE l.id = i.id AND l.kind = 'outcome') \
+                        IS DISTINCT FROM ARRAY['a>b', 'b>' || i.end_stage, i.end_stage || '>done']",
+            ),
+            unclaimed_outcomes: m.must(
+                "SELECT count(*) FROM public.fault_log WHERE kind = 'outcome' AND prior <> 'running'",
+            ),
+            double_claims: m.must(
+                "SELECT count(*) FROM public.fault_log WHERE kind = 'claim' AND prior <> 'pending'",
+            ),
+            reclaims: m.must(
+                "SELECT coalesce(sum(n - 1), 0)::int8 FROM ( \
+                   SELECT count(*) AS n FROM public.fault_log WHERE kind = 'claim' \
+                    GROUP BY id, stage) s",
+            ),
+            given_back: (
+                returns(m, "strike"),
+                returns(m, "defer"),
+                returns(m, "requeue"),
+            ),
+        }
+    }
+
+    /// The checks every scenario makes whatever its fault, each failed one described.
+    fn failures(&self) -> Vec<String> {
+        [
+            (self.lost, "messages never reached their end"),
+            (self.stuck, "rows left running"),
+            (self.left, "messages left in the queue"),
+            (self.duplicate_commits, "stage outcomes committed twice"),
+            (
+                self.off_path,
+                "messages whose committed outcomes are not exactly their path",
+            ),
+            (
+                self.unclaimed_outcomes,
+                "outcomes written on a row that was not running",
+            ),
+            (self.double_claims, "claims of a row that was not pending"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n != 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect()
+    }
+
+    /// The notes' "given back" part.
+    fn given_back(&self) -> String {
+        let (strikes, defers, requeues) = self.given_back;
+        format!("given back: {strikes} struck, {defers} deferred, {requeues} requeued")
+    }
+}
+
 /// A connection for watching that reconnects after a restart or a termination.
 struct Monitor {
     conninfo: String,
@@ -668,59 +769,12 @@ impl Run {
                 self.d.children()
             ));
         }
-        let m = &mut self.monitor;
-        let stuck = m.must("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'");
-        let lost = m.must(
-            "SELECT count(*) FROM public.fault_injected i WHERE NOT EXISTS ( \
-               SELECT 1 FROM public.fault_log l WHERE l.id = i.id AND l.kind = 'outcome' \
-                  AND l.next IS NULL AND l.stage = i.end_stage)",
-        );
-        let left = m.must(&format!(
-            "SELECT count(*) FROM pepsi.workqueue WHERE workqueue_id <> {}",
-            self.poison.unwrap_or(0)
-        ));
-        let duplicate_commits = m.must(
-            "SELECT (count(*) - count(DISTINCT (id, stage)))::int8 FROM public.fault_log \
-              WHERE kind = 'outcome'",
-        );
-        // Each message's committed outcomes, in commit order, are exactly its path.
-        let off_path = m.must(
-            "SELECT count(*) FROM public.fault_injected i \
-              WHERE (SELECT array_agg(l.stage || '>' || coalesce(l.next, 'done') ORDER BY l.n) \
-                       FROM public.fault_log l WHERE l.id = i.id AND l.kind = 'outcome') \
-                    IS DISTINCT FROM ARRAY['a>b', 'b>' || i.end_stage, i.end_stage || '>done']",
-        );
-        // Outcomes are written only by the holder of a claim (status running).
-        let unclaimed_outcomes = m.must(
-            "SELECT count(*) FROM public.fault_log WHERE kind = 'outcome' AND prior <> 'running'",
-        );
-        // A claim only ever takes a pending row: never one some worker still holds.
-        let double_claims = m.must(
-            "SELECT count(*) FROM public.fault_log WHERE kind = 'claim' AND prior <> 'pending'",
-        );
-        let reclaims = m.must(
-            "SELECT coalesce(sum(n - 1), 0)::int8 FROM ( \
-               SELECT count(*) AS n FROM public.fault_log WHERE kind = 'claim' \
-                GROUP BY id, stage) s",
-        );
-        let returns = |m: &mut Monitor, kind: &str| {
-            m.must(&format!(
-                "SELECT count(*) FROM public.fault_log WHERE kind = '{kind}'"
-            ))
-        };
-        let (strikes, defers, requeues) = (
-            returns(m, "strike"),
-            returns(m, "defer"),
-            returns(m, "requeue"),
-        );
+        let drained = Drained::read(&mut self.monitor, self.poison);
         let mut notes = self.fault_notes();
         if !notes.is_empty() {
             notes.push_str("; ");
         }
-        let _ = write!(
-            notes,
-            "given back: {strikes} struck, {defers} deferred, {requeues} requeued"
-        );
+        notes.push_str(&drained.given_back());
         // The poison: failed at b as crashed after three strikes, and every second run
         // of another message is one it shared a worker with.
         let mut poison_claims = 0;
@@ -786,33 +840,13 @@ impl Run {
                 "worker processes outlived their dispatcher: {survivors:?}"
             ));
         }
+        failures.extend(drained.failures());
+        let reclaims = drained.reclaims;
         let mut check = |ok: bool, what: String| {
             if !ok {
                 failures.push(what);
             }
         };
-        check(
-            lost == 0,
-            format!("{lost} messages never reached their end"),
-        );
-        check(stuck == 0, format!("{stuck} rows left running"));
-        check(left == 0, format!("{left} messages left in the queue"));
-        check(
-            duplicate_commits == 0,
-            format!("{duplicate_commits} stage outcomes committed twice"),
-        );
-        check(
-            off_path == 0,
-            format!("{off_path} messages whose committed outcomes are not exactly their path"),
-        );
-        check(
-            unclaimed_outcomes == 0,
-            format!("{unclaimed_outcomes} outcomes written on a row that was not running"),
-        );
-        check(
-            double_claims == 0,
-            format!("{double_claims} claims of a row that was not pending"),
-        );
         check(
             reclaims <= bound,
             format!("{reclaims} second runs of a stage, more than the fault explains ({bound})"),
@@ -838,9 +872,9 @@ impl Run {
         );
         Report {
             fault: self.fault,
-            lost,
-            stuck,
-            duplicate_commits,
+            lost: drained.lost,
+            stuck: drained.stuck,
+            duplicate_commits: drained.duplicate_commits,
             reclaims,
             bound,
             drain,
