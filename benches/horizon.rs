@@ -20,7 +20,10 @@
 //! (`pepsi-dispatch`, `pepsi-setup`, `pepsi-stage`, e.g. a release build of main, each
 //! database installed by that build's own `pepsi-setup`), at the same input rate, so
 //! the two builds are compared in one session; `BENCH_RATE` (messages/s) sets the
-//! input rate instead of measuring the drain rate. Figures, never assertions.
+//! input rate instead of measuring the drain rate. `BENCH_BURST=N` injects N more
+//! messages at once 10 s into the hold, as a mail server sees bursts: a backlog of
+//! more rows than the fair claim reads from its floor makes it walk the senders, and
+//! that walk reads every dead entry the snapshot keeps. Figures, never assertions.
 
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
@@ -28,8 +31,8 @@ mod pg;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg::TestDb;
@@ -302,26 +305,42 @@ fn print_phase(build: &str, p: &Phase) {
 }
 
 /// The scenario for one build at `rate` messages/s with the snapshot held `hold`.
-fn scenario(build: &Build, rate: f64, hold: Duration) {
+fn scenario(build: &Build, rate: f64, hold: Duration, burst: i64) {
     let (db, run) = database(build);
     let child = start_dispatcher(build, &run);
     std::thread::sleep(Duration::from_millis(700));
     let injected = Arc::new(AtomicI64::new(0));
     let done = Arc::new(AtomicBool::new(false));
-    // The input: every 10 ms, the messages due by then.
+    let burst_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    // The input: every 10 ms, the messages due by then, and the burst when it is due.
     let injector = {
         let injected = Arc::clone(&injected);
         let done = Arc::clone(&done);
+        let burst_at = Arc::clone(&burst_at);
         let mut c = db.client();
         std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut sent = 0i64;
+            let mut extra = 0i64;
             while !done.load(Ordering::SeqCst) {
                 let due = (t0.elapsed().as_secs_f64() * rate) as i64;
                 if due > sent {
-                    inject(&mut c, sent, due - sent);
+                    inject(&mut c, sent + extra, due - sent);
                     sent = due;
-                    injected.store(sent, Ordering::SeqCst);
+                    injected.store(sent + extra, Ordering::SeqCst);
+                }
+                let burst_due = {
+                    let mut at = burst_at.lock().unwrap();
+                    let due = at.is_some_and(|t| t <= Instant::now());
+                    if due {
+                        *at = None;
+                    }
+                    due
+                };
+                if burst_due && burst > 0 {
+                    inject(&mut c, sent + extra, burst);
+                    extra += burst;
+                    injected.store(sent + extra, Ordering::SeqCst);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -342,6 +361,7 @@ fn scenario(build: &Build, rate: f64, hold: Duration) {
             "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pepsi.dispatch_stats;",
         )
         .unwrap();
+    *burst_at.lock().unwrap() = Some(Instant::now() + Duration::from_secs(10).min(hold / 2));
     let slices = 6u32;
     let mut at = snap(&mut c, &injected);
     let start = at;
@@ -440,14 +460,23 @@ fn main() {
             drain * load / 100.0
         }
     };
+    let burst: i64 = std::env::var("BENCH_BURST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     println!(
-        "a → b → c, fair scheduling, {SENDERS} senders, input {rate:.0} messages/s, a REPEATABLE READ snapshot held {} s, then committed",
-        hold.as_secs()
+        "a → b → c, fair scheduling, {SENDERS} senders, input {rate:.0} messages/s, a REPEATABLE READ snapshot held {} s, then committed{}",
+        hold.as_secs(),
+        if burst > 0 {
+            format!("; {burst} more messages at once 10 s into the hold")
+        } else {
+            String::new()
+        }
     );
     println!(
         "build    | phase          | injected | completed | compl/inj | backlog  | p99 s   | claims/s | claim ms | entries/claim  | entries/scan"
     );
     for build in &builds {
-        scenario(build, rate, hold);
+        scenario(build, rate, hold, burst);
     }
 }

@@ -42,6 +42,8 @@
 //! with no other message to share its commit. `BENCH_INGRESS=PATH` measures another
 //! `pepsi-ingress` binary instead (two builds compared in one session).
 
+#[path = "util/durable.rs"]
+mod durable;
 #[allow(dead_code)]
 #[path = "../tests/util/pg.rs"]
 mod pg;
@@ -56,6 +58,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use durable::durable_server;
 use pg::TestDb;
 use postgres::Client;
 use proc::{Machine, cpu_of_families, cpu_seconds, parent_of, thread_cpu_seconds};
@@ -98,63 +101,6 @@ fn client_counts() -> Vec<usize> {
 
 // ---------------------------------------------------------------------------------
 // The server: durable, and what it counts.
-
-/// Makes the throwaway cluster durable (fsync and full-page writes on, as a production
-/// server has them) and times its WAL flushes; leaves an external server as it is.
-/// Returns the header line saying which.
-fn durable_server() -> String {
-    let how = if pg::is_throwaway() {
-        let mut admin = pg::admin();
-        for sql in [
-            "ALTER SYSTEM SET fsync = on",
-            "ALTER SYSTEM SET full_page_writes = on",
-            "ALTER SYSTEM SET track_wal_io_timing = on",
-        ] {
-            // One by one: ALTER SYSTEM cannot run in a transaction block.
-            admin
-                .batch_execute(sql)
-                .unwrap_or_else(|e| panic!("{sql}: {}", pepsi::db::describe(&e)));
-        }
-        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-        // The postmaster rereads its file, then signals every process; a new session
-        // sees the new values once it has.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while setting(&mut pg::admin(), "fsync") != "on" {
-            assert!(
-                Instant::now() < deadline,
-                "fsync is still off 10 s after ALTER SYSTEM and a reload"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        "throwaway cluster (tests/util/pg.rs starts it with fsync and full_page_writes off: \
-         turned on here with ALTER SYSTEM + reload)"
-    } else {
-        "external server (DATABASE_URL), used as configured"
-    };
-    let mut c = pg::admin();
-    let version = setting(&mut c, "server_version");
-    let shown: Vec<String> = [
-        "fsync",
-        "full_page_writes",
-        "wal_sync_method",
-        "synchronous_commit",
-        "commit_delay",
-        "wal_level",
-    ]
-    .iter()
-    .map(|name| format!("{name}={}", setting(&mut c, name)))
-    .collect();
-    format!(
-        "server: PostgreSQL {version}, {how}: {} (synchronous_commit=on for the ingress's session: sql::INGRESS_SESSION_OPTION)",
-        shown.join(" ")
-    )
-}
-
-fn setting(c: &mut Client, name: &str) -> String {
-    c.query_one("SELECT current_setting($1)", &[&name])
-        .map(|r| r.get(0))
-        .unwrap_or_else(|e| format!("? ({e})"))
-}
 
 /// The server's cumulative counters, read before and after a run.
 #[derive(Clone, Copy, Default)]
@@ -835,8 +781,19 @@ fn main() {
         ingress_binary().display()
     )
     .unwrap();
-    let server = durable_server();
-    writeln!(out, "{server}").unwrap();
+    let server = durable_server(&[
+        "fsync",
+        "full_page_writes",
+        "wal_sync_method",
+        "synchronous_commit",
+        "commit_delay",
+        "wal_level",
+    ]);
+    writeln!(
+        out,
+        "{server} (synchronous_commit=on for the ingress's session: sql::INGRESS_SESSION_OPTION)"
+    )
+    .unwrap();
     out.flush().unwrap();
     let dir = std::env::temp_dir().join(format!("pepsi-bench-ingress-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -39,7 +39,9 @@
 //! statement always run as the benchmark's own role. The header says which mode ran.
 //! `BENCH_LAST_STAGE_SYNC=on` (or another level) sets the last stage's
 //! `SYNCHRONOUS_COMMIT`, so that what it costs can be measured (the stage that
-//! finishes a message, where a delivery stage would be).
+//! finishes a message, where a delivery stage would be); `BENCH_DURABLE=1` turns the
+//! throwaway cluster's `fsync` and `full_page_writes` on first, as a production server
+//! has them, without which a commit that waits for its flush waits for nothing.
 //! With `BENCH_RLS=off` as well, the queue's row-level security is disabled in each
 //! database of the run, so that one session can measure what it costs.
 
@@ -47,6 +49,8 @@
 #[path = "../tests/util/pg.rs"]
 mod pg;
 // The benchmark uses part of it.
+#[path = "util/durable.rs"]
+mod durable;
 #[allow(dead_code)]
 #[path = "util/proc.rs"]
 mod proc;
@@ -56,6 +60,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use durable::durable_server;
 use pg::TestDb;
 use postgres::{Client, NoTls};
 use proc::{cpu_of_families, cpu_seconds, parent_of};
@@ -168,6 +173,11 @@ fn ensure_group_grants(db: &TestDb) {
 /// the one mode it applies to).
 fn rls_off() -> bool {
     std::env::var("BENCH_RLS").as_deref() == Ok("off")
+}
+
+/// `BENCH_DURABLE=1`: the throwaway cluster made durable before anything is measured.
+fn durable() -> bool {
+    std::env::var("BENCH_DURABLE").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// `BENCH_LAST_STAGE_SYNC`: the last stage's `SYNCHRONOUS_COMMIT` (a level), or none.
@@ -754,6 +764,7 @@ fn fair_claim_ms(depth: i64) -> f64 {
                 &none_f,
                 &100i32,
                 &None::<Vec<i64>>,
+                &None::<Vec<bool>>,
             ],
         )
         .unwrap();
@@ -849,6 +860,10 @@ fn main() {
             "row-level security on pepsi.workqueue: off (BENCH_RLS=off)"
         )
         .unwrap();
+    }
+    if durable() {
+        let server = durable_server(&["fsync", "full_page_writes", "wal_sync_method"]);
+        writeln!(out, "{server}").unwrap();
     }
     if roles == Roles::Split {
         create_login_roles();

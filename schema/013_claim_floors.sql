@@ -22,6 +22,10 @@
 --    floor: up to 512, the claim reads them from the floor in id order with their
 --    senders, and takes the window of senders and their candidates from them — the
 --    same window and candidates, since they are every pending row of the stage.
+--    For a deeper backlog the walk still reads every dead entry of the stage; after
+--    a claim that let a stage walk took more than 5 ms, the dispatcher pauses that
+--    stage's walk (p_walk false) for 20 times as long (at least a second), and the
+--    claim takes the window from the stage's 513 oldest rows from the floor instead.
 -- 2. Stable plans. Both claims are functions with the planner settings attached:
 --    no sequential scan and no bitmap scan of the queue, whatever its statistics say
 --    (after an autovacuum truncated the small table, the claim's cached plans turned
@@ -30,9 +34,44 @@
 --    the earliest paused row moves into them too, under the same settings.
 --
 -- pepsi.workqueue_claim_oldest replaces the oldest-first claim statement; the fair
--- claim gains p_floors and returns the due time and each stage's next floor.
+-- claim gains p_floors and returns the due time and each stage's next floor; both
+-- claim the rows their pick locked through pepsi.workqueue_take.
 -- Everything else is as in schema 4 and 9: one claimer, SKIP LOCKED only in the pick,
 -- one token per call, hops and the looped failure, the 64-sender window.
+
+-- The claim of the rows a pick locked, shared by both claims and exactly as schema 4's:
+-- one token (an InitPlan, drawn only when a row is claimed), the hop count, the looped
+-- failure past p_max_hops. The rows are fetched by primary key (`= ANY` of the array:
+-- an index condition, where a join with the unnested array was planned as a hash join
+-- over the whole primary key for a burst the statistics had not seen), with the status
+-- tested as text, so no partial index applies. Called inside the claims, under their
+-- planner settings.
+CREATE FUNCTION pepsi.workqueue_take(p_ids int8[], p_max_hops int4)
+RETURNS TABLE (workqueue_id bigint, stage text, sender_key text, claim bigint,
+               looped boolean)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE pepsi.workqueue q
+           SET status = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
+                             THEN 'failed' ELSE 'running' END::pepsi.workqueue_status,
+               hops = q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int,
+               hop_stage = q.stage,
+               claim = (SELECT nextval('pepsi.workqueue_claim_seq')),
+               state = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
+                            THEN q.state || jsonb_build_object(
+                                'failure_class', 'looped', 'failed_stage', q.stage,
+                                'last_error', 'looped: claimed at a changed stage more than MAX_HOPS ('
+                                              || p_max_hops || ') times')
+                            ELSE q.state END
+     WHERE q.workqueue_id = ANY (p_ids) AND q.status::text = 'pending'
+    RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim, q.status = 'failed'
+$$;
+
+COMMENT ON FUNCTION pepsi.workqueue_take(int8[], int4) IS
+    'The claim of rows a pick locked (pepsi.workqueue_claim_oldest and _fair): each '
+    'pending one of p_ids set running (or failed looped past p_max_hops) under one new '
+    'claim token. Returns the rows claimed.';
 
 CREATE FUNCTION pepsi.workqueue_claim_oldest(
     p_stages text[],
@@ -78,29 +117,9 @@ BEGIN
               ORDER BY q.stage, q.workqueue_id LIMIT w.cap
                 FOR NO KEY UPDATE SKIP LOCKED) p
          WHERE w.cap > 0);
-    -- The claim, exactly as schema 4's: one token (an InitPlan, drawn only when a row
-    -- is claimed), the hop count, the looped failure past p_max_hops. The picked rows
-    -- are fetched by primary key (`= ANY` of the array: an index condition, where a
-    -- join with the unnested array was planned as a hash join over the whole primary
-    -- key for a burst the statistics had not seen), with the status tested as text, so
-    -- no partial index applies.
+    -- The claim, exactly as schema 4's (pepsi.workqueue_take).
     RETURN QUERY
-    WITH claimed AS (
-        UPDATE pepsi.workqueue q
-           SET status = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
-                             THEN 'failed' ELSE 'running' END::pepsi.workqueue_status,
-               hops = q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int,
-               hop_stage = q.stage,
-               claim = (SELECT nextval('pepsi.workqueue_claim_seq')),
-               state = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
-                            THEN q.state || jsonb_build_object(
-                                'failure_class', 'looped', 'failed_stage', q.stage,
-                                'last_error', 'looped: claimed at a changed stage more than MAX_HOPS ('
-                                              || p_max_hops || ') times')
-                            ELSE q.state END
-         WHERE q.workqueue_id = ANY (v_picked) AND q.status::text = 'pending'
-        RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim, q.status = 'failed' AS looped
-    )
+    WITH claimed AS (SELECT * FROM pepsi.workqueue_take(v_picked, p_max_hops))
     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, v_due, c.looped FROM claimed c
     UNION ALL
     SELECT NULL::bigint, NULL::text, NULL::text, NULL::bigint, v_due, NULL::boolean
@@ -128,7 +147,8 @@ CREATE FUNCTION pepsi.workqueue_claim_fair(
     p_lead_sender text[],
     p_lead_us float8[],
     p_max_hops int4,
-    p_floors int8[]
+    p_floors int8[],
+    p_walk boolean[] DEFAULT NULL
 ) RETURNS TABLE (workqueue_id bigint, stage text, sender_key text, claim bigint,
                  due float8, looped boolean, window_end text, next_floor bigint)
 LANGUAGE plpgsql
@@ -163,6 +183,7 @@ BEGIN
     IF coalesce(cardinality(p_caps), 0) <> v_n OR coalesce(cardinality(p_fifo), 0) <> v_n
        OR coalesce(cardinality(p_avg_us), 0) <> v_n OR coalesce(cardinality(p_cursor), 0) <> v_n
        OR coalesce(cardinality(p_floors), v_n) <> v_n
+       OR coalesce(cardinality(p_walk), v_n) <> v_n
     THEN
         RAISE EXCEPTION 'workqueue_claim_fair: the per-stage arrays differ in length'
             USING ERRCODE = 'invalid_parameter_value';
@@ -217,13 +238,17 @@ BEGIN
         IF cardinality(v_head) <= least(v_cap, 64) THEN
             v_order := v_head;
             v_ends := v_ends || NULL::text;
-        ELSIF cardinality(v_set_ids) <= 512 THEN
+        ELSIF cardinality(v_set_ids) <= 512 OR NOT coalesce(p_walk[i], true) THEN
             -- 1–4 from the stage's pending rows themselves, when there are no more
             -- than 512 of them from the floor (read in id order, with their senders):
             -- they are every pending row of the stage, so the senders among them, in
             -- key order from just after the cursor and wrapping round, are the window
             -- the loose index scan would find, and a sender's oldest rows among them
             -- its candidates. The walk cannot start at the floor; this read does.
+            -- When p_walk pauses the stage's walk (the dispatcher found it slow: a
+            -- held snapshot keeps every dead entry it probes), the same from its 513
+            -- oldest rows however many wait: a sender with none among them waits for
+            -- the next claim that walks.
             WITH keys AS (
                 SELECT DISTINCT k.key FROM unnest(v_set_keys) AS k(key)
             ), ring AS (
@@ -356,22 +381,7 @@ BEGIN
     END LOOP;
 
     RETURN QUERY
-    WITH claimed AS (
-        UPDATE pepsi.workqueue q
-           SET status = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
-                             THEN 'failed' ELSE 'running' END::pepsi.workqueue_status,
-               hops = q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int,
-               hop_stage = q.stage,
-               claim = (SELECT nextval('pepsi.workqueue_claim_seq')),
-               state = CASE WHEN q.hops + (q.hop_stage IS DISTINCT FROM q.stage)::int > p_max_hops
-                            THEN q.state || jsonb_build_object(
-                                'failure_class', 'looped', 'failed_stage', q.stage,
-                                'last_error', 'looped: claimed at a changed stage more than MAX_HOPS ('
-                                              || p_max_hops || ') times')
-                            ELSE q.state END
-         WHERE q.workqueue_id = ANY (v_locked) AND q.status::text = 'pending'
-        RETURNING q.workqueue_id, q.stage, q.sender_key, q.claim, q.status = 'failed' AS looped
-    )
+    WITH claimed AS (SELECT * FROM pepsi.workqueue_take(v_locked, p_max_hops))
     SELECT c.workqueue_id, c.stage, c.sender_key, c.claim, v_due, c.looped, NULL::text,
            NULL::bigint
       FROM claimed c
@@ -386,15 +396,17 @@ BEGIN
 END $$;
 
 COMMENT ON FUNCTION pepsi.workqueue_claim_fair(text[], int4[], int4[], float8[], text[], text[],
-                                               text[], float8[], int4, int8[]) IS
+                                               text[], float8[], int4, int8[], boolean[]) IS
     'The fair batched claim (SPEC §7): per stage, up to p_caps of pending rows with an id '
     'of at least p_floors (NULL: any), the p_fifo oldest first, the rest by sender lead + '
-    'k × p_avg_us over a window of at most 64 senders after p_cursor; claimed as running '
+    'k × p_avg_us over a window of at most 64 senders after p_cursor (found among the '
+    'stage''s 513 oldest rows from the floor where p_walk is false); claimed as running '
     '(or failed looped past p_max_hops) under one claim token. Returns the claimed rows, '
     'then one row per stage with workqueue_id NULL, the window_end to use as the next '
     'cursor (NULL: start over) and the next floor; every row carries the seconds until '
     'the earliest paused row is due (with no stage asked, one row holds only that).';
 
 INSERT INTO pepsi.role_grants (role, privilege, object) VALUES
+    ('pepsi_dispatch', 'EXECUTE', 'FUNCTION pepsi.workqueue_take(int8[], int4)'),
     ('pepsi_dispatch', 'EXECUTE', 'FUNCTION pepsi.workqueue_claim_oldest(text[], int4[], int8[], int4)'),
-    ('pepsi_dispatch', 'EXECUTE', 'FUNCTION pepsi.workqueue_claim_fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[])');
+    ('pepsi_dispatch', 'EXECUTE', 'FUNCTION pepsi.workqueue_claim_fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], boolean[])');

@@ -52,7 +52,8 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 /// (float8[]), $5 each stage's sender cursor (text[], NULL elements: from the first
 /// sender), $6 $7 $8 the known leads in µs as parallel arrays of stage (text[]),
 /// sender key (text[]) and lead (float8[]), $9 MAX_HOPS (int4), $10 each stage's
-/// floor (int8[], NULL elements or a NULL array: none). Returns (0 id, 1 stage, 2
+/// floor (int8[], NULL elements or a NULL array: none), $11 whether each stage may walk
+/// its senders (bool[], NULL elements or a NULL array: yes). Returns (0 id, 1 stage, 2
 /// sender key, 3 token, 4 seconds until the earliest paused row is due or NULL, 5
 /// looped, 6 window end, 7 next floor): one row per claimed row (window end and next
 /// floor NULL), and one row per stage of $1 with a NULL id, its window end — the last
@@ -70,7 +71,10 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 ///   rows from the floor in the same index, and the FIFO reserve reads the stage's
 ///   oldest rows from the floor in the `(stage, workqueue_id)` pending index. A stage
 ///   whose rows from the floor fit its capacity and a window (65 entries read) has them
-///   all claimed without the senders' walk. The reads stop at (senders × capacity)
+///   all claimed without the senders' walk; one with no more than 512 has its senders
+///   and their candidates found among them (513 entries read), and so does one whose
+///   walk $11 pauses, whatever its backlog: then a sender with no row among the
+///   stage's 513 oldest from the floor waits for a claim that walks. The reads stop at (senders × capacity)
 ///   candidates plus the FIFO rows plus one probe per sender: a sender's deep backlog
 ///   is never walked, nor, but by the senders' probes, the entries below the floor.
 ///   The lock and the update fetch the picked rows by primary key with the status
@@ -95,4 +99,5 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, f.due, f.looped, \
             f.window_end, f.next_floor \
        FROM pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], \
-                 $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4, $10::int8[]) f";
+                 $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4, $10::int8[], \
+                 $11::bool[]) f";

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
-use super::floors;
+use super::floors::{self, Starts};
 use super::ledger::Ledger;
 use super::scheduler::ClaimRequest;
 use crate::config::DispatchOptions;
@@ -172,14 +172,14 @@ impl ClaimSide {
     /// The claim to send now for these free capacities (stages with none left out), if
     /// any: the wake-up is consumed either way, and with no capacity asked only the
     /// heartbeat claims (for the paused clock it brings back). A claim returned is in
-    /// flight until [`Self::answered`] or [`Self::failed`]; it comes with the floor of
-    /// each stage it asks of, in order.
+    /// flight until [`Self::answered`] or [`Self::failed`]; it comes with where it
+    /// starts at each stage it asks of, in order.
     pub fn begin(
         &mut self,
         asked: Vec<(String, i32)>,
         poll_interval: Duration,
         now: Instant,
-    ) -> Option<(ClaimRequest, Vec<Option<i64>>)> {
+    ) -> Option<(ClaimRequest, Starts)> {
         let heartbeat = self.gate.last + poll_interval <= now;
         self.gate.want = false;
         // The catch-up is spent even when no stage has capacity: a stage asked later
@@ -196,7 +196,11 @@ impl ClaimSide {
         self.asked = asked.iter().map(|(stage, _)| stage.clone()).collect();
         let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
         let floors = self.ledger.floors().for_claim(&stages, now);
-        Some((self.ledger.policy().request(asked), floors))
+        let walks = self.ledger.floors().walks(&stages, now);
+        Some((
+            self.ledger.policy().request(asked),
+            Starts { floors, walks },
+        ))
     }
 
     /// The claim in flight answered: the ledger and its policy take in the rows and
@@ -216,6 +220,12 @@ impl ClaimSide {
         self.ledger.claimed(claims, windows);
         self.ledger.floors().answered(floors);
         std::mem::take(&mut self.asked)
+    }
+
+    /// The claim in flight took `took`, answered or failed: a slow one pauses the
+    /// senders' walks it let run ([`floors::WALK_BUDGET`]).
+    pub fn took(&mut self, took: Duration, now: Instant) {
+        self.ledger.floors().took(took, now);
     }
 
     /// The claim in flight failed (database trouble): nothing was claimed; the wake-up
@@ -386,8 +396,13 @@ mod tests {
         let mut side = ClaimSide::new(&options(), now);
         assert!(side.due());
         let asked = vec![("a".to_string(), 4), ("b".to_string(), 1)];
-        let (request, floors) = side.begin(asked.clone(), poll, now).expect("a claim");
-        assert_eq!(floors, [None, None], "no floor before a first answer");
+        let (request, starts) = side.begin(asked.clone(), poll, now).expect("a claim");
+        assert_eq!(
+            starts.floors,
+            [None, None],
+            "no floor before a first answer"
+        );
+        assert_eq!(starts.walks, [true, true]);
         assert_eq!(request.asked(), &asked[..]);
         assert!(side.in_flight() && !side.due());
         assert_eq!(side.answered(&[], &[], &[], None, now), ["a", "b"]);
@@ -416,15 +431,15 @@ mod tests {
         assert_eq!(side.retry_at(), Some(catch_up));
         // The claim the notification woke does not end the wait; a claim at the
         // catch-up time does, and it reads without the floor.
-        let (_, floors) = side.begin(vec![("a".to_string(), 1)], poll, t).unwrap();
-        assert_eq!(floors, [Some(10)]);
+        let (_, starts) = side.begin(vec![("a".to_string(), 1)], poll, t).unwrap();
+        assert_eq!(starts.floors, [Some(10)]);
         side.answered(&[], &[], &[], None, t);
         assert_eq!(side.retry_at(), Some(catch_up));
         side.retry_due();
-        let (_, floors) = side
+        let (_, starts) = side
             .begin(vec![("a".to_string(), 1)], poll, catch_up)
             .unwrap();
-        assert_eq!(floors, [None]);
+        assert_eq!(starts.floors, [None]);
         assert_eq!(side.retry_at(), None);
         // With no capacity anywhere at the catch-up time, it is spent all the same (no
         // timer left in the past to spin on).

@@ -10,7 +10,7 @@
 //! everything this dispatcher does not hold. The gate, clock and ledger themselves live
 //! in [`super::claim_side`], not here.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::claim::Claim;
 use super::coordinator::Command;
@@ -28,10 +28,13 @@ impl Dispatcher {
         next_paused: Option<f64>,
         windows: &[(String, Option<String>)],
         floors: &[(String, Option<i64>)],
+        took: Duration,
     ) {
+        let now = Instant::now();
+        self.claim_side.took(took, now);
         let asked = self
             .claim_side
-            .answered(&claims, windows, floors, next_paused, Instant::now());
+            .answered(&claims, windows, floors, next_paused, now);
         self.pools.release(&asked);
         // The dispatcher's own claims succeed: the database answers again.
         if self.pools.database_is_back() {
@@ -102,11 +105,11 @@ impl Dispatcher {
         }
         let now = Instant::now();
         let asked = self.pools.free_capacities(now);
-        let Some((request, floors)) = self.claim_side.begin(asked, self.opts.poll_interval, now)
+        let Some((request, starts)) = self.claim_side.begin(asked, self.opts.poll_interval, now)
         else {
             return;
         };
         self.pools.reserve(request.asked());
-        self.send(Command::Claim(request, floors));
+        self.send(Command::Claim(request, starts));
     }
 }

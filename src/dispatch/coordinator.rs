@@ -30,6 +30,7 @@ use postgres::types::Type;
 
 use super::claim::{Claim, StrikeKind};
 use super::events::{Event, EventSender};
+use super::floors::Starts;
 use super::scheduler::ClaimRequest;
 use super::session::{self, LOCK_RETRY, LOCK_WAIT, OUTAGE_MAX, Refused, Target};
 use super::statements;
@@ -56,7 +57,7 @@ pub const FAULT_PANIC_ENV: &str = "PEPSI_FAULT_COORDINATOR_PANIC";
 #[derive(Clone, Debug)]
 pub enum Command {
     /// Claim as the policy asks, each stage's pick from its floor (`floors.rs`).
-    Claim(ClaimRequest, Vec<Option<i64>>),
+    Claim(ClaimRequest, Starts),
     /// Flip due paused rows to pending.
     FlipPaused,
     /// Put claimed rows back to pending.
@@ -476,8 +477,8 @@ impl Coordinator {
     fn execute(&mut self, command: &Command) -> Result<(), postgres::Error> {
         let client = self.client.as_mut().expect("connected");
         match command {
-            Command::Claim(request, floors) => {
-                let event = statements::claim(client, request, floors, self.max_hops)?;
+            Command::Claim(request, starts) => {
+                let event = statements::claim(client, request, starts, self.max_hops)?;
                 self.events.send(event);
             }
             Command::FlipPaused => {

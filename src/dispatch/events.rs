@@ -6,6 +6,7 @@
 //! file of the dispatcher that uses it back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
@@ -34,6 +35,8 @@ pub enum Event {
         /// Per stage asked, where its next pick may start (`None`: the claim read no
         /// row there), as `floors.rs` takes it.
         floors: Vec<(String, Option<i64>)>,
+        /// How long the statement took (a slow one pauses the senders' walks).
+        took: Duration,
     },
     /// A claim could not be made (database trouble); nothing was claimed.
     ClaimFailed,

@@ -32,6 +32,26 @@ pub const FULL_PICK_EVERY: Duration = Duration::from_secs(1);
 /// No floor: the pick reads from the stage's first entry.
 const NONE: i64 = i64::MIN;
 
+/// A claim that let stages walk their senders and took longer than this pauses their
+/// walks: the walk of a fair claim over a deep backlog reads every dead entry a held
+/// snapshot keeps, and its cost grows with the hold.
+pub const WALK_BUDGET: Duration = Duration::from_millis(5);
+
+/// A paused walk waits at least this long, and at least [`WALK_PAUSE_FACTOR`] times the
+/// slow claim, so that walks take at most about a twentieth of the claimer's time.
+const WALK_PAUSE_MIN: Duration = Duration::from_secs(1);
+const WALK_PAUSE_FACTOR: u32 = 20;
+
+/// Where a claim starts at each stage it asks of, in order: the floor (`None`: the
+/// stage's first entry) and whether it may walk the stage's senders.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Starts {
+    /// Each stage's floor.
+    pub floors: Vec<Option<i64>>,
+    /// Whether each stage may walk its senders ([`Floors::walks`]).
+    pub walks: Vec<bool>,
+}
+
 /// One stage's floor.
 #[derive(Clone, Copy, Debug)]
 struct Stage {
@@ -39,6 +59,8 @@ struct Stage {
     key: i64,
     /// When the stage's claim last went without a floor.
     last_full: Option<Instant>,
+    /// Until when the stage's claims do not walk its senders (a slow claim paused it).
+    walk_after: Option<Instant>,
 }
 
 /// The floors of every stage asked so far.
@@ -50,6 +72,8 @@ pub struct Floors {
     lowered_in_flight: i64,
     /// At most this long between two claims of a stage without a floor.
     full_every: Duration,
+    /// The stages the claim in flight lets walk their senders.
+    walking: Vec<String>,
 }
 
 /// How often a stage's claim goes without a floor: [`FULL_PICK_EVERY`], or the poll
@@ -66,6 +90,7 @@ impl Floors {
             stages: HashMap::new(),
             lowered_in_flight: i64::MAX,
             full_every,
+            walking: Vec::new(),
         }
     }
 
@@ -80,6 +105,7 @@ impl Floors {
                 let s = self.stages.entry((*stage).to_string()).or_insert(Stage {
                     key: NONE,
                     last_full: None,
+                    walk_after: None,
                 });
                 let stale = s.last_full.is_none_or(|t| now.duration_since(t) >= every);
                 if s.key == NONE || stale {
@@ -90,6 +116,41 @@ impl Floors {
                 }
             })
             .collect()
+    }
+
+    /// Whether each of `stages` (asked by the claim about to be sent, after
+    /// [`Self::for_claim`]) may walk its senders: yes, unless a slow claim paused its
+    /// walks. A fair claim that may not reads the stage's senders from its oldest rows
+    /// from the floor instead (schema 13), so a sender whose rows are all behind them
+    /// waits for the next walk.
+    pub fn walks(&mut self, stages: &[&str], now: Instant) -> Vec<bool> {
+        self.walking.clear();
+        stages
+            .iter()
+            .map(|stage| {
+                let after = self.stages.get(*stage).and_then(|s| s.walk_after);
+                let walk = after.is_none_or(|t| now >= t);
+                if walk {
+                    self.walking.push((*stage).to_string());
+                }
+                walk
+            })
+            .collect()
+    }
+
+    /// The claim in flight took `took` (answered or failed): past [`WALK_BUDGET`], the
+    /// stages it let walk walk again only after the pause.
+    pub fn took(&mut self, took: Duration, now: Instant) {
+        let walking = std::mem::take(&mut self.walking);
+        if took <= WALK_BUDGET {
+            return;
+        }
+        let pause = WALK_PAUSE_MIN.max(took * WALK_PAUSE_FACTOR);
+        for stage in walking {
+            if let Some(s) = self.stages.get_mut(&stage) {
+                s.walk_after = Some(now + pause);
+            }
+        }
     }
 
     /// The claim in flight answered: per stage, its next floor (`None`: it read no row
@@ -200,6 +261,31 @@ mod tests {
         f.reset();
         f.answered(&[("a".into(), Some(300))]);
         assert_eq!(f.for_claim(&["a"], t), [None]);
+    }
+
+    #[test]
+    fn a_slow_claim_pauses_the_walks_it_let_run_for_twenty_times_its_duration() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = Floors::new(EVERY);
+        f.for_claim(&["a", "b"], t);
+        assert_eq!(f.walks(&["a", "b"], t), [true, true]);
+        f.took(WALK_BUDGET, t);
+        assert_eq!(f.walks(&["a"], t), [true], "within the budget: no pause");
+        f.took(ms(100), t);
+        assert_eq!(f.walks(&["a", "b"], t), [false, true], "only a walked");
+        // A fast claim that let b walk pauses nothing.
+        f.took(ms(1), t);
+        let end = t + ms(100) * WALK_PAUSE_FACTOR;
+        assert_eq!(f.walks(&["a", "b"], end - ms(1)), [false, true]);
+        assert_eq!(f.walks(&["a", "b"], end), [true, true]);
+        // A slow claim just past the budget pauses for the minimum.
+        f.took(ms(6), end);
+        assert_eq!(
+            f.walks(&["a", "b"], end + WALK_PAUSE_MIN - ms(1)),
+            [false, false]
+        );
+        assert_eq!(f.walks(&["a", "b"], end + WALK_PAUSE_MIN), [true, true]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use postgres::types::Type;
 
 use super::claim::Claim;
 use super::events::Event;
-use super::floors;
+use super::floors::{self, Starts};
 use super::scheduler::ClaimRequest;
 use crate::db::pool::Connection;
 use crate::db::{self, sql};
@@ -48,9 +48,11 @@ pub fn write_claims(
 pub fn claim(
     client: &mut Connection,
     request: &ClaimRequest,
-    floors: &[Option<i64>],
+    starts: &Starts,
     max_hops: i32,
 ) -> Result<Event, postgres::Error> {
+    let floors = &starts.floors;
+    let started = Instant::now();
     let stages: Vec<&str> = request.asked().iter().map(|a| a.0.as_str()).collect();
     let caps: Vec<i32> = request.asked().iter().map(|a| a.1).collect();
     let rows = match request {
@@ -80,6 +82,7 @@ pub fn claim(
                     Type::FLOAT8_ARRAY,
                     Type::INT4,
                     Type::INT8_ARRAY,
+                    Type::BOOL_ARRAY,
                 ],
                 &[
                     &stages,
@@ -91,11 +94,13 @@ pub fn claim(
                     &fair.lead_sender,
                     &fair.lead_us,
                     &max_hops,
-                    &floors,
+                    floors,
+                    &starts.walks,
                 ],
             )
         })?,
     };
+    let took = started.elapsed();
     let next_paused = rows.first().and_then(|r| r.get::<_, Option<f64>>(4));
     // Where each stage's next pick may start: a fair claim says so per stage; an
     // oldest-first claim took every pending row from the floor up to its highest
@@ -162,5 +167,6 @@ pub fn claim(
         next_paused,
         windows,
         floors: next_floors,
+        took,
     })
 }

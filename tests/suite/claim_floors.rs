@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::Client;
+use postgres::{Client, GenericClient};
 
 use super::fair_sql::{assert_reads_at_most, nested_plans};
 use crate::util::rows::inject_many;
@@ -51,6 +51,17 @@ fn claim_fair(
     cap: i32,
     floor: Option<i64>,
 ) -> (Vec<i64>, Option<i64>) {
+    claim_fair_walking(c, stage, cap, floor, None)
+}
+
+/// [`claim_fair`], saying whether the stage may walk its senders (`None`: yes).
+fn claim_fair_walking(
+    c: &mut impl GenericClient,
+    stage: &str,
+    cap: i32,
+    floor: Option<i64>,
+    walk: Option<bool>,
+) -> (Vec<i64>, Option<i64>) {
     let none_t: Vec<String> = Vec::new();
     let none_f: Vec<f64> = Vec::new();
     let rows = c
@@ -67,6 +78,7 @@ fn claim_fair(
                 &none_f,
                 &100i32,
                 &vec![floor],
+                &walk.map(|w| vec![w]),
             ],
         )
         .unwrap();
@@ -107,6 +119,40 @@ fn a_claim_reads_from_its_floor_and_answers_where_the_next_may_start() {
     assert!(took.is_empty() && next.is_none());
     // The rows below the floor were there all along: a claim without it takes them.
     assert_eq!(claim_oldest(&mut c, "a", 10, None), ids[2..5]);
+}
+
+#[test]
+fn a_stage_whose_walk_is_paused_finds_its_senders_among_its_oldest_rows_from_the_floor() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // One sender's 600 rows, then another's 3: more than the 512 a claim reads from
+    // the floor, so finding the second sender takes the walk over the senders.
+    let flood = add(&mut c, "a", "flood@x.example", 600);
+    let quiet = add(&mut c, "a", "quiet@y.example", 3);
+    let mut tx = c.transaction().unwrap();
+    let (took, _) = claim_fair_walking(&mut tx, "a", 8, None, Some(true));
+    assert!(
+        quiet.iter().all(|id| took.contains(id)),
+        "the walk finds the quiet sender behind the flood: {took:?}"
+    );
+    tx.rollback().unwrap();
+    let (took, next) = claim_fair_walking(&mut c, "a", 8, None, Some(false));
+    assert_eq!(
+        took,
+        flood[0..8],
+        "paused, the window is the senders among the oldest rows: the flood alone"
+    );
+    assert_eq!(next, Some(flood[8]));
+    // From a floor past the flood, the quiet sender is among the oldest rows again.
+    let (took, _) = claim_fair_walking(&mut c, "a", 8, Some(flood[599]), Some(false));
+    assert_eq!(
+        took,
+        [flood[599]]
+            .iter()
+            .chain(&quiet)
+            .copied()
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]

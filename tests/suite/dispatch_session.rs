@@ -108,6 +108,7 @@ mod coordinator {
     use pepsi::db::{self, pool::Pool};
     use pepsi::dispatch::coordinator::{self, Command};
     use pepsi::dispatch::events::{Event, EventSender};
+    use pepsi::dispatch::floors::Starts;
     use pepsi::dispatch::scheduler::ClaimRequest;
     use pepsi::dispatch::session;
     use pepsi::durability::SynchronousCommit;
@@ -125,7 +126,10 @@ mod coordinator {
     fn claim(stage: &str, n: i32) -> Command {
         Command::Claim(
             ClaimRequest::Oldest(vec![(stage.to_string(), n)]),
-            vec![None],
+            Starts {
+                floors: vec![None],
+                walks: vec![true],
+            },
         )
     }
 

@@ -125,6 +125,7 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
                 &lead_us,
                 &max_hops,
                 &None::<Vec<i64>>,
+                &None::<Vec<bool>>,
             ],
         )
         .unwrap();
@@ -871,10 +872,10 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     // Seven calls in one session: the first five with custom plans, the later ones
     // with the generic plans PL/pgSQL switches to.
     let call = format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[]) AS {};\n",
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[]) AS {};\n",
         sql::CLAIM_FAIR
     ) + &"BEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL);\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL, NULL);\n\
           ROLLBACK;\n"
         .repeat(7);
     for when in ["a fresh burst", "after ANALYZE"] {

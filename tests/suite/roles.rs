@@ -426,6 +426,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&vec![3i32], Type::INT4_ARRAY),
                 (&100i32, Type::INT4),
                 (&None::<Vec<i64>>, Type::INT8_ARRAY),
+                (&None::<Vec<bool>>, Type::BOOL_ARRAY),
             ],
         )
         .unwrap();
@@ -481,6 +482,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&Vec::<f64>::new(), Type::FLOAT8_ARRAY),
                 (&100i32, Type::INT4),
                 (&None::<Vec<i64>>, Type::INT8_ARRAY),
+                (&None::<Vec<bool>>, Type::BOOL_ARRAY),
             ],
         )
         .unwrap();
