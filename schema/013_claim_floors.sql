@@ -22,10 +22,11 @@
 --    floor: up to 512, the claim reads them from the floor in id order with their
 --    senders, and takes the window of senders and their candidates from them — the
 --    same window and candidates, since they are every pending row of the stage.
---    For a deeper backlog the walk still reads every dead entry of the stage; after
---    a claim that let a stage walk took more than 5 ms, the dispatcher pauses that
---    stage's walk (p_walk false) for 20 times as long (at least a second), and the
---    claim takes the window from the stage's 513 oldest rows from the floor instead.
+--    For a deeper backlog the walk still reads every dead entry of the stage; while a
+--    snapshot older than 10 s holds the horizon, after a claim that let a stage walk
+--    took more than 5 ms, the dispatcher pauses that stage's walk (p_walk false) for
+--    20 times as long (at least a second), and the claim takes the window from the
+--    stage's 513 oldest rows from the floor instead.
 -- 2. Stable plans. Both claims are functions with the planner settings attached:
 --    no sequential scan and no bitmap scan of the queue, whatever its statistics say
 --    (after an autovacuum truncated the small table, the claim's cached plans turned

@@ -222,6 +222,15 @@ impl ClaimSide {
         std::mem::take(&mut self.asked)
     }
 
+    /// The database's oldest snapshot at the last read of its holders: while one older
+    /// than [`floors::HELD`] holds the horizon, a slow claim may pause the senders'
+    /// walks.
+    pub fn oldest_snapshot(&mut self, age: Option<Duration>) {
+        self.ledger
+            .floors()
+            .horizon_held(age.is_some_and(|a| a >= floors::HELD));
+    }
+
     /// The claim in flight took `took`, answered or failed: a slow one pauses the
     /// senders' walks it let run ([`floors::WALK_BUDGET`]).
     pub fn took(&mut self, took: Duration, now: Instant) {

@@ -387,6 +387,8 @@ impl Dispatcher {
                     Some(Notice::Ended(line)) => log::info!("{line}"),
                     None => {}
                 }
+                let oldest = self.housekeeping.oldest_snapshot();
+                self.claim_side.oldest_snapshot(oldest);
             }
             Event::Horizon(Err(e)) => {
                 if self.housekeeping.horizon_failed(Instant::now()) {

@@ -32,9 +32,14 @@ pub const FULL_PICK_EVERY: Duration = Duration::from_secs(1);
 /// No floor: the pick reads from the stage's first entry.
 const NONE: i64 = i64::MIN;
 
-/// A claim that let stages walk their senders and took longer than this pauses their
-/// walks: the walk of a fair claim over a deep backlog reads every dead entry a held
-/// snapshot keeps, and its cost grows with the hold.
+/// While a snapshot older than this holds the horizon, a claim that let stages walk
+/// their senders and took longer than [`WALK_BUDGET`] pauses their walks: the walk of a
+/// fair claim over a deep backlog reads every dead entry a held snapshot keeps, and its
+/// cost grows with the hold. Without a held snapshot a slow claim has other causes (a
+/// busy machine), and the walks, which keep a flood from delaying a small sender, go on.
+pub const HELD: Duration = Duration::from_secs(10);
+
+/// See [`HELD`].
 pub const WALK_BUDGET: Duration = Duration::from_millis(5);
 
 /// A paused walk waits at least this long, and at least [`WALK_PAUSE_FACTOR`] times the
@@ -74,6 +79,8 @@ pub struct Floors {
     full_every: Duration,
     /// The stages the claim in flight lets walk their senders.
     walking: Vec<String>,
+    /// Whether a snapshot older than [`HELD`] holds the horizon.
+    held: bool,
 }
 
 /// How often a stage's claim goes without a floor: [`FULL_PICK_EVERY`], or the poll
@@ -91,6 +98,7 @@ impl Floors {
             lowered_in_flight: i64::MAX,
             full_every,
             walking: Vec::new(),
+            held: false,
         }
     }
 
@@ -138,11 +146,22 @@ impl Floors {
             .collect()
     }
 
-    /// The claim in flight took `took` (answered or failed): past [`WALK_BUDGET`], the
-    /// stages it let walk walk again only after the pause.
+    /// Whether a snapshot older than [`HELD`] holds the horizon (from the dispatcher's
+    /// read of its holders); when none does any more, every paused walk resumes.
+    pub fn horizon_held(&mut self, held: bool) {
+        self.held = held;
+        if !held {
+            for s in self.stages.values_mut() {
+                s.walk_after = None;
+            }
+        }
+    }
+
+    /// The claim in flight took `took`: while the horizon is held, past
+    /// [`WALK_BUDGET`], the stages it let walk walk again only after the pause.
     pub fn took(&mut self, took: Duration, now: Instant) {
         let walking = std::mem::take(&mut self.walking);
-        if took <= WALK_BUDGET {
+        if !self.held || took <= WALK_BUDGET {
             return;
         }
         let pause = WALK_PAUSE_MIN.max(took * WALK_PAUSE_FACTOR);
@@ -270,6 +289,13 @@ mod tests {
         let mut f = Floors::new(EVERY);
         f.for_claim(&["a", "b"], t);
         assert_eq!(f.walks(&["a", "b"], t), [true, true]);
+        f.took(ms(100), t);
+        assert_eq!(
+            f.walks(&["a", "b"], t),
+            [true, true],
+            "no snapshot held: a slow claim has another cause"
+        );
+        f.horizon_held(true);
         f.took(WALK_BUDGET, t);
         assert_eq!(f.walks(&["a"], t), [true], "within the budget: no pause");
         f.took(ms(100), t);
@@ -286,6 +312,10 @@ mod tests {
             [false, false]
         );
         assert_eq!(f.walks(&["a", "b"], end + WALK_PAUSE_MIN), [true, true]);
+        // The hold ends: paused walks resume at once.
+        f.took(ms(100), end);
+        f.horizon_held(false);
+        assert_eq!(f.walks(&["a", "b"], end), [true, true]);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Watch {
     warned: Option<(Instant, String)>,
     /// When the condition began (the first warning of this spell).
     since: Option<Instant>,
+    /// The oldest snapshot's age at the last read, if any holds the horizon.
+    oldest: Option<Duration>,
 }
 
 impl Watch {
@@ -60,7 +62,13 @@ impl Watch {
             first_seen: HashMap::new(),
             warned: None,
             since: None,
+            oldest: None,
         }
+    }
+
+    /// The oldest snapshot's age at the last read (`None`: none held the horizon).
+    pub fn oldest(&self) -> Option<Duration> {
+        self.oldest
     }
 
     /// The holders of one read, oldest first (as [`crate::db::horizon::read`] returns
@@ -77,17 +85,17 @@ impl Watch {
         for k in unaged {
             self.first_seen.entry(k).or_insert(now);
         }
-        let over = holders.first().and_then(|h| {
-            let (age, lower_bound) = match h.age_seconds {
-                Some(a) => (a.max(0.0), false),
-                None => (
-                    now.saturating_duration_since(self.first_seen[&h.key()])
-                        .as_secs_f64(),
-                    true,
-                ),
-            };
-            (age >= self.threshold.as_secs_f64()).then_some((h, age, lower_bound))
+        let oldest = holders.first().map(|h| match h.age_seconds {
+            Some(a) => (h, a.max(0.0), false),
+            None => (
+                h,
+                now.saturating_duration_since(self.first_seen[&h.key()])
+                    .as_secs_f64(),
+                true,
+            ),
         });
+        self.oldest = oldest.map(|(_, age, _)| Duration::from_secs_f64(age));
+        let over = oldest.filter(|(_, age, _)| *age >= self.threshold.as_secs_f64());
         match over {
             Some((h, age, lower_bound)) => {
                 if self
@@ -187,7 +195,13 @@ mod tests {
         let t0 = Instant::now();
         let mut w = Watch::new(Duration::from_secs(60));
         assert_eq!(w.observe(&[session(7, Some(30.0), "5")], t0), None);
+        assert_eq!(
+            w.oldest(),
+            Some(Duration::from_secs(30)),
+            "under the threshold too"
+        );
         assert_eq!(w.observe(&[], t0), None, "nothing held: nothing ends");
+        assert_eq!(w.oldest(), None);
         let Some(Notice::Held(line)) = w.observe(&[session(7, Some(61.0), "5")], t0) else {
             panic!("no warning");
         };
@@ -219,6 +233,7 @@ mod tests {
         assert_eq!(w.observe(&[session(7, None, "5")], t0), None);
         let t = t0 + Duration::from_secs(59);
         assert_eq!(w.observe(&[session(7, None, "5")], t), None);
+        assert_eq!(w.oldest(), Some(t - t0), "aged from first sight");
         // The same session with a newer snapshot: a new one, seen from now.
         let t = t0 + Duration::from_secs(61);
         assert_eq!(w.observe(&[session(7, None, "6")], t), None);

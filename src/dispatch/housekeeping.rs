@@ -215,6 +215,12 @@ impl Housekeeping {
         self.horizon.as_mut()?.0.observe(holders, now)
     }
 
+    /// The oldest snapshot's age at the last read of the holders (`None`: none held,
+    /// or the reads are off with `SNAPSHOT_WARNING = 0`).
+    pub fn oldest_snapshot(&self) -> Option<Duration> {
+        self.horizon.as_ref().and_then(|(watch, _)| watch.oldest())
+    }
+
     /// A read of the holders failed: whether to log it (at most once a
     /// [`horizon::WARNING_GAP`], the database may be away for long).
     pub fn horizon_failed(&mut self, now: Instant) -> bool {
