@@ -197,6 +197,31 @@ impl Fault {
     }
 }
 
+/// Notes the dispatcher's workers in `workers`; a dispatcher that exited without being
+/// told to is recorded in `exits` (with the last ERROR line of its log) and started
+/// again, so that the rest can still be measured.
+fn supervise(
+    d: &mut Dispatcher,
+    conf: &std::path::Path,
+    workers: &mut HashSet<u32>,
+    exits: &mut Vec<String>,
+) {
+    workers.extend(d.children());
+    if let Some(status) = d.try_wait() {
+        let log = d.log();
+        let why = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("ERROR"))
+            .unwrap_or("")
+            .to_string();
+        exits.push(format!("{status}: {why}"));
+        assert!(exits.len() < 20, "the dispatcher keeps exiting: {exits:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        *d = Dispatcher::start(conf, &[]);
+    }
+}
+
 /// What the fault log and the queue say after a drain, as counts.
 struct Drained {
     /// Rows left running.
@@ -623,24 +648,7 @@ impl Run {
     /// Notes the workers, and restarts a dispatcher that exited without being told to
     /// (recording the exit).
     fn supervise(&mut self) {
-        self.workers.extend(self.d.children());
-        if let Some(status) = self.d.try_wait() {
-            let log = self.d.log();
-            let why = log
-                .lines()
-                .rev()
-                .find(|l| l.contains("ERROR"))
-                .unwrap_or("")
-                .to_string();
-            self.exits.push(format!("{status}: {why}"));
-            assert!(
-                self.exits.len() < 20,
-                "the dispatcher keeps exiting: {:?}",
-                self.exits
-            );
-            std::thread::sleep(Duration::from_millis(300));
-            self.d = Dispatcher::start(&self.conf, &[]);
-        }
+        supervise(&mut self.d, &self.conf, &mut self.workers, &mut self.exits);
     }
 
     /// Strikes once; false when it could not yet (no worker to kill).

@@ -43,7 +43,7 @@ use super::util::dispatcher::{Dispatcher, alive};
 use super::util::replica::{Node, Pair, server_binaries};
 use super::{
     CAPACITY, DRAIN_DEADLINE, Drained, Fault, HEADER, INJECT, INSTRUMENT, MESSAGES, Monitor, TICK,
-    cluster, panic_text, pipeline, tail,
+    cluster, panic_text, pipeline, supervise, tail,
 };
 
 /// The share of the drain done when the primary is killed.
@@ -375,24 +375,7 @@ impl<'a> Drain<'a> {
     /// Notes the workers; a dispatcher that exited is recorded (a failure) and started
     /// again, so that the rest can still be measured.
     fn supervise(&mut self) {
-        self.workers.extend(self.d.children());
-        if let Some(status) = self.d.try_wait() {
-            let log = self.d.log();
-            let why = log
-                .lines()
-                .rev()
-                .find(|l| l.contains("ERROR"))
-                .unwrap_or("")
-                .to_string();
-            self.exits.push(format!("{status}: {why}"));
-            assert!(
-                self.exits.len() < 20,
-                "the dispatcher keeps exiting: {:?}",
-                self.exits
-            );
-            std::thread::sleep(Duration::from_millis(300));
-            self.d = Dispatcher::start(&self.conf, &[]);
-        }
+        supervise(&mut self.d, &self.conf, &mut self.workers, &mut self.exits);
     }
 
     /// Quiescence, the suite's checks on the node that takes writes, and for a

@@ -8,27 +8,10 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, GenericClient};
 
-use super::fair_sql::{assert_reads_at_most, nested_plans};
+use super::fair_sql::{add, assert_reads_at_most, nested_plans};
 use crate::util::rows::inject_many;
 use crate::util::{Scenario, TestDb, row_at, wait_until};
 use pepsi::db::sql;
-
-/// Inserts `n` pending rows at `stage` from `from`; their ids, ascending.
-fn add(c: &mut Client, stage: &str, from: &str, n: i64) -> Vec<i64> {
-    let mut ids: Vec<i64> = c
-        .query(
-            "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
-             SELECT $1, $2, ARRAY['r@y.example'] FROM generate_series(1, $3::int8) \
-             RETURNING workqueue_id",
-            &[&stage, &from, &n],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    ids.sort_unstable();
-    ids
-}
 
 /// The oldest-first claim of `cap` rows at `stage` from `floor`: the ids taken.
 fn claim_oldest(c: &mut Client, stage: &str, cap: i32, floor: Option<i64>) -> Vec<i64> {

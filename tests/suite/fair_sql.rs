@@ -176,7 +176,7 @@ fn what_would_be_claimed(c: &mut Client, asks: &[Ask], leads: &[Lead]) -> Answer
 
 /// Adds `n` pending rows at `stage` from `from` (sender key `from:<domain>`), straight
 /// into the queue; returns their ids, oldest first.
-fn add(c: &mut Client, stage: &str, from: &str, n: i64) -> Vec<i64> {
+pub(super) fn add(c: &mut Client, stage: &str, from: &str, n: i64) -> Vec<i64> {
     let mut ids: Vec<i64> = c
         .query(
             "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
