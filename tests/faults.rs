@@ -983,31 +983,70 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 const HEADER: &str = "fault                    | lost | stuck | duplicates: commits / claims ≤ bound | drain s | vs baseline | notes";
 
+/// One line of the suite's table, whoever measured it.
+struct TableRow<'a> {
+    name: &'a str,
+    lost: i64,
+    stuck: i64,
+    duplicate_commits: i64,
+    reclaims: i64,
+    bound: i64,
+    drain: Duration,
+    /// The fault-free drain it is compared with.
+    baseline: Option<Duration>,
+    notes: &'a str,
+    failed: bool,
+}
+
+impl TableRow<'_> {
+    fn line(&self) -> String {
+        let vs = match self.baseline {
+            Some(b) if b > Duration::ZERO && self.drain > Duration::ZERO => {
+                format!("×{:.1}", self.drain.as_secs_f64() / b.as_secs_f64())
+            }
+            _ => "—".into(),
+        };
+        let verdict = if self.failed { " FAILED" } else { "" };
+        format!(
+            "{:<24} | {:>4} | {:>5} | {:>35} | {:>7.1} | {:>11} | {}{verdict}",
+            self.name,
+            self.lost,
+            self.stuck,
+            format!(
+                "{} / {} ≤ {}",
+                self.duplicate_commits, self.reclaims, self.bound
+            ),
+            self.drain.as_secs_f64(),
+            vs,
+            self.notes
+        )
+    }
+}
+
+/// The table's header and its rule.
+fn table_head() -> String {
+    format!("{HEADER}\n{}", "-".repeat(HEADER.chars().count()))
+}
+
 /// One line of the table.
 fn row(r: &Report, baseline: Option<&Report>) -> String {
-    let vs = match baseline {
-        Some(b) if b.drain > Duration::ZERO && r.drain > Duration::ZERO => {
-            format!("×{:.1}", r.drain.as_secs_f64() / b.drain.as_secs_f64())
-        }
-        _ => "—".into(),
-    };
-    let verdict = if r.failures.is_empty() { "" } else { " FAILED" };
-    format!(
-        "{:<24} | {:>4} | {:>5} | {:>35} | {:>7.1} | {:>11} | {}{verdict}",
-        r.fault.name(),
-        r.lost,
-        r.stuck,
-        format!("{} / {} ≤ {}", r.duplicate_commits, r.reclaims, r.bound),
-        r.drain.as_secs_f64(),
-        vs,
-        r.notes
-    )
+    TableRow {
+        name: r.fault.name(),
+        lost: r.lost,
+        stuck: r.stuck,
+        duplicate_commits: r.duplicate_commits,
+        reclaims: r.reclaims,
+        bound: r.bound,
+        drain: r.drain,
+        baseline: baseline.map(|b| b.drain),
+        notes: &r.notes,
+        failed: !r.failures.is_empty(),
+    }
+    .line()
 }
 
 fn table(reports: &[Report]) -> String {
-    let mut out = String::from(HEADER);
-    out.push('\n');
-    out.push_str(&"-".repeat(HEADER.chars().count()));
+    let mut out = table_head();
     for r in reports {
         out.push('\n');
         out.push_str(&row(r, reports.first()));

@@ -42,8 +42,8 @@ use super::util::TempDir;
 use super::util::dispatcher::{Dispatcher, alive};
 use super::util::replica::{Node, Pair, server_binaries};
 use super::{
-    CAPACITY, DRAIN_DEADLINE, Drained, Fault, HEADER, INJECT, INSTRUMENT, MESSAGES, Monitor, TICK,
-    cluster, panic_text, pipeline, supervise, tail,
+    CAPACITY, DRAIN_DEADLINE, Drained, Fault, INJECT, INSTRUMENT, MESSAGES, Monitor, TICK,
+    TableRow, cluster, panic_text, pipeline, supervise, table_head, tail,
 };
 
 /// The share of the drain done when the primary is killed.
@@ -643,29 +643,23 @@ fn compare(mode: Mode, old: &NodeTrace, new: &NodeTrace, alone: &Node) -> (Figur
 
 /// One line in the suite's table format.
 fn row(l: &Line) -> String {
-    let vs = match l.baseline {
-        Some(b) if b > Duration::ZERO && l.drain > Duration::ZERO => {
-            format!("×{:.1}", l.drain.as_secs_f64() / b.as_secs_f64())
-        }
-        _ => "—".into(),
-    };
-    let verdict = if l.failures.is_empty() { "" } else { " FAILED" };
-    format!(
-        "{:<24} | {:>4} | {:>5} | {:>35} | {:>7.1} | {:>11} | {}{verdict}",
-        l.name,
-        l.lost,
-        l.stuck,
-        format!("{} / {} ≤ {}", l.duplicate_commits, l.reclaims, l.bound),
-        l.drain.as_secs_f64(),
-        vs,
-        l.notes
-    )
+    TableRow {
+        name: &l.name,
+        lost: l.lost,
+        stuck: l.stuck,
+        duplicate_commits: l.duplicate_commits,
+        reclaims: l.reclaims,
+        bound: l.bound,
+        drain: l.drain,
+        baseline: l.baseline,
+        notes: &l.notes,
+        failed: !l.failures.is_empty(),
+    }
+    .line()
 }
 
 fn table(lines: &[Line]) -> String {
-    let mut out = String::from(HEADER);
-    out.push('\n');
-    out.push_str(&"-".repeat(HEADER.chars().count()));
+    let mut out = table_head();
     for l in lines {
         out.push('\n');
         out.push_str(&row(l));
