@@ -172,6 +172,10 @@ DECLARE
     v_head bigint[];
     v_set_ids bigint[];
     v_set_keys text[];
+    v_cand_ids bigint[];
+    v_cand_keys text[];
+    v_cand_ks int8[];
+    v_oldest bigint[];
     v_order bigint[];
     v_try bigint[];
     v_got bigint[];
@@ -239,121 +243,111 @@ BEGIN
         IF cardinality(v_head) <= least(v_cap, 64) THEN
             v_order := v_head;
             v_ends := v_ends || NULL::text;
-        ELSIF cardinality(v_set_ids) <= 512 OR NOT coalesce(p_walk[i], true) THEN
-            -- 1–4 from the stage's pending rows themselves, when there are no more
-            -- than 512 of them from the floor (read in id order, with their senders):
-            -- they are every pending row of the stage, so the senders among them, in
-            -- key order from just after the cursor and wrapping round, are the window
-            -- the loose index scan would find, and a sender's oldest rows among them
-            -- its candidates. The walk cannot start at the floor; this read does.
-            -- When p_walk pauses the stage's walk (the dispatcher found it slow: a
-            -- held snapshot keeps every dead entry it probes), the same from its 513
-            -- oldest rows however many wait: a sender with none among them waits for
-            -- the next claim that walks.
-            WITH keys AS (
-                SELECT DISTINCT k.key FROM unnest(v_set_keys) AS k(key)
-            ), ring AS (
-                SELECT k.key, row_number() OVER (
-                           ORDER BY (v_cursor IS NOT NULL AND k.key <= v_cursor), k.key) AS n
-                  FROM keys k
-            )
-            SELECT ARRAY(SELECT r.key FROM ring r WHERE r.n <= 64 ORDER BY r.n),
-                   (SELECT r.key FROM ring r WHERE r.n = 64 AND EXISTS (
-                        SELECT 1 FROM ring x WHERE x.n = 65))
-              INTO v_senders, v_window_end;
-            v_ends := v_ends || v_window_end;
-            WITH known AS (
-                SELECT l.sender, min(l.us) AS us
-                  FROM unnest(p_lead_stage, p_lead_sender, p_lead_us) AS l(stage, sender, us)
-                 WHERE l.stage = v_stage AND l.us IS NOT NULL
-                 GROUP BY l.sender
-            ), led AS (
-                SELECT s.key, coalesce(k.us, min(k.us) OVER () - v_avg / 2, 0) AS lead
-                  FROM unnest(v_senders) AS s(key)
-                  LEFT JOIN known k ON k.sender = s.key
-            ), row_of AS (
-                SELECT r.id, r.key,
-                       row_number() OVER (PARTITION BY r.key ORDER BY r.id) AS k
-                  FROM unnest(v_set_ids, v_set_keys) AS r(id, key)
-            ), candidate AS (
-                SELECT r.id, led.lead + (r.k - 1) * v_avg AS rank
-                  FROM row_of r JOIN led ON led.key = r.key
-                 WHERE r.k <= v_cap
-            ), oldest AS (
-                SELECT o.id FROM unnest(v_set_ids[1 : v_fifo]) AS o(id)
-            )
-            SELECT ARRAY(SELECT o.id FROM oldest o ORDER BY o.id)
-                   || ARRAY(SELECT c.id FROM candidate c
-                             WHERE c.id NOT IN (SELECT o.id FROM oldest o)
-                             ORDER BY c.rank, c.id)
-              INTO v_order;
         ELSE
-            -- 1. The window of senders, as in schema 4. The probes cannot start at the
-            -- floor (each is a range on the sender), so a sender whose rows at the
-            -- stage are all claimed still costs its dead entries here; step 0 leaves
-            -- this walk to stages with more waiting rows than the cap.
-            WITH RECURSIVE walk(key, n, wrapped) AS (
-                SELECT v_cursor, 0, false
-              UNION ALL
-                SELECT nx.key, w.n + 1, nx.wrapped
-                  FROM walk w
-                 CROSS JOIN LATERAL (
-                     SELECT (SELECT q.sender_key FROM pepsi.workqueue q
-                              WHERE q.stage = v_stage AND q.status = 'pending'
-                                AND q.sender_key > w.key
-                              ORDER BY q.sender_key LIMIT 1) AS key
-                     OFFSET 0
-                 ) a
-                 CROSS JOIN LATERAL (
-                     SELECT coalesce(a.key, CASE WHEN NOT w.wrapped THEN (
-                                SELECT q.sender_key FROM pepsi.workqueue q
-                                 WHERE q.stage = v_stage AND q.status = 'pending'
-                                 ORDER BY q.sender_key LIMIT 1) END) AS key,
-                            w.wrapped OR a.key IS NULL AS wrapped
-                     OFFSET 0
-                 ) nx
-                 WHERE w.n < 65 AND nx.key IS NOT NULL
-                   AND (NOT nx.wrapped OR v_cursor IS NULL OR nx.key <= v_cursor)
-            )
-            SELECT ARRAY(SELECT w.key FROM walk w WHERE w.n BETWEEN 1 AND 64 ORDER BY w.n),
-                   (SELECT w.key FROM walk w WHERE w.n = 64 AND EXISTS (
-                        SELECT 1 FROM walk x WHERE x.n = 65))
-              INTO v_senders, v_window_end;
-            v_ends := v_ends || v_window_end;
-
-            -- 2–4. As in schema 4; each sender's candidates and the fifo start at the
-            -- floor (the sender's range is inclusive, so the scan starts at
-            -- (stage, sender, floor)).
-            WITH known AS (
-                SELECT l.sender, min(l.us) AS us
-                  FROM unnest(p_lead_stage, p_lead_sender, p_lead_us) AS l(stage, sender, us)
-                 WHERE l.stage = v_stage AND l.us IS NOT NULL
-                 GROUP BY l.sender
-            ), led AS (
-                SELECT s.key, coalesce(k.us, min(k.us) OVER () - v_avg / 2, 0) AS lead
+            IF cardinality(v_set_ids) <= 512 OR NOT coalesce(p_walk[i], true) THEN
+                -- 1–3 from the stage's pending rows themselves, when there are no more
+                -- than 512 of them from the floor (read in id order, with their senders):
+                -- they are every pending row of the stage, so the senders among them, in
+                -- key order from just after the cursor and wrapping round, are the window
+                -- the loose index scan would find, and a sender's oldest rows among them
+                -- its candidates. The walk cannot start at the floor; this read does.
+                -- When p_walk pauses the stage's walk (the dispatcher found it slow: a
+                -- held snapshot keeps every dead entry it probes), the same from its 513
+                -- oldest rows however many wait: a sender with none among them waits for
+                -- the next claim that walks.
+                WITH keys AS (
+                    SELECT DISTINCT k.key FROM unnest(v_set_keys) AS k(key)
+                ), ring AS (
+                    SELECT k.key, row_number() OVER (
+                               ORDER BY (v_cursor IS NOT NULL AND k.key <= v_cursor), k.key) AS n
+                      FROM keys k
+                )
+                SELECT ARRAY(SELECT r.key FROM ring r WHERE r.n <= 64 ORDER BY r.n),
+                       (SELECT r.key FROM ring r WHERE r.n = 64 AND EXISTS (
+                            SELECT 1 FROM ring x WHERE x.n = 65))
+                  INTO v_senders, v_window_end;
+                -- Each sender's candidates: its oldest rows among them.
+                SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}'),
+                       coalesce(array_agg(r.key ORDER BY r.id), '{}'),
+                       coalesce(array_agg(r.k ORDER BY r.id), '{}')
+                  INTO v_cand_ids, v_cand_keys, v_cand_ks
+                  FROM (SELECT s.id, s.key,
+                               row_number() OVER (PARTITION BY s.key ORDER BY s.id) AS k
+                          FROM unnest(v_set_ids, v_set_keys) AS s(id, key)) r
+                 WHERE r.k <= v_cap AND r.key = ANY (v_senders);
+                v_oldest := v_set_ids[1 : v_fifo];
+            ELSE
+                -- 1. The window of senders, as in schema 4. The probes cannot start at the
+                -- floor (each is a range on the sender), so a sender whose rows at the
+                -- stage are all claimed still costs its dead entries here; step 0 leaves
+                -- this walk to stages with more waiting rows than the cap.
+                WITH RECURSIVE walk(key, n, wrapped) AS (
+                    SELECT v_cursor, 0, false
+                  UNION ALL
+                    SELECT nx.key, w.n + 1, nx.wrapped
+                      FROM walk w
+                     CROSS JOIN LATERAL (
+                         SELECT (SELECT q.sender_key FROM pepsi.workqueue q
+                                  WHERE q.stage = v_stage AND q.status = 'pending'
+                                    AND q.sender_key > w.key
+                                  ORDER BY q.sender_key LIMIT 1) AS key
+                         OFFSET 0
+                     ) a
+                     CROSS JOIN LATERAL (
+                         SELECT coalesce(a.key, CASE WHEN NOT w.wrapped THEN (
+                                    SELECT q.sender_key FROM pepsi.workqueue q
+                                     WHERE q.stage = v_stage AND q.status = 'pending'
+                                     ORDER BY q.sender_key LIMIT 1) END) AS key,
+                                w.wrapped OR a.key IS NULL AS wrapped
+                         OFFSET 0
+                     ) nx
+                     WHERE w.n < 65 AND nx.key IS NOT NULL
+                       AND (NOT nx.wrapped OR v_cursor IS NULL OR nx.key <= v_cursor)
+                )
+                SELECT ARRAY(SELECT w.key FROM walk w WHERE w.n BETWEEN 1 AND 64 ORDER BY w.n),
+                       (SELECT w.key FROM walk w WHERE w.n = 64 AND EXISTS (
+                            SELECT 1 FROM walk x WHERE x.n = 65))
+                  INTO v_senders, v_window_end;
+                -- 2–3. As in schema 4; each sender's candidates and the fifo start
+                -- at the floor (the sender's range is inclusive, so the scan starts
+                -- at (stage, sender, floor)).
+                SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(s.key), '{}'),
+                       coalesce(array_agg(c.k), '{}')
+                  INTO v_cand_ids, v_cand_keys, v_cand_ks
                   FROM unnest(v_senders) AS s(key)
-                  LEFT JOIN known k ON k.sender = s.key
-            ), candidate AS (
-                SELECT c.id, led.lead + (c.k - 1) * v_avg AS rank
-                  FROM led CROSS JOIN LATERAL unnest(ARRAY(
-                      SELECT q.workqueue_id FROM pepsi.workqueue q
-                       WHERE q.stage = v_stage AND q.status = 'pending'
-                         AND q.sender_key >= led.key AND q.sender_key <= led.key
-                         AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
-                       ORDER BY q.sender_key, q.workqueue_id LIMIT v_cap
-                  )) WITH ORDINALITY AS c(id, k)
-            ), oldest AS (
-                SELECT o.id FROM unnest(ARRAY(
+                 CROSS JOIN LATERAL unnest(ARRAY(
+                     SELECT q.workqueue_id FROM pepsi.workqueue q
+                      WHERE q.stage = v_stage AND q.status = 'pending'
+                        AND q.sender_key >= s.key AND q.sender_key <= s.key
+                        AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
+                      ORDER BY q.sender_key, q.workqueue_id LIMIT v_cap
+                 )) WITH ORDINALITY AS c(id, k);
+                v_oldest := ARRAY(
                     SELECT q.workqueue_id FROM pepsi.workqueue q
                      WHERE q.stage >= v_stage AND q.stage <= v_stage AND q.status = 'pending'
                        AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
-                     ORDER BY q.stage, q.workqueue_id LIMIT v_fifo
-                )) AS o(id)
+                     ORDER BY q.stage, q.workqueue_id LIMIT v_fifo);
+            END IF;
+            v_ends := v_ends || v_window_end;
+
+            -- 4. The order, as in schema 4: the oldest first, then the candidates by
+            -- their sender's lead + k × the average (the k-th oldest of its sender).
+            WITH known AS (
+                SELECT l.sender, min(l.us) AS us
+                  FROM unnest(p_lead_stage, p_lead_sender, p_lead_us) AS l(stage, sender, us)
+                 WHERE l.stage = v_stage AND l.us IS NOT NULL
+                 GROUP BY l.sender
+            ), led AS (
+                SELECT s.key, coalesce(k.us, min(k.us) OVER () - v_avg / 2, 0) AS lead
+                  FROM unnest(v_senders) AS s(key)
+                  LEFT JOIN known k ON k.sender = s.key
             )
-            SELECT ARRAY(SELECT o.id FROM oldest o ORDER BY o.id)
-                   || ARRAY(SELECT c.id FROM candidate c
-                             WHERE c.id NOT IN (SELECT o.id FROM oldest o)
-                             ORDER BY c.rank, c.id)
+            SELECT ARRAY(SELECT o.id FROM unnest(v_oldest) AS o(id) ORDER BY o.id)
+                   || ARRAY(SELECT c.id
+                              FROM unnest(v_cand_ids, v_cand_keys, v_cand_ks) AS c(id, key, k)
+                              JOIN led ON led.key = c.key
+                             WHERE c.id <> ALL (v_oldest)
+                             ORDER BY led.lead + (c.k - 1) * v_avg, c.id)
               INTO v_order;
         END IF;
 

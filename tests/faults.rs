@@ -222,6 +222,28 @@ fn supervise(
     }
 }
 
+/// After a drain: waits up to 30 s, supervising, for every worker to stop (after
+/// WORKER_IDLE_TIMEOUT); the failure when some still run.
+fn quiesce(
+    d: &mut Dispatcher,
+    conf: &std::path::Path,
+    workers: &mut HashSet<u32>,
+    exits: &mut Vec<String>,
+) -> Option<String> {
+    let quiet = Instant::now() + Duration::from_secs(30);
+    while !d.children().is_empty() && Instant::now() < quiet {
+        supervise(d, conf, workers, exits);
+        std::thread::sleep(TICK);
+    }
+    supervise(d, conf, workers, exits);
+    (!d.children().is_empty()).then(|| {
+        format!(
+            "workers still running 30 s after the drain: {:?}",
+            d.children()
+        )
+    })
+}
+
 /// What the fault log and the queue say after a drain, as counts.
 struct Drained {
     /// Rows left running.
@@ -764,19 +786,12 @@ impl Run {
     /// After the drain: quiescence, then every check.
     fn judge(mut self, drain: Duration) -> Report {
         let mut failures = Vec::new();
-        // Quiescent: every worker stops after WORKER_IDLE_TIMEOUT.
-        let quiet = Instant::now() + Duration::from_secs(30);
-        while !self.d.children().is_empty() && Instant::now() < quiet {
-            self.supervise();
-            std::thread::sleep(TICK);
-        }
-        self.supervise();
-        if !self.d.children().is_empty() {
-            failures.push(format!(
-                "workers still running 30 s after the drain: {:?}",
-                self.d.children()
-            ));
-        }
+        failures.extend(quiesce(
+            &mut self.d,
+            &self.conf,
+            &mut self.workers,
+            &mut self.exits,
+        ));
         let drained = Drained::read(&mut self.monitor, self.poison);
         let mut notes = self.fault_notes();
         if !notes.is_empty() {

@@ -43,7 +43,7 @@ use super::util::dispatcher::{Dispatcher, alive};
 use super::util::replica::{Node, Pair, server_binaries};
 use super::{
     CAPACITY, DRAIN_DEADLINE, Drained, Fault, INJECT, INSTRUMENT, MESSAGES, Monitor, TICK,
-    TableRow, cluster, panic_text, pipeline, supervise, table_head, tail,
+    TableRow, cluster, panic_text, pipeline, quiesce, supervise, table_head, tail,
 };
 
 /// The share of the drain done when the primary is killed.
@@ -383,18 +383,12 @@ impl<'a> Drain<'a> {
     fn judge(mut self, baseline: Option<Duration>) -> Line {
         let drain = self.started.elapsed();
         let mut failures = Vec::new();
-        let quiet = Instant::now() + Duration::from_secs(30);
-        while !self.d.children().is_empty() && Instant::now() < quiet {
-            self.supervise();
-            std::thread::sleep(TICK);
-        }
-        self.supervise();
-        if !self.d.children().is_empty() {
-            failures.push(format!(
-                "workers still running 30 s after the drain: {:?}",
-                self.d.children()
-            ));
-        }
+        failures.extend(quiesce(
+            &mut self.d,
+            &self.conf,
+            &mut self.workers,
+            &mut self.exits,
+        ));
         let drained = Drained::read(&mut self.monitor, None);
         failures.extend(drained.failures());
         let m = &mut self.monitor;
