@@ -221,6 +221,73 @@ fn a_role_without_pg_read_all_stats_sees_the_holder_with_its_pid_and_xmin_age_on
 }
 
 #[test]
+fn a_hostile_gid_is_named_escaped_in_the_log_and_in_pepsi_queue_status() {
+    let (s, mut c) = Scenario::new("q-holder-hostile")
+        .timers("SNAPSHOT_WARNING = 1s")
+        .stages(STAGES)
+        .connect();
+    let max: String = c
+        .query_one("SHOW max_prepared_transactions", &[])
+        .unwrap()
+        .get(0);
+    if max == "0" {
+        eprintln!("max_prepared_transactions is 0 on this server: not tested");
+        return;
+    }
+    // Any role may prepare a transaction under a name of its choosing: a line end, a
+    // forged log line, a right-to-left override.
+    let gid = "x\r\n2026-01-01 WARN forged\u{202e}gnp.exe";
+    struct Prepared(postgres::Client, String);
+    impl Drop for Prepared {
+        fn drop(&mut self) {
+            let _ = self.0.batch_execute(&format!(
+                "ROLLBACK PREPARED '{}'",
+                self.1.replace('\'', "''")
+            ));
+        }
+    }
+    let mut p = s.client();
+    p.batch_execute(&format!(
+        "BEGIN; UPDATE pepsi.dispatch_stats SET claims = claims; \
+         PREPARE TRANSACTION '{}'",
+        gid.replace('\'', "''")
+    ))
+    .unwrap();
+    let escaped = "x\\r\\n2026-01-01 WARN forged\\u{202e}gnp.exe";
+    let _prepared = Prepared(p, gid.to_string());
+    let d = s.start();
+    d.wait_log(
+        &format!("held by prepared transaction (gid \"{escaped}\""),
+        Duration::from_secs(60),
+    );
+    let log = d.log();
+    assert!(
+        !log.contains('\u{202e}') && !log.lines().any(|l| l.starts_with("2026-01-01 WARN forged")),
+        "{log}"
+    );
+    let out = queue(&s.conf, &["status"]);
+    expect(&out, 0);
+    let text = stdout(&out);
+    assert!(text.contains(&format!("gid \"{escaped}\"")), "{text}");
+    assert!(
+        !text.contains('\u{202e}') && !text.contains('\r') && !text.contains("\n2026"),
+        "{text}"
+    );
+    // The JSON carries the name as it is, encoded.
+    let out = queue(&s.conf, &["status", "--json"]);
+    expect(&out, 0);
+    assert!(
+        json(&out)["snapshot_holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == gid),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
 fn a_prepared_transaction_holding_the_horizon_is_named_by_its_gid() {
     let (s, mut c) = Scenario::new("q-holder-prepared").stages(STAGES).connect();
     let max: String = c
