@@ -30,6 +30,18 @@ pub const MAX_FUSION_DEPTH: usize = 16;
 
 pub use super::keys::STAGE_KEYS;
 
+/// Why `FUSION = yes` is refused on a stage that sets `COMMAND`: fused into another
+/// stage's pass, its command would run through that worker's keeper instead of its own
+/// stage's (SPEC §4 "Containment").
+pub const NO_FUSION_INTO_A_COMMAND: &str = "a stage that runs a COMMAND is never fused into: \
+     its command runs only through its own stage's keeper, as its USER (remove FUSION or set it to no)";
+
+/// May a stage be fused into another's pass at all? Not when it runs a `COMMAND` (see
+/// [`NO_FUSION_INTO_A_COMMAND`]), whatever its `FUSION` says.
+pub fn may_be_fused_into(section: &StageSection) -> bool {
+    section.section.get("COMMAND").is_none()
+}
+
 /// One checked `[stage-NAME]` section.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageSection {
@@ -68,6 +80,9 @@ impl StageSection {
         let queue_limit = p.ok(section.number("QUEUE_LIMIT", 4u32, 1..=MAX_QUEUE_LIMIT));
         let max_messages = p.ok(section.number("MAX_MESSAGES", 1000u64, 1..=u64::MAX));
         let fusion = p.ok(section.optional_boolean("FUSION"));
+        if fusion == Some(Some(true)) && section.get("COMMAND").is_some() {
+            p.push(section.error("FUSION", NO_FUSION_INTO_A_COMMAND));
+        }
         let max_lifetime = p.ok(section.duration("MAX_LIFETIME", Duration::from_secs(120 * 3600)));
         let synchronous_commit = p.ok(section.optional_synchronous_commit("SYNCHRONOUS_COMMIT"));
         match (
@@ -328,6 +343,29 @@ pub(super) mod tests {
         assert!(text.contains("/g.conf:3: [stage-a] MAX_LIFETIME: \"forever\" is not a duration"));
         assert!(text.contains("/g.conf:4: [stage-a] PARALLELISM:"));
         assert!(text.contains("/g.conf:5: [stage-a] FUSION:"));
+    }
+
+    #[test]
+    fn fusion_into_a_stage_that_runs_a_command_is_refused_where_it_was_set() {
+        let file = "[stage-relay]\nPROGRAM = pepsi-stage-pass\nNEXT = archive\n\
+                    [stage-archive]\nPROGRAM = pepsi-stage-exec\nCOMMAND = /bin/cat\nFUSION = yes\n";
+        let errs = build(&sections(file), &[]).unwrap_err();
+        assert_eq!(errs.len(), 1, "{}", raw::join_errors(&errs));
+        assert_eq!(
+            errs[0].to_string(),
+            format!("/g.conf:7: [stage-archive] FUSION: {NO_FUSION_INTO_A_COMMAND}")
+        );
+        let file = file.replace("FUSION = yes\n", "");
+        let g = build(&sections(&file), &[]).unwrap();
+        assert!(!may_be_fused_into(g.get("archive").unwrap()));
+        assert!(may_be_fused_into(g.get("relay").unwrap()));
+        let errs = build(&sections(&file), &[row("stage-archive", "FUSION", "on")]).unwrap_err();
+        assert_eq!(
+            errs[0].to_string(),
+            format!("pepsi.config_override: [stage-archive] FUSION: {NO_FUSION_INTO_A_COMMAND}")
+        );
+        let no = build(&sections(&file), &[row("stage-archive", "FUSION", "no")]);
+        assert!(no.is_ok(), "FUSION = no is what it means anyway");
     }
 
     #[test]

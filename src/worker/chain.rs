@@ -30,7 +30,7 @@ use super::registry::Registry;
 use super::settings::{self, Group};
 use super::stage::{Configured, Context, Load, Stage};
 use super::writes::split_row;
-use crate::config::graph::MAX_FUSION_DEPTH;
+use crate::config::graph::{MAX_FUSION_DEPTH, may_be_fused_into};
 use crate::config::raw::join_errors;
 use crate::config::{Config, StageGraph, StageSection};
 use crate::db::pool::PgConn;
@@ -124,7 +124,8 @@ impl Runner {
     }
 
     /// The stages reachable from `from` through references that this worker may fuse
-    /// into (fusion on, a stage of this very binary, `FUSION` on), with their stages.
+    /// into (fusion on, a stage of this very binary, `FUSION` on, no `COMMAND`), with
+    /// their stages.
     pub(super) fn fusable_successors(
         &mut self,
         from: &[StageSection],
@@ -148,7 +149,7 @@ impl Runner {
             let Some(builtin) = self.fusable_builtin(&section.program) else {
                 continue;
             };
-            if !section.fusion.unwrap_or(builtin.fusion_default()) {
+            if !fuses_into(&section, builtin) {
                 continue;
             }
             todo.extend(section.references().map(|(_, t)| t.to_string()));
@@ -376,7 +377,7 @@ impl Runner {
         let Some(builtin) = self.fusable_builtin(&section.program) else {
             return false;
         };
-        if !section.fusion.unwrap_or(builtin.fusion_default()) || builtin.loads() > loaded {
+        if !fuses_into(&section, builtin) || builtin.loads() > loaded {
             return false;
         }
         // A later per-address split must clone from a row that carries the rewrite.
@@ -433,4 +434,13 @@ fn split_recipients(
             Ok(true)
         }
     }
+}
+
+/// Does `section`, a stage of this binary, let a predecessor's pass fuse into it? Its
+/// `FUSION` (else the program's default) says so, and never a stage that runs a
+/// `COMMAND`: that command runs only through its own stage's keeper (SPEC §4
+/// "Containment"; the graph refuses `FUSION = yes` on such a stage, this holds even
+/// without it).
+fn fuses_into(section: &StageSection, builtin: &dyn Stage) -> bool {
+    may_be_fused_into(section) && section.fusion.unwrap_or(builtin.fusion_default())
 }

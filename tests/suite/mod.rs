@@ -5,6 +5,7 @@ mod bounce;
 mod bouncer;
 mod claim_floors;
 mod config_check;
+mod contained_worker;
 mod containment;
 mod dispatch_background;
 mod dispatch_claims;
