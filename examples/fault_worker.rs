@@ -5,8 +5,9 @@
 //! (`pepsi::protocol::own_session_name`): the name the dispatcher gave it in
 //! `$PGAPPNAME`, or `pepsi-worker:PID:STAGE` with STAGE from `$PEPSI_WORKER_STAGE`
 //! (`fault` without it) when started by hand, so the dispatcher can find and terminate
-//! it. It loads each row's claim token with its stage and fault, and guards every
-//! outcome write with status, stage and token, as the runtime does (SPEC §6).
+//! it. It takes each row's claim token from its assignment line and writes every
+//! outcome through the schema's guarded functions with it, as the runtime does (SPEC
+//! §6).
 //!
 //! Start-up is steered by the file named in `$FAULT_CONTROL` (re-read at every start):
 //! `ok`, `exit78` (refuse to run), `exit75` / `exit74` (exit so before ready, as a
@@ -28,6 +29,7 @@
 use std::io::Write;
 
 use pepsi::config::Config;
+use pepsi::db::sql;
 use pepsi::worker::input::IdReader;
 use postgres::{Client, NoTls};
 
@@ -84,7 +86,7 @@ fn main() {
     let batch_answers = std::env::var_os("FAULT_BATCH_ANSWERS").is_some();
     let mut pending_lines: Vec<String> = Vec::new();
     let mut writes: Vec<Outcome> = Vec::new();
-    while let Some(ids) = input.next_batch(64).expect("ids") {
+    while let Some(batch) = input.next_batch(64).expect("ids") {
         if mode == "ready78" {
             eprintln!("fault_worker: refusing to run after ready (told to by the control file)");
             std::process::exit(78);
@@ -95,13 +97,14 @@ fn main() {
                 .append(true)
                 .open(path)
                 .unwrap();
-            writeln!(f, "batch {}", ids.len()).unwrap();
+            writeln!(f, "batch {}", batch.len()).unwrap();
         }
         std::thread::sleep(std::time::Duration::from_millis(delay));
-        for id in ids {
+        for assignment in batch {
+            let (id, claim) = (assignment.id, assignment.token);
             let row = db
                 .query_opt(
-                    "SELECT stage, coalesce(state->>'fault', ''), claim, \
+                    "SELECT stage, coalesce(state->>'fault', ''), \
                             coalesce((state->>'cost_ms')::int8, 0) \
                        FROM pepsi.workqueue WHERE workqueue_id = $1",
                     &[&id],
@@ -111,9 +114,9 @@ fn main() {
                 pending_lines.push("0".into());
                 continue;
             };
-            let (stage, fault, claim): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+            let (stage, fault): (String, String) = (row.get(0), row.get(1));
             // What the message costs at this stage: its `state.cost_ms`.
-            let cost: i64 = row.get(3);
+            let cost: i64 = row.get(2);
             std::thread::sleep(std::time::Duration::from_millis(cost.max(0) as u64));
             let next = graph.get(&stage).and_then(|s| s.next.clone());
             // Batched answers also mean batched writes: nothing is committed until the
@@ -209,21 +212,30 @@ fn answer(out: &mut impl Write, lines: &mut Vec<String>) {
     out.flush().unwrap();
 }
 
-/// Advances (or, without a NEXT, deletes) rows, guarded like the runtime's writes: only
-/// a row still `running` at the stage it was claimed at, under the claim token it was
-/// loaded with.
+/// Advances (or, without a NEXT, deletes) rows through the runtime's guarded
+/// functions: only a row still `running` at the stage it was claimed at, under the
+/// claim token handed with its id, is written.
 fn commit(db: &mut Client, writes: &mut Vec<Outcome>) {
     for (id, stage, next, claim) in writes.drain(..) {
         match next {
-            Some(next) => db.execute(
-                "UPDATE pepsi.workqueue SET stage = $2, status = 'pending' \
-                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $3 AND claim = $4",
-                &[&id, &next, &stage, &claim],
-            ),
-            None => db.execute(
-                "DELETE FROM pepsi.workqueue \
-                 WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3",
-                &[&id, &stage, &claim],
+            Some(next) => {
+                let state: String = db
+                    .query_one(
+                        "SELECT state::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+                        &[&id],
+                    )
+                    .map(|r| r.get(0))
+                    .unwrap_or_else(|_| "{}".into());
+                let row = serde_json::json!([{
+                    "id": id, "claimed": stage, "claim": claim, "stage": next,
+                    "status": "pending", "delay_ms": null,
+                    "state": serde_json::from_str::<serde_json::Value>(&state).unwrap(),
+                }]);
+                db.query(sql::WRITE_OUTCOMES, &[&row.to_string()])
+            }
+            None => db.query(
+                sql::DELETE_FINISHED,
+                &[&vec![id], &vec![stage], &vec![claim]],
             ),
         }
         .expect("write");

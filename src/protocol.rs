@@ -1,5 +1,11 @@
-//! The worker protocol's lines (SPEC §5), shared by both ends: the worker formats
-//! status lines, the dispatcher parses them.
+//! The worker protocol's lines (SPEC §5), shared by both ends: the dispatcher formats
+//! assignment lines and the worker parses them; the worker formats status lines and
+//! the dispatcher parses them.
+//!
+//! An assignment line is `ID TOKEN`: the message id and the claim token of the claim
+//! that took it, both decimal. The token is the worker's proof of the claim: the
+//! stage role cannot read it from the queue, and every write of an outcome takes it
+//! (SPEC §6 "Claim tokens", amended 2026-12-04).
 //!
 //! A status line is `STATUS` or `STATUS REPORT`: a decimal status, optionally a space
 //! and a JSON array `[["stage",microseconds],…]` of every stage run in that pass. Only
@@ -106,6 +112,36 @@ pub fn session_pattern(name: &str) -> String {
         .and_then(|rest| rest.find(':'))
         .map_or(name.len(), |i| SESSION_PREFIX.len() + i + 1);
     format!("{}%", &name[..identity_end])
+}
+
+/// One message handed to a worker: its id and the token of the claim that took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// `workqueue_id`.
+    pub id: i64,
+    /// The claim token, the proof every write of this claim's outcome carries.
+    pub token: i64,
+}
+
+/// Formats an assignment line (with its newline).
+pub fn format_assignment(a: Assignment) -> String {
+    format!("{} {}\n", a.id, a.token)
+}
+
+/// Parses an assignment line (without its newline): two decimals, one space between.
+pub fn parse_assignment(line: &str) -> Option<Assignment> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let (id, token) = line.split_once(' ')?;
+    let decimal = |s: &str| {
+        let digits = s.strip_prefix('-').unwrap_or(s);
+        (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<i64>().ok())
+            .flatten()
+    };
+    Some(Assignment {
+        id: decimal(id)?,
+        token: decimal(token)?,
+    })
 }
 
 /// One stage of a pass with the microseconds it took.
@@ -285,6 +321,33 @@ mod tests {
         );
         for value in [None, Some(""), Some("psql"), Some("pepsi-worker:")] {
             assert_eq!(given_session_name(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn an_assignment_is_an_id_and_a_token() {
+        let a = Assignment {
+            id: 42,
+            token: -7_305_119_840_124_961_218,
+        };
+        assert_eq!(format_assignment(a), "42 -7305119840124961218\n");
+        assert_eq!(parse_assignment("42 -7305119840124961218"), Some(a));
+        assert_eq!(parse_assignment("42 -7305119840124961218\r"), Some(a));
+        for line in [
+            "",
+            "42",
+            "42 ",
+            " 42 1",
+            "42 1 2",
+            "42  1",
+            "x 1",
+            "42 +1",
+            "42 1e3",
+            "42 99999999999999999999",
+            "42 -",
+            "-",
+        ] {
+            assert_eq!(parse_assignment(line), None, "{line:?}");
         }
     }
 

@@ -99,6 +99,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("011_ingress.sql"),
     migration!("012_relay_verdict.sql"),
     migration!("013_claim_floors.sql"),
+    migration!("014_claim_proof.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -80,8 +80,8 @@ pub const READ_LISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key, s.valu
      ORDER BY s.stage, s.address, s.key";
 
 /// The columns a worker loads for every row (see [`LOAD_METADATA`]). `$1` is the id
-/// array. The last column is the claim token every write of the row is guarded with.
-/// The settings subquery fetches the per-address overrides of the correspondents (the
+/// array. Never the claim token, which the worker's role may not read: the dispatcher
+/// hands it with the id (§6 "Claim tokens"). The settings subquery fetches the per-address overrides of the correspondents (the
 /// sender of a local message, else the recipients) for all stages, so fused stages have
 /// theirs too. The lifetime age is a difference of epochs in float8, never an interval:
 /// `now() - 'infinity'` is an error, which failed the load of the whole batch, while
@@ -100,8 +100,7 @@ macro_rules! load_columns {
             FROM pepsi.settings s \
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
                                        THEN ARRAY[lower(q.mail_from)] \
-                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text, \
-         q.claim"
+                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text"
     };
 }
 
@@ -123,53 +122,19 @@ pub const LOAD_FULL: &str = concat!(
      WHERE q.workqueue_id = ANY ($1)"
 );
 
-/// A worker's outcome writes for a batch, one statement (§12.3). $1 a JSON array of
-/// objects {id, claimed, claim, stage, status, delay_ms, state, and, when a stage
-/// rewrote them, mail_from, rcpt_to, header_from, subject}. Guarded: only rows still
-/// `running` at the stage they were claimed at, under the claim token read with them,
-/// are written (§12.2, §6). Returns the written ids.
-pub const WRITE_OUTCOMES: &str = "UPDATE pepsi.workqueue q \
-     SET stage = r.stage, \
-         status = r.status::pepsi.workqueue_status, \
-         timeout = CASE WHEN r.delay_ms IS NULL THEN NULL \
-                        ELSE now() + r.delay_ms * interval '1 millisecond' END, \
-         state = r.state - 'unwritten', \
-         mail_from = CASE WHEN r.rewritten THEN r.mail_from ELSE q.mail_from END, \
-         rcpt_to = CASE WHEN r.rewritten THEN r.rcpt_to ELSE q.rcpt_to END, \
-         header_from = CASE WHEN r.rewritten THEN r.header_from ELSE q.header_from END, \
-         subject = CASE WHEN r.rewritten THEN r.subject ELSE q.subject END \
-     FROM jsonb_to_recordset($1::text::jsonb) AS r(id bigint, claimed text, claim bigint, \
-          stage text, status text, delay_ms bigint, state jsonb, rewritten boolean, \
-          mail_from text, rcpt_to text[], header_from text, subject text) \
-     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
-       AND q.claim = r.claim \
-     RETURNING q.workqueue_id";
+/// A worker's outcome writes for a batch, one round trip (§12.3), through
+/// `pepsi.workqueue_write`. $1 a JSON array of objects {id, claimed, claim, stage,
+/// status, delay_ms, state, and, when a stage rewrote them (`rewritten`: true),
+/// mail_from, rcpt_to, header_from, subject}. Guarded: only rows still `running` at
+/// the stage they were claimed at, under the claim token the dispatcher handed with
+/// them, are written (§12.2, §6). Returns the written ids.
+pub const WRITE_OUTCOMES: &str = "SELECT w FROM pepsi.workqueue_write($1::text::jsonb) w";
 
-/// A worker's outcome writes for a batch in which no stage rewrote the envelope or the
-/// extracted metadata: [`WRITE_OUTCOMES`] without those columns, and with the same
-/// payload (its `rewritten` is false throughout, its envelope keys absent). Naming no
-/// column `sender_key` is computed from, the UPDATE leaves the stored generated column
-/// as it is instead of computing it again for every row.
-pub const WRITE_ADVANCES: &str = "UPDATE pepsi.workqueue q \
-     SET stage = r.stage, \
-         status = r.status::pepsi.workqueue_status, \
-         timeout = CASE WHEN r.delay_ms IS NULL THEN NULL \
-                        ELSE now() + r.delay_ms * interval '1 millisecond' END, \
-         state = r.state - 'unwritten' \
-     FROM jsonb_to_recordset($1::text::jsonb) AS r(id bigint, claimed text, claim bigint, \
-          stage text, status text, delay_ms bigint, state jsonb) \
-     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
-       AND q.claim = r.claim \
-     RETURNING q.workqueue_id";
-
-/// A worker's finished messages, one statement. $1 ids (int8[]), $2 the stages they
-/// were claimed at (text[]), $3 their claim tokens (int8[]). Guarded like
-/// [`WRITE_OUTCOMES`]. Returns the deleted ids.
-pub const DELETE_FINISHED: &str = "DELETE FROM pepsi.workqueue q \
-     USING unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, claimed, claim) \
-     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.claimed \
-       AND q.claim = r.claim \
-     RETURNING q.workqueue_id";
+/// A worker's finished messages, one round trip, through `pepsi.workqueue_finish`. $1
+/// ids (int8[]), $2 the stages they were claimed at (text[]), $3 their claim tokens
+/// (int8[]). Guarded like [`WRITE_OUTCOMES`]. Returns the deleted ids.
+pub const DELETE_FINISHED: &str =
+    "SELECT f FROM pepsi.workqueue_finish($1::int8[], $2::text[], $3::int8[]) f";
 
 /// Splits a claimed row's recipients (§12.5), one round trip. $1 id (int8), $2 groups
 /// (JSON text), $3 the claimed stage (guard), $4 the stage the groups continue at or
@@ -208,63 +173,35 @@ pub const BOUNCER_TIMEOUTS_OPTION: &str = "-c lock_timeout=5s -c statement_timeo
 /// (workers unless `WORKER_SYNCHRONOUS_COMMIT = yes`, the dispatcher's coordinator).
 pub const ASYNC_COMMIT_OPTION: &str = "-c synchronous_commit=off";
 
-/// The claim of one row, read without any of its content: for a row whose load fails,
-/// so that it can still be failed under its guard. $1 id (int8). Returns (stage,
-/// status, claim token), or no row when it is gone. Reads only.
-pub const LOAD_CLAIM: &str = "SELECT stage, status::text, claim FROM pepsi.workqueue \
+/// The stage and status of one row, read without any of its content: for a row whose
+/// load fails, so that it can still be failed at its claimed stage under the token the
+/// dispatcher handed with it. $1 id (int8). Returns (stage, status), or no row when it
+/// is gone. Reads only.
+pub const LOAD_CLAIM: &str = "SELECT stage, status::text FROM pepsi.workqueue \
      WHERE workqueue_id = $1";
 
-/// Fails a claimed row without rewriting its state: the failure keys are merged into
-/// the stored state server-side, so a row the worker cannot load or read loses nothing
-/// (§12.4). $1 id (int8), $2 claimed stage (text, also `failed_stage`), $3 claim token
-/// (int8), $4 `failure_class` (text), $5 `last_error` (text); guarded. Returns the id,
-/// or no row when the guard did not match.
-pub const FAIL_IN_PLACE: &str = "UPDATE pepsi.workqueue \
-     SET status = 'failed', timeout = NULL, \
-         state = state || jsonb_build_object('failure_class', $4::text, \
-                                             'failed_stage', $2::text, 'last_error', $5::text) \
-     WHERE workqueue_id = $1 AND status = 'running' AND stage = $2 AND claim = $3 \
-     RETURNING workqueue_id";
+/// Fails a claimed row without rewriting its state, through
+/// `pepsi.workqueue_fail_in_place`: the failure keys are merged into the stored state
+/// server-side, so a row the worker cannot load or read loses nothing (§12.4). $1 id
+/// (int8), $2 claimed stage (text, also `failed_stage`), $3 claim token (int8), $4
+/// `failure_class` (text), $5 `last_error` (text); guarded. Returns the id, or NULL
+/// when the guard did not match.
+pub const FAIL_IN_PLACE: &str =
+    "SELECT pepsi.workqueue_fail_in_place($1::int8, $2::text, $3::int8, $4::text, $5::text)";
 
 /// Last resort when a worker cannot write a row's outcome for a non-connection
-/// reason. `state.unwritten` counts the attempts (a value that is not a number counts
-/// as none, a huge one as many); the attempt that brings it to $5 fails the row with
-/// `failure_class` `unwritable` (and `failed_stage`), every earlier one pauses it with
-/// the error, for 1 minute the first time and twice as long each time after, up to an
-/// hour, so a stage whose outcome never fits does not repeat its side effects every
-/// minute, nor forever. The state is merged server-side, never replaced. $1 id (int8),
-/// $2 claimed stage (text), $3 the error (text), $4 the claim token (int8), $5 the
-/// attempt that fails the row (int4); guarded. Returns (the new status as text, the
-/// pause in minutes or NULL when it failed, the attempt count), or no row when the
-/// guard did not match.
-pub const PAUSE_OR_FAIL_UNWRITTEN: &str = "WITH cur AS ( \
-         SELECT w.workqueue_id, \
-                CASE WHEN jsonb_typeof(w.state -> 'unwritten') = 'number' \
-                     THEN least(greatest(floor((w.state ->> 'unwritten')::numeric), 0), \
-                                1000)::int \
-                     ELSE 0 END + 1 AS n \
-           FROM pepsi.workqueue w \
-          WHERE w.workqueue_id = $1 AND w.status = 'running' AND w.stage = $2 \
-            AND w.claim = $4 \
-     ) \
-     UPDATE pepsi.workqueue w \
-        SET status = CASE WHEN cur.n >= $5 THEN 'failed'::pepsi.workqueue_status \
-                          ELSE 'paused'::pepsi.workqueue_status END, \
-            timeout = CASE WHEN cur.n >= $5 THEN NULL \
-                           ELSE now() + make_interval(mins => \
-                                    least(60, power(2, least(cur.n - 1, 6)))::int) END, \
-            state = w.state \
-                    || jsonb_build_object('last_error', $3::text, 'unwritten', cur.n) \
-                    || CASE WHEN cur.n >= $5 \
-                            THEN jsonb_build_object('failure_class', 'unwritable', \
-                                                    'failed_stage', $2::text) \
-                            ELSE '{}'::jsonb END \
-       FROM cur \
-      WHERE w.workqueue_id = cur.workqueue_id AND w.status = 'running' AND w.stage = $2 \
-        AND w.claim = $4 \
-     RETURNING w.status::text, \
-               CASE WHEN cur.n < $5 THEN least(60, power(2, least(cur.n - 1, 6)))::int8 END, \
-               cur.n::int8";
+/// reason, through `pepsi.workqueue_unwritten`: `state.unwritten` counts the attempts
+/// (a value that is not a number counts as none, a huge one as many); the attempt that
+/// brings it to $5 fails the row with `failure_class` `unwritable` (and
+/// `failed_stage`), every earlier one pauses it with the error, for 1 minute the first
+/// time and twice as long each time after, up to an hour, so a stage whose outcome
+/// never fits does not repeat its side effects every minute, nor forever. The state is
+/// merged server-side, never replaced. $1 id (int8), $2 claimed stage (text), $3 the
+/// error (text), $4 the claim token (int8), $5 the attempt that fails the row (int4);
+/// guarded. Returns (the new status as text, the pause in minutes or NULL when it
+/// failed, the attempt count), or no row when the guard did not match.
+pub const PAUSE_OR_FAIL_UNWRITTEN: &str = "SELECT u.status, u.pause_minutes, u.attempts \
+     FROM pepsi.workqueue_unwritten($1::int8, $2::text, $3::text, $4::int8, $5::int4) u";
 
 /// The coordinator session's bounds (§8.2 "Bounded waits"): a row lock held elsewhere
 /// (an operator's `SELECT … FOR UPDATE`, a killed worker's statement still running) or

@@ -1,8 +1,8 @@
 //! One worker process, the mechanism only: starting `PROGRAM [-c FILE] worker` with
 //! piped stdin/stdout (stderr inherited) as the leader of its own session, dying with
 //! the dispatcher (`PR_SET_PDEATHSIG`), the non-blocking pipes registered with mio, the
-//! queue of claims handed to it in order, writing ids in one buffer, reading status
-//! lines until `WouldBlock`, and killing (its whole session, helpers and their children
+//! queue of claims handed to it in order, writing ids (with their claim tokens) in one
+//! buffer, reading status lines until `WouldBlock`, and killing (its whole session, helpers and their children
 //! included) and reaping. It decides nothing: what to do with a line or a death is
 //! decided by the worker handlers ([`super::workers`], which also start each process)
 //! and the pool decisions, and the table that holds every process is
@@ -252,7 +252,12 @@ impl WorkerProc {
         }
         let now = Instant::now();
         for slot in self.queue.iter_mut().filter(|s| !s.written) {
-            let line = format!("{}\n", slot.claim.id);
+            // The id with its claim token: the worker's proof of the claim, which its
+            // role cannot read from the queue (§6 "Claim tokens").
+            let line = protocol::format_assignment(protocol::Assignment {
+                id: slot.claim.id,
+                token: slot.claim.token,
+            });
             self.write_buf.extend_from_slice(line.as_bytes());
             self.queued_bytes += line.len() as u64;
             slot.written = true;

@@ -5,12 +5,12 @@
 //!
 //! Owns the [`Server`]: the worker's pool, the chain [`Runner`] and the batch size.
 //! Called by `runtime.rs` once `ready` is out. It owns the batch's connection and the
-//! per-stage timings of the REPORT; it reads the claim token with each row and hands it
-//! on, but writes nothing itself (`writes.rs` does) and decides no outcome (`chain.rs`
+//! per-stage timings of the REPORT; it takes each row's claim token from its assignment
+//! line (the stage's role cannot read it) and hands it on, but writes nothing itself (`writes.rs` does) and decides no outcome (`chain.rs`
 //! and `errors.rs` do). A row it cannot use is never a crash of the worker, and never
 //! its batch's problem: when the batch's SELECT is refused, the ids are loaded one at a
-//! time, and a row that cannot be loaded at all is failed alone (`unreadable`), under
-//! the claim token read by a SELECT of nothing but its claim.
+//! time, and a row that cannot be loaded at all is failed alone (`unreadable`), at the
+//! stage read by a SELECT of nothing but its stage and status.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
@@ -32,7 +32,7 @@ use crate::db::pool::{PgConn, Pool};
 use crate::db::{self, ErrorKind, sql};
 use crate::escape::Visible;
 use crate::exit::{self, Failure};
-use crate::protocol;
+use crate::protocol::{self, Assignment};
 
 /// The columns of [`sql::LOAD_METADATA`] and [`sql::LOAD_FULL`], by position.
 mod col {
@@ -49,16 +49,15 @@ mod col {
     pub const SENDER_KEY: usize = 10;
     /// Seconds since `arrived`, or since `state.dsn_created` for a DSN.
     pub const LIFETIME_AGE: usize = 11;
-    /// The per-address settings of the correspondents, as JSON text.
+    /// The per-address settings of the correspondents, as JSON text; the last of the
+    /// columns both loads share.
     pub const SETTINGS: usize = 12;
-    /// The claim token, the last of the columns both loads share.
-    pub const CLAIM: usize = 13;
     /// `LOAD_FULL` only.
-    pub const HEADERS: usize = 14;
+    pub const HEADERS: usize = 13;
     /// `LOAD_FULL` only.
-    pub const BODY: usize = 15;
+    pub const BODY: usize = 14;
     /// `LOAD_FULL` only: `arrived`, as epoch seconds.
-    pub const ARRIVED: usize = 16;
+    pub const ARRIVED: usize = 15;
 }
 
 /// The serve loop's state: what a batch is loaded with and handed to.
@@ -97,8 +96,8 @@ impl Server {
         let stdout = std::io::stdout();
         let mut tally = BatchTally::default();
         loop {
-            let ids = match input.next_batch(max) {
-                Ok(Some(ids)) => ids,
+            let batch = match input.next_batch(max) {
+                Ok(Some(batch)) => batch,
                 Ok(None) => {
                     if tally.batches() > 0 {
                         log::info!("{label}: input ended after {tally}");
@@ -107,8 +106,8 @@ impl Server {
                 }
                 Err(e) => return Err(Failure::new(exit::EX_SOFTWARE, e.to_string())),
             };
-            tally.add(ids.len());
-            let plans = self.process(&ids);
+            tally.add(batch.len());
+            let plans = self.process(&batch);
             // The batch's answers in one write (atomic on a pipe up to PIPE_BUF): the
             // dispatcher sees the whole batch's capacity free at once and claims it in
             // one go, instead of a row or two per line as a line-buffered stdout would
@@ -126,8 +125,10 @@ impl Server {
     }
 
     /// One batch: load, run every chain, commit; one plan per id, in input order.
-    fn process(&mut self, ids: &[i64]) -> Vec<Plan> {
+    fn process(&mut self, batch: &[Assignment]) -> Vec<Plan> {
         let started = Instant::now();
+        let ids: Vec<i64> = batch.iter().map(|a| a.id).collect();
+        let ids = ids.as_slice();
         let mut conn = match self.pool.get() {
             Ok(c) => c,
             Err(e) => {
@@ -173,7 +174,7 @@ impl Server {
                 match load_rows(&mut conn, query, ids) {
                     Ok(rows) => rows,
                     Err(e) if db::classify(&e) == ErrorKind::Other => {
-                        load_one_by_one(&mut conn, query, ids, &e, &mut settled)
+                        load_one_by_one(&mut conn, query, batch, &e, &mut settled)
                     }
                     Err(e) => return load_failed(ids, &e),
                 }
@@ -182,7 +183,7 @@ impl Server {
             // handle): the same for every later try, so one row must not hold up the
             // batch forever.
             Err(e) if db::classify(&e) == ErrorKind::Other => {
-                load_one_by_one(&mut conn, query, ids, &e, &mut settled)
+                load_one_by_one(&mut conn, query, batch, &e, &mut settled)
             }
             Err(e) => return load_failed(ids, &e),
         };
@@ -191,7 +192,8 @@ impl Server {
         let load_share = per_message(started.elapsed(), ids.len());
         let mut plans = Vec::with_capacity(ids.len());
         let mut seen = HashSet::new();
-        for &id in ids {
+        for &assignment in batch {
+            let id = assignment.id;
             if let Some(plan) = settled.remove(&id) {
                 plans.push(plan);
                 continue;
@@ -208,7 +210,7 @@ impl Server {
                     );
                     Plan::answer_only(id, protocol::STATUS_OK)
                 }
-                Some(row) => self.plan_row(&mut conn, id, &row, loaded),
+                Some(row) => self.plan_row(&mut conn, assignment, &row, loaded),
             };
             plans.push(plan);
         }
@@ -234,7 +236,14 @@ impl Server {
     }
 
     /// The plan for one loaded row: its chain when it is running and readable.
-    fn plan_row(&mut self, conn: &mut PgConn, id: i64, row: &postgres::Row, loaded: Load) -> Plan {
+    fn plan_row(
+        &mut self,
+        conn: &mut PgConn,
+        assignment: Assignment,
+        row: &postgres::Row,
+        loaded: Load,
+    ) -> Plan {
+        let id = assignment.id;
         let status: String = row.get(col::STATUS);
         if status != "running" {
             // The row's stage, as any writer of the queue left it.
@@ -245,10 +254,11 @@ impl Server {
         }
         match message_from_row(row, loaded) {
             Ok(mut message) => {
+                message.claim = assignment.token;
                 self.runner.drop_refused_settings(&mut message);
                 self.runner.run_chain(conn, message, loaded)
             }
-            Err(why) => unreadable(id, row, why),
+            Err(why) => unreadable(assignment, row, why),
         }
     }
 }
@@ -256,36 +266,25 @@ impl Server {
 /// A running row that cannot be read into a message is that message's permanent
 /// error. The worker does not hold the row's whole state (it may be what cannot be
 /// read), so the failure keys are merged into the stored state server-side, under
-/// the claim token read with the row; a stored state is never replaced by a smaller
-/// one. Without a readable token no write is safe: the row is left as it is.
-fn unreadable(id: i64, row: &postgres::Row, why: String) -> Plan {
+/// the claim token of its assignment; a stored state is never replaced by a smaller
+/// one.
+fn unreadable(assignment: Assignment, row: &postgres::Row, why: String) -> Plan {
+    let id = assignment.id;
     let stage: String = row.get(col::STAGE);
-    let claim = match row.try_get::<_, i64>(col::CLAIM) {
-        Ok(claim) => claim,
-        Err(e) => {
-            log::warn!(
-                "{}: message {id} cannot be read ({}), nor can its claim token ({e}); \
-                 nothing written, the row is left running",
-                Visible(&stage),
-                Visible(&why)
-            );
-            return Plan::answer_only(id, protocol::STATUS_OK);
-        }
-    };
     log::warn!(
         "{}: message {id}: permanent error, failing it: {}",
         Visible(&stage),
         Visible(&why)
     );
-    failing_plan(id, stage, claim, PERMANENT, why)
+    failing_plan(assignment, stage, PERMANENT, why)
 }
 
 /// A plan that fails a running row in place (see [`Write::Fail`]) and answers that it
 /// failed.
-fn failing_plan(id: i64, stage: String, claim: i64, class: &'static str, error: String) -> Plan {
-    let mut plan = Plan::answer_only(id, protocol::STATUS_PERMANENT);
+fn failing_plan(assignment: Assignment, stage: String, class: &'static str, error: String) -> Plan {
+    let mut plan = Plan::answer_only(assignment.id, protocol::STATUS_PERMANENT);
     plan.claimed = stage;
-    plan.claim = claim;
+    plan.claim = assignment.token;
     plan.write = Write::Fail { class, error };
     plan
 }
@@ -307,16 +306,17 @@ fn load_rows(
 fn load_one_by_one(
     conn: &mut PgConn,
     query: &'static str,
-    ids: &[i64],
+    batch: &[Assignment],
     err: &postgres::Error,
     settled: &mut HashMap<i64, Plan>,
 ) -> Vec<postgres::Row> {
     let mut unique = HashSet::new();
-    let ids: Vec<i64> = ids
+    let batch: Vec<Assignment> = batch
         .iter()
         .copied()
-        .filter(|id| unique.insert(*id))
+        .filter(|a| unique.insert(a.id))
         .collect();
+    let ids: Vec<i64> = batch.iter().map(|a| a.id).collect();
     if ids.len() > 1 {
         log::warn!(
             "cannot load messages {ids:?} together: {}; loading them one at a time",
@@ -324,7 +324,8 @@ fn load_one_by_one(
         );
     }
     let mut rows = Vec::with_capacity(ids.len());
-    for &id in &ids {
+    for &assignment in &batch {
+        let id = assignment.id;
         // A batch of one has been tried already.
         let single;
         let err = if ids.len() == 1 {
@@ -341,16 +342,18 @@ fn load_one_by_one(
                 }
             }
         };
-        settled.insert(id, unloadable(conn, id, err));
+        settled.insert(id, unloadable(conn, assignment, err));
     }
     rows
 }
 
 /// The plan for a row whose load failed with `err`. A failure of the connection (or
 /// overload) is answered as such; any other is the row's own: when it is running, it
-/// fails alone with `failure_class` `unreadable`, under the stage and claim token read
-/// by [`sql::LOAD_CLAIM`], which reads nothing of the row's content.
-fn unloadable(conn: &mut PgConn, id: i64, err: &postgres::Error) -> Plan {
+/// fails alone with `failure_class` `unreadable`, at the stage read by
+/// [`sql::LOAD_CLAIM`] (which reads nothing of the row's content) under the claim
+/// token of its assignment.
+fn unloadable(conn: &mut PgConn, assignment: Assignment, err: &postgres::Error) -> Plan {
+    let id = assignment.id;
     let kind = db::classify(err);
     if kind != ErrorKind::Other {
         let answer = status_for(kind);
@@ -383,12 +386,12 @@ fn unloadable(conn: &mut PgConn, id: i64, err: &postgres::Error) -> Plan {
                 Visible(&stage),
                 Visible(&why)
             );
-            failing_plan(id, stage, row.get(2), "unreadable", why)
+            failing_plan(assignment, stage, "unreadable", why)
         }
         Err(e) => {
             let answer = status_for(db::classify(&e));
             log::warn!(
-                "message {id}: {}; nor can its claim be read: {}; answering {answer}",
+                "message {id}: {}; nor can its stage be read: {}; answering {answer}",
                 Visible(&why),
                 db::describe(&e)
             );
@@ -398,7 +401,7 @@ fn unloadable(conn: &mut PgConn, id: i64, err: &postgres::Error) -> Plan {
 }
 
 /// Loading failed. Nothing was committed, and without the rows the worker does not know
-/// their stages and tokens to guard a write with, so every id is answered 74 (75 for
+/// their stages to guard a write with, so every id is answered 74 (75 for
 /// overload) and the dispatcher defers it, guarded by the claim it made.
 fn load_failed(ids: &[i64], err: &postgres::Error) -> Vec<Plan> {
     let answer = status_for(db::classify(err));
@@ -458,7 +461,6 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
         state,
         column::<Option<String>>(row, col::SENDER_KEY)?.unwrap_or_default(),
     );
-    message.claim = column(row, col::CLAIM)?;
     message.auth_user = column(row, col::AUTH_USER)?;
     message.client_ip = column(row, col::CLIENT_IP)?;
     // NULL cannot come from the load; were it to, it is an age that cannot be known.

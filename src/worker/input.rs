@@ -1,6 +1,7 @@
-//! Reading ids from stdin, one decimal per line, with the greedy batch take of §12.3:
-//! block for the first id, then take every further line already buffered or readable
-//! without blocking, up to a limit, so a lone id is handled at once.
+//! Reading assignments from stdin, `ID TOKEN` per line (see [`crate::protocol`]), with
+//! the greedy batch take of §12.3: block for the first, then take every further line
+//! already buffered or readable without blocking, up to a limit, so a lone id is
+//! handled at once.
 //!
 //! Reads the raw file descriptor (no `std::io::Stdin` buffer in between) so that
 //! "readable without blocking" can be asked of the kernel with `poll`.
@@ -12,7 +13,9 @@
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
-/// Reads id lines from a file descriptor.
+use crate::protocol::{Assignment, parse_assignment};
+
+/// Reads assignment lines from a file descriptor.
 pub struct IdReader {
     file: std::mem::ManuallyDrop<std::fs::File>,
     fd: RawFd,
@@ -20,20 +23,24 @@ pub struct IdReader {
     eof: bool,
 }
 
-/// A line that is not an id.
+/// A line that is not an assignment.
 #[derive(Debug)]
 pub enum InputError {
     /// Reading failed.
     Io(io::Error),
-    /// The line is not a decimal id.
-    NotAnId(String),
+    /// The line is not `ID TOKEN`.
+    NotAnAssignment(String),
 }
 
 impl std::fmt::Display for InputError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             InputError::Io(e) => write!(f, "cannot read stdin: {e}"),
-            InputError::NotAnId(l) => write!(f, "stdin line {l:?} is not a message id"),
+            InputError::NotAnAssignment(l) => write!(
+                f,
+                "stdin line {:?} is not a message id and its claim token",
+                crate::escape::Visible(l)
+            ),
         }
     }
 }
@@ -89,8 +96,9 @@ impl IdReader {
         n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP) != 0
     }
 
-    /// The next batch of up to `max` ids (at least one), or `None` at end of input.
-    pub fn next_batch(&mut self, max: usize) -> Result<Option<Vec<i64>>, InputError> {
+    /// The next batch of up to `max` assignments (at least one), or `None` at end of
+    /// input.
+    pub fn next_batch(&mut self, max: usize) -> Result<Option<Vec<Assignment>>, InputError> {
         while self.complete_lines() == 0 && !self.eof {
             self.fill().map_err(InputError::Io)?;
         }
@@ -115,14 +123,14 @@ impl IdReader {
             if text.is_empty() {
                 continue;
             }
-            match text.parse::<i64>() {
-                Ok(id) => ids.push(id),
+            match parse_assignment(text) {
+                Some(a) => ids.push(a),
                 // The ids before it are answered first; the next call reports it.
-                Err(_) if !ids.is_empty() => {
+                None if !ids.is_empty() => {
                     self.buf.splice(0..0, line);
                     break;
                 }
-                Err(_) => return Err(InputError::NotAnId(text.to_string())),
+                None => return Err(InputError::NotAnAssignment(text.to_string())),
             }
         }
         if ids.is_empty() {
@@ -138,6 +146,11 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// The ids of a batch.
+    fn ids(batch: Result<Option<Vec<Assignment>>, InputError>) -> Option<Vec<i64>> {
+        batch.unwrap().map(|b| b.iter().map(|a| a.id).collect())
+    }
+
     fn pipe() -> (IdReader, std::fs::File) {
         let mut fds = [0; 2];
         // SAFETY: a fresh pipe.
@@ -150,19 +163,31 @@ mod tests {
     #[test]
     fn takes_what_is_buffered_up_to_the_limit() {
         let (mut r, mut w) = pipe();
-        w.write_all(b"1\n2\n3\n4\n5\n").unwrap();
-        assert_eq!(r.next_batch(4).unwrap(), Some(vec![1, 2, 3, 4]));
-        assert_eq!(r.next_batch(4).unwrap(), Some(vec![5]));
-        w.write_all(b"6\n").unwrap();
+        w.write_all(b"1 11\n2 12\n3 13\n4 14\n5 15\n").unwrap();
+        assert_eq!(ids(r.next_batch(4)), Some(vec![1, 2, 3, 4]));
+        assert_eq!(ids(r.next_batch(4)), Some(vec![5]));
+        w.write_all(b"6 16\n").unwrap();
         assert_eq!(
-            r.next_batch(4).unwrap(),
+            ids(r.next_batch(4)),
             Some(vec![6]),
             "a lone id is taken at once"
         );
-        w.write_all(b"\n7").unwrap();
+        w.write_all(b"\n7 -17").unwrap();
         drop(w);
-        assert_eq!(r.next_batch(4).unwrap(), Some(vec![7]));
+        assert_eq!(
+            r.next_batch(4).unwrap(),
+            Some(vec![Assignment { id: 7, token: -17 }])
+        );
         assert_eq!(r.next_batch(4).unwrap(), None);
+        // SAFETY: closing our read end.
+        unsafe { libc::close(r.fd) };
+    }
+
+    #[test]
+    fn an_id_without_its_token_is_an_error() {
+        let (mut r, mut w) = pipe();
+        w.write_all(b"8\n").unwrap();
+        assert!(matches!(r.next_batch(4), Err(InputError::NotAnAssignment(l)) if l == "8"));
         // SAFETY: closing our read end.
         unsafe { libc::close(r.fd) };
     }
@@ -170,9 +195,9 @@ mod tests {
     #[test]
     fn a_garbage_line_is_an_error_after_the_ids_before_it() {
         let (mut r, mut w) = pipe();
-        w.write_all(b"5\n6\n12x\n7\n").unwrap();
-        assert_eq!(r.next_batch(4).unwrap(), Some(vec![5, 6]));
-        assert!(matches!(r.next_batch(4), Err(InputError::NotAnId(l)) if l == "12x"));
+        w.write_all(b"5 1\n6 1\n12x 1\n7 1\n8\n").unwrap();
+        assert_eq!(ids(r.next_batch(4)), Some(vec![5, 6]));
+        assert!(matches!(r.next_batch(4), Err(InputError::NotAnAssignment(l)) if l == "12x 1"));
         // SAFETY: closing our read end.
         unsafe { libc::close(r.fd) };
     }

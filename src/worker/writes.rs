@@ -1,11 +1,12 @@
 //! The worker's writes (SPEC §12.2, §12.3, §6 "Claim tokens"): committing a batch's
-//! [`Plan`]s in one UPDATE and one DELETE (failures in place, splits and bounces one by
-//! one), the lazy split's `workqueue_split` call, and what happens when a write fails
-//! or matches nothing.
+//! [`Plan`]s in one call of `pepsi.workqueue_write` and one of `pepsi.workqueue_finish`
+//! (failures in place, splits and bounces one by one), the lazy split's
+//! `workqueue_split` call, and what happens when a write fails or matches nothing.
 //!
 //! Called by `batch.rs` (commit a processed batch) and `chain.rs` (the lazy split
-//! before a stage runs). Every write is guarded by `status = 'running' AND stage =
-//! <claimed stage> AND claim = <token read with the row>`; a write that matches nothing
+//! before a stage runs). Every write goes through a function of the schema that takes
+//! the claim token the dispatcher handed with the id and writes only while the row is
+//! `running` at its claimed stage under that token; a write that matches nothing
 //! means the row was taken away: a warning and answer 0, never a retry. Free
 //! functions over a connection: this file holds no state, must not decide outcomes
 //! (the stages and the error model do) nor read stdin or write status lines.
@@ -283,7 +284,7 @@ fn fail_in_place(conn: &mut PgConn, plan: &mut Plan, class: &str, error: &str) {
             ],
         )
     });
-    match result {
+    match result.map(|row| row.and_then(|r| r.get::<_, Option<i64>>(0))) {
         Ok(Some(_)) => {}
         Ok(None) => {
             log::warn!(
@@ -354,9 +355,10 @@ fn run_shape(
                     _ => None,
                 })
                 .collect();
-            let statement = update_statement(&rows);
             let payload = Value::Array(rows).to_string();
-            db::retry_transient(|| conn.query_prepared(statement, &[Type::TEXT], &[&payload]))?
+            db::retry_transient(|| {
+                conn.query_prepared(sql::WRITE_OUTCOMES, &[Type::TEXT], &[&payload])
+            })?
         }
         Shape::Delete => {
             let ids: Vec<i64> = plans.iter().map(|p| p.id).collect();
@@ -372,45 +374,4 @@ fn run_shape(
         }
     };
     Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
-}
-
-/// The statement that writes these elements of [`sql::WRITE_OUTCOMES`]'s recordset:
-/// [`sql::WRITE_ADVANCES`] when no stage rewrote a message's envelope or metadata, so
-/// the stored `sender_key` is not computed again for every row.
-fn update_statement(rows: &[Value]) -> &'static str {
-    if rows.iter().any(|r| r["rewritten"] == Value::Bool(true)) {
-        sql::WRITE_OUTCOMES
-    } else {
-        sql::WRITE_ADVANCES
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::worker::message::Message;
-    use crate::worker::plan::update_row;
-
-    #[test]
-    fn only_a_batch_with_a_rewritten_message_writes_the_envelope() {
-        let mut plain = Message::new(
-            7,
-            "relay".into(),
-            "a@x.example".into(),
-            vec!["r@y.example".into()],
-            None,
-            None,
-            Default::default(),
-            "from:x.example".into(),
-        );
-        let row = update_row(&plain, "relay", "done", "pending", None);
-        assert_eq!(
-            update_statement(std::slice::from_ref(&row)),
-            sql::WRITE_ADVANCES
-        );
-        plain.set_mail_from("b@z.example".into());
-        let rewritten = update_row(&plain, "relay", "done", "pending", None);
-        assert_eq!(rewritten["mail_from"], "b@z.example");
-        assert_eq!(update_statement(&[row, rewritten]), sql::WRITE_OUTCOMES);
-    }
 }

@@ -52,11 +52,12 @@ fn under_a_deep_backlog_every_claim_and_every_worker_batch_is_full() {
          [stage-d]\nPROGRAM = {discard}\n",
     );
     let mut c = db.client();
-    // Every claim of a row at s, by its token.
+    // Every claim of a row at s, by the transaction of the claim that took it (each
+    // claim is a statement of its own; every row gets a token of its own).
     c.batch_execute(
-        "CREATE TABLE claimed (token int8, stage text);
+        "CREATE TABLE claimed (claim_tx int8, stage text);
          CREATE FUNCTION record_claim() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-         BEGIN INSERT INTO claimed VALUES (NEW.claim, NEW.stage); RETURN NULL; END $$;
+         BEGIN INSERT INTO claimed VALUES (txid_current(), NEW.stage); RETURN NULL; END $$;
          CREATE TRIGGER record_claim AFTER UPDATE OF claim ON pepsi.workqueue FOR EACH ROW
              WHEN (NEW.claim IS DISTINCT FROM OLD.claim AND NEW.status = 'running')
              EXECUTE FUNCTION record_claim();",
@@ -77,7 +78,7 @@ fn under_a_deep_backlog_every_claim_and_every_worker_batch_is_full() {
 
     let sizes: Vec<(i64, i64)> = c
         .query(
-            "SELECT n, count(*) FROM (SELECT count(*) AS n FROM claimed WHERE stage = 's' GROUP BY token) t \
+            "SELECT n, count(*) FROM (SELECT count(*) AS n FROM claimed WHERE stage = 's' GROUP BY claim_tx) t \
              GROUP BY n ORDER BY n",
             &[],
         )

@@ -770,6 +770,7 @@ fn rows_failed_each_way_give_the_documented_status() {
     assert_eq!(state_of(&mut c, soft)["failure_class"], "retries-exhausted");
     let strike = |c: &mut Client, kind: &str| -> i64 {
         let id = inject_at(c, "hard");
+        let token = crate::util::tokens(c, &[id])[0];
         for _ in 0..3 {
             c.execute(
                 "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $1",
@@ -777,8 +778,8 @@ fn rows_failed_each_way_give_the_documented_status() {
             )
             .unwrap();
             c.query(
-                "SELECT * FROM pepsi.workqueue_strike($1, 'hard', $2, 'worker died', 0)",
-                &[&id, &kind],
+                "SELECT * FROM pepsi.workqueue_strike($1, 'hard', $2, 'worker died', $3)",
+                &[&id, &kind, &token],
             )
             .unwrap();
         }

@@ -317,7 +317,7 @@ fn pepsi_setup_closes_public_and_check_reports_a_schema_other_roles_may_create_i
 }
 
 #[test]
-fn a_worker_changes_only_rows_in_flight_and_never_a_claim() {
+fn a_worker_changes_only_the_rows_it_holds_the_claim_of_and_never_a_claim() {
     let db = TestDb::new();
     let mut owner = db.client();
     let pending = crate::util::inject(
@@ -341,14 +341,22 @@ fn a_worker_changes_only_rows_in_flight_and_never_a_claim() {
         )
         .unwrap();
     let mut w = db.client_as(&worker_login());
-    // Rows that are not in flight: no update, no deletion, no way to make them so.
+    // No row is the worker's to change directly, in flight or not, nor its token to
+    // read: its writes go through the functions that take the token.
     for sql in [
         "UPDATE pepsi.workqueue SET stage = 'deliver' WHERE workqueue_id = $1",
         "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $1",
+        "UPDATE pepsi.workqueue SET claim = 7 WHERE workqueue_id = $1",
         "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1",
+        "SELECT claim FROM pepsi.workqueue WHERE workqueue_id = $1",
     ] {
-        for id in [pending, failed] {
-            assert_eq!(w.execute(sql, &[&id]).unwrap(), 0, "{sql} {id}");
+        for id in [pending, failed, running] {
+            let err = w.execute(sql, &[&id]).unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+                "{sql} {id}: {err}"
+            );
         }
     }
     assert_eq!(
@@ -399,15 +407,50 @@ fn a_worker_changes_only_rows_in_flight_and_never_a_claim() {
         .unwrap()
         .get(0);
     assert_eq!(bounce, None);
-    // The row it holds: its outcome, but never its claim token, and a notification
-    // only to its own sender.
-    let err = w
-        .execute(
-            "UPDATE pepsi.workqueue SET claim = 7 WHERE workqueue_id = $1",
-            &[&running],
-        )
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+    // The row in flight, under a token the worker does not hold: nothing, whatever
+    // the write.
+    let advance = |claim: i64, status: &str| {
+        json!([{"id": running, "claimed": "s", "claim": claim, "stage": "t",
+                "status": status, "delay_ms": null, "state": {}}])
+        .to_string()
+    };
+    for guess in [0i64, 41, 43, -42] {
+        assert!(
+            w.query(sql::WRITE_OUTCOMES, &[&advance(guess, "pending")])
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            w.query(
+                sql::DELETE_FINISHED,
+                &[&vec![running], &vec!["s"], &vec![guess]]
+            )
+            .unwrap()
+            .is_empty()
+        );
+        let failed_it: Option<i64> = w
+            .query_one(
+                sql::FAIL_IN_PLACE,
+                &[&running, &"s", &guess, &"permanent", &"x"],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(failed_it, None);
+        assert!(
+            w.query(
+                sql::PAUSE_OR_FAIL_UNWRITTEN,
+                &[&running, &"s", &"x", &guess, &5i32]
+            )
+            .unwrap()
+            .is_empty()
+        );
+    }
+    assert_eq!(
+        row_at(&mut owner, running),
+        Some(("s".into(), "running".into()))
+    );
+    // Under its token: its outcome, in a status a worker writes, a notification only
+    // to its own sender, never an unclean envelope.
     let err = w
         .query_one(
             sql::BOUNCE,
@@ -429,18 +472,42 @@ fn a_worker_changes_only_rows_in_flight_and_never_a_claim() {
         Some(&SqlState::INVALID_PARAMETER_VALUE),
         "{err}"
     );
-    let err = w
-        .execute(
-            "UPDATE pepsi.workqueue SET status = 'held' WHERE workqueue_id = $1",
-            &[&running],
-        )
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
-    let payload = json!([{"id": running, "claimed": "s", "claim": 42, "stage": "t",
-                          "status": "pending", "delay_ms": null, "state": {}}])
-    .to_string();
+    for status in ["held", "timeout", "nonsense"] {
+        let err = w
+            .query(sql::WRITE_OUTCOMES, &[&advance(42, status)])
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{status}: {err}"
+        );
+    }
+    for (mail_from, rcpt_to) in [
+        (
+            json!("a@x.example"),
+            json!(["evil@z.example\r\nRCPT TO:<x@y.example>"]),
+        ),
+        (json!("a@x.example\r\nRSET"), json!(["r@y.example"])),
+        (json!("a@x.example"), json!([])),
+        (json!(null), json!(["r@y.example"])),
+    ] {
+        let mut row = serde_json::from_str::<serde_json::Value>(&advance(42, "pending")).unwrap();
+        row[0]["rewritten"] = json!(true);
+        row[0]["mail_from"] = mail_from.clone();
+        row[0]["rcpt_to"] = rcpt_to.clone();
+        let err = w
+            .query(sql::WRITE_OUTCOMES, &[&row.to_string()])
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INVALID_PARAMETER_VALUE),
+            "{mail_from} {rcpt_to}: {err}"
+        );
+    }
     assert_eq!(
-        w.query(sql::WRITE_ADVANCES, &[&payload]).unwrap().len(),
+        w.query(sql::WRITE_OUTCOMES, &[&advance(42, "pending")])
+            .unwrap()
+            .len(),
         1,
         "the worker advances the row it holds"
     );

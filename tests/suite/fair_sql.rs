@@ -426,7 +426,7 @@ fn a_stage_with_no_more_rows_than_fit_is_claimed_whole_as_the_ranking_would() {
     assert_eq!(answer.ids(), all, "{answer:?}");
     assert_eq!(answer.end("a"), None);
     let tokens: HashSet<i64> = answer.rows.iter().map(|r| r.token).collect();
-    assert_eq!(tokens.len(), 1, "one token: {answer:?}");
+    assert_eq!(tokens.len(), 15, "a token per row: {answer:?}");
     tx.rollback().unwrap();
 
     // One row fewer than the rows: the ranking decides, and the sender far ahead is
@@ -492,7 +492,7 @@ fn a_row_another_session_holds_is_skipped_and_the_next_takes_its_slot() {
 }
 
 #[test]
-fn the_fair_claim_stamps_one_token_counts_hops_and_tells_the_due_time() {
+fn the_fair_claim_stamps_a_token_per_row_counts_hops_and_tells_the_due_time() {
     let db = TestDb::new();
     let mut c = db.client();
     let a = add(&mut c, "a", "x@a.example", 3);
@@ -519,8 +519,12 @@ fn the_fair_claim_stamps_one_token_counts_hops_and_tells_the_due_time() {
     let answer = claim_fair(&mut c, &[ask("a", 5), ask("b", 5)], &[], 3);
     assert_eq!(answer.rows.len(), 5, "{answer:?}");
     let tokens: HashSet<i64> = answer.rows.iter().map(|r| r.token).collect();
-    assert_eq!(tokens.len(), 1, "one token for the whole call: {answer:?}");
-    let token = *tokens.iter().next().unwrap();
+    assert_eq!(
+        tokens.len(),
+        5,
+        "a token per row, none telling another's: {answer:?}"
+    );
+    let token = |id: i64| answer.rows.iter().find(|r| r.id == id).unwrap().token;
     let due = answer.due.expect("a paused row is due");
     assert!((3590.0..=3600.0).contains(&due), "{due}");
     let looped: Vec<i64> = answer
@@ -546,34 +550,25 @@ fn the_fair_claim_stamps_one_token_counts_hops_and_tells_the_due_time() {
             "failed".into(),
             4,
             Some("a".into()),
-            token,
+            token(a[0]),
             Some("looped".into())
         )
     );
     assert_eq!(
         row(&mut c, a[1]),
-        ("running".into(), 3, Some("a".into()), token, None)
+        ("running".into(), 3, Some("a".into()), token(a[1]), None)
     );
     assert_eq!(
         row(&mut c, b[0]),
-        ("running".into(), 1, Some("b".into()), token, None)
+        ("running".into(), 1, Some("b".into()), token(b[0]), None)
     );
-    // A call that claims nothing draws no token; the next that does draws the next.
-    let before: i64 = c
-        .query_one("SELECT last_value FROM pepsi.workqueue_claim_seq", &[])
-        .unwrap()
-        .get(0);
+    // Nothing left to claim; the next row's token is none of the earlier ones.
     let answer = claim_fair(&mut c, &[ask("a", 5), ask("b", 5)], &[], 3);
     assert!(answer.rows.is_empty(), "{answer:?}");
-    let after: i64 = c
-        .query_one("SELECT last_value FROM pepsi.workqueue_claim_seq", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(before, after);
     add(&mut c, "b", "x@b.example", 1);
-    let answer = claim_fair(&mut c, &[ask("b", 5)], &[], 3);
-    assert_eq!(answer.rows.len(), 1);
-    assert_eq!(answer.rows[0].token, token + 1);
+    let next = claim_fair(&mut c, &[ask("b", 5)], &[], 3);
+    assert_eq!(next.rows.len(), 1);
+    assert!(!tokens.contains(&next.rows[0].token), "{next:?}");
     // No stage asked: one row, with the due time only.
     let answer = claim_fair(&mut c, &[], &[], 3);
     assert_eq!(answer.returned, 1);
@@ -688,12 +683,12 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
         .map(|r| (r.get(0), r.get(1)))
         .unwrap();
     assert_eq!((passes, served), (7, 0));
-    // The fair claim works on the upgraded queue, under a fresh token.
-    let old_token = before.iter().map(|r| r.3).max().unwrap();
+    // The fair claim works on the upgraded queue, under fresh tokens.
+    let old_tokens: HashSet<i64> = before.iter().map(|r| r.3).collect();
     let answer = claim_fair(&mut c, &[ask("a", 10)], &[], MAX_HOPS);
     let want: HashSet<i64> = ids[5..11].iter().copied().collect();
     assert_eq!(answer.ids(), want, "{answer:?}");
-    assert!(answer.rows.iter().all(|r| r.token > old_token));
+    assert!(answer.rows.iter().all(|r| !old_tokens.contains(&r.token)));
     assert!(answer.due.is_some());
 }
 

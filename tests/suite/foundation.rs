@@ -167,11 +167,12 @@ fn the_body_goes_with_the_last_row_that_shares_it() {
         .unwrap()
         .get(0);
     crate::util::claim(&mut c, &[id]);
+    let token = crate::util::tokens(&mut c, &[id])[0];
     let new: Vec<i64> = c
         .query_one(
             "SELECT pepsi.workqueue_split($1, '[[\"r1@y.example\"],[\"r2@z.example\"]]'::jsonb, 's', \
-             NULL, NULL, false, 0)",
-            &[&id],
+             NULL, NULL, false, $2)",
+            &[&id, &token],
         )
         .unwrap()
         .get(0);

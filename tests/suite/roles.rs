@@ -22,7 +22,8 @@ use crate::util::dispatcher::Dispatcher;
 use crate::util::pg::login_role;
 use crate::util::rows::queue_len;
 use crate::util::{
-    TempDir, TestDb, bin, claim, inject, row_at, run, stage, stderr, upgrade_with_setup, wait_until,
+    TempDir, TestDb, bin, claim, inject, row_at, run, stage, stderr, tokens, upgrade_with_setup,
+    wait_until,
 };
 
 /// The login roles of the tests, one per group role.
@@ -122,15 +123,16 @@ fn a_worker_cannot_write_the_overlay_the_settings_the_schema_version_or_the_stat
     assert_eq!(n, 1);
 }
 
-/// A worker's batched outcome write: one object of `sql::WRITE_OUTCOMES`'s payload.
-fn outcome(
-    id: i64,
+/// A worker's batched outcome write: one object of `sql::WRITE_OUTCOMES`'s payload,
+/// under the claim token `claim`.
+pub(super) fn outcome(
+    (id, claim): (i64, i64),
     claimed: &str,
     stage: &str,
     status: &str,
     delay_ms: Option<i64>,
 ) -> serde_json::Value {
-    json!({"id": id, "claimed": claimed, "claim": 0, "stage": stage, "status": status,
+    json!({"id": id, "claimed": claimed, "claim": claim, "stage": stage, "status": status,
            "delay_ms": delay_ms, "state": {}, "rewritten": false})
 }
 
@@ -148,8 +150,10 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
         .map(|_| inject(&mut owner, "s", "a@x.example", &["r@y.example"]))
         .collect();
     claim(&mut owner, &ids);
+    let tok = tokens(&mut owner, &ids);
+    let held = |i: usize| (ids[i], tok[i]);
 
-    // Loading: metadata with the settings, the full message, a claim alone.
+    // Loading: metadata with the settings, the full message, a row's stage alone.
     let rows = w
         .query_typed(sql::LOAD_METADATA, &[(&ids, Type::INT8_ARRAY)])
         .unwrap();
@@ -162,14 +166,14 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
         .unwrap();
 
     // Advance, pause and fail in one batch, one with a rewritten envelope.
-    let mut rewritten = outcome(ids[0], "s", "next", "pending", None);
+    let mut rewritten = outcome(held(0), "s", "next", "pending", None);
     rewritten["rewritten"] = json!(true);
     rewritten["mail_from"] = json!("b@z.example");
     rewritten["rcpt_to"] = json!(["q@y.example"]);
     let payload = json!([
         rewritten,
-        outcome(ids[1], "s", "s", "paused", Some(60_000)),
-        outcome(ids[2], "s", "s", "failed", None),
+        outcome(held(1), "s", "s", "paused", Some(60_000)),
+        outcome(held(2), "s", "s", "failed", None),
     ])
     .to_string();
     let written = w
@@ -195,9 +199,9 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
     );
 
     // A batch that rewrote nothing: the plain advance.
-    let payload = json!([outcome(ids[4], "s", "next", "pending", None)]).to_string();
+    let payload = json!([outcome(held(4), "s", "next", "pending", None)]).to_string();
     let written = w
-        .query_typed(sql::WRITE_ADVANCES, &[(&payload, Type::TEXT)])
+        .query_typed(sql::WRITE_OUTCOMES, &[(&payload, Type::TEXT)])
         .unwrap();
     assert_eq!(written.len(), 1);
     assert_eq!(
@@ -208,14 +212,13 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
     // Finish: the row goes, and its body with it (the release trigger).
     let before = body_count(&mut owner);
     let claimed = vec!["s".to_string()];
-    let zero = vec![0i64];
     let done = w
         .query_typed(
             sql::DELETE_FINISHED,
             &[
                 (&vec![ids[3]], Type::INT8_ARRAY),
                 (&claimed, Type::TEXT_ARRAY),
-                (&zero, Type::INT8_ARRAY),
+                (&vec![tok[3]], Type::INT8_ARRAY),
             ],
         )
         .unwrap();
@@ -239,12 +242,13 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
         })
         .collect();
     claim(&mut owner, &more);
+    let tok = tokens(&mut owner, &more);
     w.query_typed_one(
         sql::FAIL_IN_PLACE,
         &[
             (&more[0], Type::INT8),
             (&"s", Type::TEXT),
-            (&0i64, Type::INT8),
+            (&tok[0], Type::INT8),
             (&"unreadable", Type::TEXT),
             (&"cannot read it", Type::TEXT),
         ],
@@ -258,7 +262,7 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
                 (&more[1], Type::INT8),
                 (&"s", Type::TEXT),
                 (&"cannot write", Type::TEXT),
-                (&0i64, Type::INT8),
+                (&tok[1], Type::INT8),
                 (&5i32, Type::INT4),
             ],
         )
@@ -277,7 +281,7 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
                 (&None::<&str>, Type::TEXT),
                 (&None::<&str>, Type::TEXT),
                 (&false, Type::BOOL),
-                (&0i64, Type::INT8),
+                (&tok[2], Type::INT8),
             ],
         )
         .unwrap();
@@ -296,7 +300,7 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
             &[
                 (&more[3], Type::INT8),
                 (&"s", Type::TEXT),
-                (&0i64, Type::INT8),
+                (&tok[3], Type::INT8),
                 (&"deliver", Type::TEXT),
                 (&"a@x.example", Type::TEXT),
                 (&"MAILER-DAEMON@mx.example", Type::TEXT),
@@ -431,7 +435,13 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
         )
         .unwrap();
     assert_eq!(claimed.len(), 3);
-    let token: i64 = claimed[0].get(3);
+    let token_of = |id: i64| -> i64 {
+        claimed
+            .iter()
+            .find(|r| r.get::<_, i64>(0) == id)
+            .map(|r| r.get(3))
+            .unwrap()
+    };
     let struck = d
         .query_typed_opt(
             sql::STRIKE,
@@ -440,7 +450,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&"s", Type::TEXT),
                 (&"crashed", Type::TEXT),
                 (&"died", Type::TEXT),
-                (&token, Type::INT8),
+                (&token_of(ids[0]), Type::INT8),
             ],
         )
         .unwrap();
@@ -451,7 +461,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
             &[
                 (&vec![ids[1]], Type::INT8_ARRAY),
                 (&stages, Type::TEXT_ARRAY),
-                (&vec![token], Type::INT8_ARRAY),
+                (&vec![token_of(ids[1])], Type::INT8_ARRAY),
             ],
         )
         .unwrap();
@@ -576,7 +586,8 @@ fn pepsi_setup_grants_the_roles_every_run_and_upgrades_schema_6_with_rows() {
     );
     // The row from before the upgrade is a worker's to finish.
     let mut w = db.client_as(&worker_login());
-    let payload = json!([outcome(id, "s", "t", "pending", None)]).to_string();
+    let token = tokens(&mut owner, &[id])[0];
+    let payload = json!([outcome((id, token), "s", "t", "pending", None)]).to_string();
     assert_eq!(
         w.query_typed(sql::WRITE_OUTCOMES, &[(&payload, Type::TEXT)])
             .unwrap()

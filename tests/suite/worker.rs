@@ -235,7 +235,7 @@ fn statement_calls(c: &mut Client, pattern: &str) -> i64 {
 }
 
 #[test]
-fn a_metadata_stage_loads_a_buffered_batch_with_one_select_and_one_update() {
+fn a_metadata_stage_loads_a_buffered_batch_with_one_select_and_one_write() {
     let (s, mut c) = scenario(
         "w-batch",
         false,
@@ -262,9 +262,9 @@ fn a_metadata_stage_loads_a_buffered_batch_with_one_select_and_one_update() {
         "4 buffered ids, one SELECT"
     );
     assert_eq!(
-        statement_calls(&mut c, "UPDATE pepsi.workqueue q SET stage = r.stage%"),
+        statement_calls(&mut c, "SELECT w FROM pepsi.workqueue_write(%"),
         1,
-        "and one UPDATE"
+        "and one write"
     );
     for id in &ids {
         assert_eq!(row_at(&mut c, *id), Some(("if".into(), "pending".into())));
@@ -1142,8 +1142,8 @@ fn statements_for(queue_limit: u32, n: usize) -> i64 {
     let mut w = Worker::ready(&stage("pass"), &s.conf);
     let count = |c: &mut Client| {
         statement_calls(c, "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%")
-            + statement_calls(c, "UPDATE pepsi.workqueue q SET stage = r.stage%")
-            + statement_calls(c, "DELETE FROM pepsi.workqueue q USING unnest%")
+            + statement_calls(c, "SELECT w FROM pepsi.workqueue_write(%")
+            + statement_calls(c, "SELECT f FROM pepsi.workqueue_finish(%")
     };
     let before = count(&mut c);
     assert!(w.run(&ids).iter().all(|l| code(l) == 0));

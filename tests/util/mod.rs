@@ -216,15 +216,42 @@ pub fn inject_claimed(c: &mut postgres::Client, stage: &str, from: &str, to: &[&
     id
 }
 
-/// Marks rows running, as the dispatcher's claim does.
+/// Marks rows running under a fresh claim token each, as the dispatcher's claim does.
 pub fn claim(c: &mut postgres::Client, ids: &[i64]) {
+    let tokens: Vec<i64> = ids.iter().map(|_| fresh_token()).collect();
     let n = c
         .execute(
-            "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = ANY ($1)",
-            &[&ids],
+            "UPDATE pepsi.workqueue q SET status = 'running', claim = t.token \
+               FROM unnest($1::int8[], $2::int8[]) AS t(id, token) \
+              WHERE q.workqueue_id = t.id",
+            &[&ids, &tokens],
         )
         .unwrap();
     assert_eq!(n as usize, ids.len(), "claim {ids:?}");
+}
+
+/// A claim token no other claim of this test run has: random, as the schema's are.
+pub fn fresh_token() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish() as i64
+}
+
+/// The claim tokens rows carry, in the order of `ids` (read as a role that may read
+/// them: the dispatcher's, the owner).
+pub fn tokens(c: &mut postgres::Client, ids: &[i64]) -> Vec<i64> {
+    ids.iter()
+        .map(|id| {
+            c.query_one(
+                "SELECT claim FROM pepsi.workqueue WHERE workqueue_id = $1",
+                &[id],
+            )
+            .unwrap()
+            .get(0)
+        })
+        .collect()
 }
 
 /// A row's (stage, status), or None when it is gone.

@@ -1,5 +1,6 @@
 //! A stage program run as the dispatcher runs it: `PROGRAM -c FILE worker` with stdin
-//! and stdout as pipes, the test playing the dispatcher's part.
+//! and stdout as pipes, the test playing the dispatcher's part: it hands each id with
+//! the claim token its row carries, read with the configuration's owner connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -12,6 +13,8 @@ const LINE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running worker.
 pub struct Worker {
+    /// The configuration's `CONNECTION`, where the tokens are read.
+    owner: String,
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
@@ -49,7 +52,11 @@ impl Worker {
             let _ = stderr.read_to_string(&mut s);
             s
         });
+        let owner = pepsi::config::Config::load(Some(conf))
+            .map(|c| c.postgres.connection.clone())
+            .unwrap_or_default();
         Worker {
+            owner,
             stdin: child.stdin.take(),
             child,
             lines: rx,
@@ -97,9 +104,35 @@ impl Worker {
         }
     }
 
-    /// Writes ids in one buffer.
+    /// Writes ids in one buffer, each with the claim token its row carries (0 for a
+    /// row that does not exist), as the dispatcher hands them.
     pub fn send(&mut self, ids: &[i64]) {
-        let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
+        let mut c = postgres::Client::connect(&self.owner, postgres::NoTls)
+            .expect("connect to read the claim tokens");
+        let tokens: std::collections::HashMap<i64, i64> = c
+            .query(
+                "SELECT workqueue_id, claim FROM pepsi.workqueue WHERE workqueue_id = ANY ($1)",
+                &[&ids],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let with_tokens: Vec<(i64, i64)> = ids
+            .iter()
+            .map(|id| (*id, tokens.get(id).copied().unwrap_or(0)))
+            .collect();
+        self.send_with_tokens(&with_tokens);
+    }
+
+    /// Writes ids with the claim tokens given, in one buffer.
+    pub fn send_with_tokens(&mut self, assignments: &[(i64, i64)]) {
+        let text: String = assignments
+            .iter()
+            .map(|&(id, token)| {
+                pepsi::protocol::format_assignment(pepsi::protocol::Assignment { id, token })
+            })
+            .collect();
         let stdin = self.stdin.as_mut().expect("stdin is open");
         stdin.write_all(text.as_bytes()).unwrap();
         stdin.flush().unwrap();
