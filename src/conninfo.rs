@@ -84,6 +84,27 @@ fn find(conninfo: &str) -> Option<(usize, usize, String)> {
     None
 }
 
+/// The connection string with its user replaced by `user`: a `key=value` string gets
+/// `user='…'` at its end (the last of a key wins), a URL a `user=…` query parameter
+/// (which libpq and the client library take over the URL's user).
+pub fn with_user(conninfo: &str, user: &str) -> String {
+    if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
+        let encoded: String = user
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let sep = if conninfo.contains('?') { '&' } else { '?' };
+        return format!("{conninfo}{sep}user={encoded}");
+    }
+    let quoted = user.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("{conninfo} user='{quoted}'")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +155,31 @@ mod tests {
             prepared("host=/s application_name=xtarget_session_attrs").unwrap(),
             "host=/s application_name=xtarget_session_attrs"
         );
+    }
+
+    #[test]
+    fn the_user_is_replaced_in_either_form() {
+        let kv = with_user(
+            "host=/run/postgresql dbname=pepsi user=pepsi",
+            "pepsi-worker",
+        );
+        assert_eq!(
+            kv,
+            "host=/run/postgresql dbname=pepsi user=pepsi user='pepsi-worker'"
+        );
+        let parsed: postgres::Config = kv.parse().unwrap();
+        assert_eq!(parsed.get_user(), Some("pepsi-worker"));
+        let odd: postgres::Config = with_user("dbname=q", "o'b\\x").parse().unwrap();
+        assert_eq!(odd.get_user(), Some("o'b\\x"));
+        let url = with_user(
+            "postgresql://pepsi@/pepsi?host=/run/postgresql",
+            "pepsi-worker",
+        );
+        let parsed: postgres::Config = url.parse().unwrap();
+        assert_eq!(parsed.get_user(), Some("pepsi-worker"));
+        let bare: postgres::Config = with_user("postgres://pepsi@db/pepsi", "w x")
+            .parse()
+            .unwrap();
+        assert_eq!(bare.get_user(), Some("w x"));
     }
 }

@@ -24,10 +24,13 @@
 //!   thread owning the LISTEN session; a small thread pool for statistics flushes and
 //!   the body GC. Threads talk over crossbeam channels and wake the loop with a
 //!   `mio::Waker`. Nothing here is async.
+//! - [`launcher`] is the dispatcher's process that starts and kills its workers, kept
+//!   root when the dispatcher was started as root: workers run under `[pepsi]
+//!   WORKER_AS`, not dumpable, with the configuration the dispatcher hands them.
 //! - [`keeper`] runs an exec stage's command apart from its worker: as the stage's
-//!   `USER`, through a keeper process that the dispatcher's root-kept master forks per
-//!   worker (or that a worker starts for itself when nobody may switch accounts), with a
-//!   clean environment, and killing whatever the command leaves behind.
+//!   `USER`, through a keeper process that the launcher forks per worker (or that a
+//!   worker starts for itself when nobody may switch accounts), with a clean
+//!   environment, and killing whatever the command leaves behind.
 //! - [`bouncer`] is `pepsi-failure-bouncer`: one thread and one connection that move
 //!   failed and timed-out rows to the bounce stage, as they fail (LISTEN) or in a
 //!   sweep.
@@ -97,6 +100,7 @@ pub mod escape;
 pub mod exit;
 pub mod ingress;
 pub mod keeper;
+pub mod launcher;
 pub mod logging;
 pub mod mailbox;
 pub mod privilege;

@@ -165,3 +165,43 @@ pub fn drop_to(account: &str) -> Result<Option<Account>, Failure> {
         home,
     }))
 }
+
+/// The account the stage workers of a dispatcher started as root run as (SPEC §4
+/// "Containment"): `[pepsi] WORKER_AS`, which must exist and be neither root nor
+/// `RUN_AS` (nor share its user id). `Ok(None)`: they keep root, as everything does
+/// with `RUN_AS = root` (tests and containers); `WORKER_AS = root` is allowed only then.
+pub fn worker_account(run_as: &str, worker_as: &str) -> Result<Option<Passwd>, String> {
+    if run_as == "root" {
+        return Ok(None);
+    }
+    if worker_as == "root" {
+        return Err(format!(
+            "[pepsi] WORKER_AS = root is allowed only with RUN_AS = root: workers would run \
+             with more privileges than the dispatcher ({run_as})"
+        ));
+    }
+    if worker_as == run_as {
+        return Err(format!(
+            "[pepsi] WORKER_AS {worker_as} is [pepsi] RUN_AS: the stage workers run under an \
+             account of their own, which cannot read the configuration or log in as another \
+             database role"
+        ));
+    }
+    let account = lookup(worker_as).map_err(|e| {
+        format!(
+            "[pepsi] WORKER_AS: {e} (create it: adduser --system --group --no-create-home \
+             --home /nonexistent {worker_as})"
+        )
+    })?;
+    if account.uid == 0 {
+        return Err(format!(
+            "[pepsi] WORKER_AS {worker_as} has user id 0, root's"
+        ));
+    }
+    if lookup(run_as).is_ok_and(|r| r.uid == account.uid) {
+        return Err(format!(
+            "[pepsi] WORKER_AS {worker_as} has the user id of [pepsi] RUN_AS {run_as}"
+        ));
+    }
+    Ok(Some(account))
+}

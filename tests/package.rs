@@ -142,7 +142,7 @@ fn dpkg(args: &[&str]) -> Output {
 }
 
 /// The accounts the package creates, each with its group of the same name.
-const ACCOUNTS: [&str; 2] = ["pepsi", "pepsi-exec"];
+const ACCOUNTS: [&str; 3] = ["pepsi", "pepsi-exec", "pepsi-worker"];
 
 /// Purges the package when dropped, and removes the accounts and groups the test
 /// created: the machine is left as it was found, whatever failed.
@@ -237,20 +237,31 @@ fn as_pepsi(db: &TestDb) -> String {
         std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let mut admin = util::pg::admin();
+    // The README's quick start: the owner, and the workers' role (named after their
+    // account, a member of pepsi_worker) that the owner may signal.
     admin
         .batch_execute(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi') \
-             THEN CREATE ROLE pepsi LOGIN; END IF; END $$",
+            "DO $$ BEGIN \
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi') \
+                 THEN CREATE ROLE pepsi LOGIN; END IF; \
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi_worker') \
+                 THEN CREATE ROLE pepsi_worker NOLOGIN; END IF; \
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi-worker') \
+                 THEN CREATE ROLE \"pepsi-worker\" LOGIN IN ROLE pepsi_worker; END IF; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$; \
+             GRANT \"pepsi-worker\" TO pepsi",
         )
         .unwrap();
     admin
         .batch_execute(&format!("ALTER DATABASE {} OWNER TO pepsi", db.name))
         .unwrap();
-    // The first matching line decides: pepsi by peer, everyone else as before.
+    // The first matching line decides: pepsi and pepsi-worker by peer, everyone else
+    // as before.
     let hba = data.join("pg_hba.conf");
     let rules = std::fs::read_to_string(&hba).unwrap();
-    if !rules.starts_with("local all pepsi peer\n") {
-        std::fs::write(&hba, format!("local all pepsi peer\n{rules}")).unwrap();
+    let ours = "local all pepsi,pepsi-worker peer\n";
+    if !rules.starts_with(ours) {
+        std::fs::write(&hba, format!("{ours}{rules}")).unwrap();
         admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     }
     let connection = db.connection().replace("user=postgres", "user=pepsi");
@@ -422,6 +433,16 @@ fn the_package_installs_runs_and_purges_cleanly() {
     assert_eq!(group("pepsi-exec"), Some(exec_gid));
     assert_eq!(exec_home, "/nonexistent");
     assert_eq!(exec_shell, "/usr/sbin/nologin");
+    // The account stage workers run as: the same, an account of its own.
+    let (worker_uid, worker_gid, worker_home, worker_shell) =
+        account("pepsi-worker").expect("postinst created the pepsi-worker account");
+    assert!(
+        worker_uid < 1000 && worker_uid != uid && worker_uid != exec_uid,
+        "pepsi-worker is a system account of its own"
+    );
+    assert_eq!(group("pepsi-worker"), Some(worker_gid));
+    assert_eq!(worker_home, "/nonexistent");
+    assert_eq!(worker_shell, "/usr/sbin/nologin");
 
     // Programs and stage links.
     for name in programs() {

@@ -12,6 +12,8 @@ use pepsi::stages::{self, REGISTRY};
 use pepsi::worker::{PROGRAM_PREFIX, Stage, runtime};
 
 fn main() -> ExitCode {
+    // Not dumpable, dying with the dispatcher, before anything is read.
+    runtime::harden();
     // First thing: started by a worker of this binary as its keeper (SPEC §4
     // "Containment"), not as a stage, it serves and exits with the keeper's status.
     if let Some(code) = pepsi::keeper::client::serve_if_asked() {

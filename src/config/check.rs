@@ -49,6 +49,7 @@ use crate::privilege::SERVICE_PATH;
 use crate::stages;
 
 mod address_settings;
+mod as_worker;
 
 /// The overlay rows laid over the file's stage sections would leave out (see
 /// [`graph::LaidOver::refused`]): each an error naming the row, its value and why.
@@ -267,9 +268,9 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     let mut found = Findings::default();
     let sections = match raw::read_all(&path) {
         // Lines the parse could not take are reported; the checks below run on the rest.
-        Ok((sections, errors)) => {
-            found.add_errors(errors);
-            sections
+        Ok(read) => {
+            found.add_errors(read.errors);
+            read.sections
         }
         Err(errors) => {
             // Without the file nothing else can be checked.
@@ -291,6 +292,14 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         .text(&sections)
         .unwrap_or_default()
         .to_string();
+    let worker_as = fixed::WORKER_AS
+        .text(&sections)
+        .unwrap_or_default()
+        .to_string();
+    let reserved = crate::keeper::Reserved {
+        run_as: &run_as,
+        worker_as: &worker_as,
+    };
     // A PROGRAM_PATH in error (reported above) allows nothing, so that no overlay row
     // passes here that the dispatcher might refuse.
     let programs = match &config {
@@ -313,8 +322,9 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         .cloned()
         .collect();
 
-    // Started as root, the dispatcher runs exec commands as their stages' USER through
-    // its keeper master; otherwise as its own account (SPEC §4 "Containment").
+    // Started as root, the dispatcher runs its workers as WORKER_AS and exec commands
+    // as their stages' USER through its launcher; otherwise everything as its own
+    // account (SPEC §4 "Containment").
     // SAFETY: geteuid has no preconditions.
     let as_root = unsafe { libc::geteuid() } == 0;
     let account = match Account::lookup(&run_as) {
@@ -324,6 +334,33 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
             None
         }
     };
+    let workers_as = if as_root {
+        match crate::privilege::worker_account(&run_as, &worker_as) {
+            Ok(a) => a.and_then(|a| Account::lookup(&a.name).ok()),
+            Err(e) => {
+                found.errors.push(e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // Running as an account of their own without a connection of their own, the
+    // workers log in as that account's role (see `PostgresOptions::worker_connection`).
+    let worker = match (&workers_as, fixed::WORKER_CONNECTION.text(&sections)) {
+        (Some(w), None) => (
+            DbRole::Worker.key(),
+            crate::conninfo::with_user(connection, &w.name),
+        ),
+        _ => worker,
+    };
+    // The workers' database checks, as the workers will connect: as WORKER_AS, in a
+    // child that switches to it now, while this process is still root.
+    let worker_findings = workers_as.as_ref().map(|w| {
+        as_worker::in_account(&w.name, |found| {
+            as_worker::worker_database(&worker, &stage_sections, &programs, &extra, found);
+        })
+    });
     // Started as root, check switches to RUN_AS as the dispatcher does, before it
     // connects: the database sees the account the dispatcher connects as (peer
     // authentication with the default CONNECTION), and the kernel answers the file
@@ -345,9 +382,24 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     if let Some(account) = &account {
         if let Err(e) = account.may(&path, Access::Read) {
             found.errors.push(format!(
-                "{}: cannot be read as RUN_AS {} ({e}); workers and reloads read it as that account",
+                "{}: cannot be read as RUN_AS {} ({e}); reloads read it as that account",
                 path.display(),
                 account.name
+            ));
+        }
+    }
+    // The workers' account must not read the file: its connection strings (with
+    // their passwords) would reach a compromised stage program.
+    if let Some(w) = &workers_as {
+        if w.may(&path, Access::Read).is_ok() {
+            found.warnings.push(format!(
+                "{}: can be read by WORKER_AS {}: every connection string it holds reaches \
+                 a compromised stage program (make it root:{} 0640)",
+                path.display(),
+                w.name,
+                account
+                    .as_ref()
+                    .map_or(run_as.as_str(), |a| a.name.as_str())
             ));
         }
     }
@@ -356,17 +408,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     if let Some(c) = client.as_mut() {
         check_schemas(c, &mut found);
     }
-    if worker.1 != dispatch.1 {
+    if let Some(theirs) = worker_findings {
+        // The workers' database was checked as WORKER_AS, settings included.
+        found.errors.extend(theirs.errors);
+        found.warnings.extend(theirs.warnings);
+        client = None;
+    } else if worker.1 != dispatch.1 {
         // The workers connect as another role: they must reach the database, see the
         // schema and read the overlay too, or every stage would refuse to start. The
         // settings are the workers' to read: checked on their connection.
-        let (_, mut workers) = read_database(&worker, &mut found);
-        if let Some(c) = workers.as_mut() {
-            check_schemas(c, &mut found);
-        }
-        client = workers;
+        as_worker::worker_database(&worker, &stage_sections, &programs, &extra, &mut found);
+        client = None;
     }
-    let overlay = with_rows(overlay, extra);
+    let overlay = with_rows(overlay, extra.clone());
 
     let graph = match StageGraph::build(&stage_sections, &overlay, &programs) {
         Ok(g) => Some(g),
@@ -423,11 +477,15 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         Ok(c) => Some(c.dispatch.max_runtime),
         Err(_) => None,
     };
-    let run_as_who = account
-        .as_ref()
-        .map_or_else(String::new, |a| format!("RUN_AS {}", a.name));
+    // The workers' account starts the programs: WORKER_AS when it is one of its own.
+    let runner = workers_as.as_ref().or(account.as_ref());
+    let runner_who = match (&workers_as, &account) {
+        (Some(w), _) => format!("WORKER_AS {}", w.name),
+        (None, Some(a)) => format!("RUN_AS {}", a.name),
+        (None, None) => String::new(),
+    };
     for stage in &checked {
-        if let Err(e) = program_runs(&stage.program, account.as_ref(), &run_as_who, &program_path) {
+        if let Err(e) = program_runs(&stage.program, runner, &runner_who, &program_path) {
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
         // The relay's timeouts summed are one message's time: not below MAX_RUNTIME, a
@@ -470,7 +528,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
                 }
             }
             let user = stage.section.get("USER");
-            match crate::keeper::command_account(user, &run_as, as_root) {
+            match crate::keeper::command_account(user, reserved, as_root) {
                 Err(e) => found.add_errors([stage.section.error("USER", e)]),
                 // The command as its account will start it, on the PATH commands get.
                 Ok(runner) => {

@@ -126,6 +126,8 @@ fixed_keys! {
     SHARE_TELEMETRY = Boolean(false),
     /// The account a program started as root switches to; `root` keeps root.
     RUN_AS = Text(Some("pepsi")),
+    /// The account the stage workers of a dispatcher started as root run as.
+    WORKER_AS = Text(Some("pepsi-worker")),
     /// The system's mail host name; default: the host's name.
     HOSTNAME = HostName,
     /// The directories an overlay `PROGRAM` may name a program under.
@@ -158,7 +160,7 @@ fixed_keys! {
     STATS_INTERVAL = PositiveSeconds(10),
     /// The dispatcher's own connection pool.
     DB_POOL_SIZE = Number(8, 1..=1000),
-    /// Passed to workers as `-c FILE`.
+    /// The file the workers' configuration is made from; default: the file read.
     CONFIG_FILE = Text(None),
     /// §7; `no` = plain oldest-first claim.
     FAIR_SCHEDULING = Boolean(true),

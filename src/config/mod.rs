@@ -19,6 +19,8 @@
 //! - [`keys`]: unknown sections and keys, with the nearest known name.
 //! - this file: [`Config`], the typed options read through [`fixed`]'s keys.
 //! - [`account`]: what the `RUN_AS` account may read and execute.
+//! - [`handoff`]: the text of the file a stage worker is handed (its sections and its
+//!   own connection, nothing else).
 //! - [`check`]: `pepsi-dispatch check` and the checks the dispatcher's start and
 //!   reload and `pepsi-queue config` share with it. On top of the rest: it also uses
 //!   the stages and the database, and no other file here uses it.
@@ -31,6 +33,7 @@ pub mod check;
 pub mod cycles;
 pub mod fixed;
 pub mod graph;
+pub mod handoff;
 pub mod ingress;
 pub mod keys;
 pub mod overlay;
@@ -59,6 +62,10 @@ pub struct PepsiOptions {
     pub share_telemetry: bool,
     /// The account a program started as root switches to; `root` keeps root.
     pub run_as: String,
+    /// The account the stage workers of a dispatcher started as root run as (SPEC §4
+    /// "Containment"): one of their own, which reaches only the stage role and cannot
+    /// read this file; `root` keeps root.
+    pub worker_as: String,
     /// The system's mail host name (`MAILER-DAEMON@` it, the Reporting-MTA of a
     /// delivery status notification); default: the host's name.
     pub hostname: String,
@@ -147,6 +154,26 @@ impl PostgresOptions {
             .unwrap_or(&self.connection)
     }
 
+    /// Does the file set `WORKER_CONNECTION`?
+    pub fn sets_worker_connection(&self) -> bool {
+        self.role_connections[Self::index(DbRole::Worker)].is_some()
+    }
+
+    /// The stage workers' connection when they run as `workers_as` (the dispatcher
+    /// started as root switches them to `[pepsi] WORKER_AS`): `WORKER_CONNECTION` when
+    /// the file sets it, else `CONNECTION` with that account's name as its user — the
+    /// role peer authentication admits the account as — else `CONNECTION` as it is.
+    pub fn worker_connection(&self, workers_as: Option<&str>) -> String {
+        match (
+            &self.role_connections[Self::index(DbRole::Worker)],
+            workers_as,
+        ) {
+            (Some(own), _) => own.clone(),
+            (None, Some(account)) => crate::conninfo::with_user(&self.connection, account),
+            (None, None) => self.connection.clone(),
+        }
+    }
+
     /// The key [`PostgresOptions::connection_for`] takes the connection from, for
     /// messages: `[pepsi-postgres] DISPATCH_CONNECTION` or `[pepsi-postgres] CONNECTION`.
     pub fn key_for(&self, role: DbRole) -> String {
@@ -230,6 +257,9 @@ pub struct Config {
     /// Unknown sections and unknown keys of the fixed sections, as warnings (logged by
     /// [`Config::load_or_fail`]; printed by `pepsi-dispatch check`).
     pub warnings: Vec<ConfigError>,
+    /// The text it was read from (empty when made from sections), for what the
+    /// dispatcher hands its workers ([`handoff`]).
+    pub source: std::sync::Arc<str>,
 }
 
 /// Every fixed section with the keys it knows, in file order: what `pepsi.conf(5)` and
@@ -244,10 +274,17 @@ impl Config {
     /// Finds, reads and checks the configuration (search order of §4).
     pub fn load(explicit: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
         let path = raw::search(explicit);
-        let (sections, mut errors) = raw::read_all(&path)?;
+        let raw::FileRead {
+            sections,
+            mut errors,
+            text,
+        } = raw::read_all(&path)?;
         // The file's syntax errors and those of its values, all in one report.
         match Config::from_sections(path, sections) {
-            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(mut config) if errors.is_empty() => {
+                config.source = text.into();
+                Ok(config)
+            }
             Ok(_) => Err(errors),
             Err(more) => {
                 errors.extend(more);
@@ -284,6 +321,7 @@ impl Config {
             allow_fusion: fixed::ALLOW_FUSION.read(f, &mut p),
             share_telemetry: fixed::SHARE_TELEMETRY.read(f, &mut p),
             run_as: fixed::RUN_AS.read(f).unwrap_or_default().to_string(),
+            worker_as: fixed::WORKER_AS.read(f).unwrap_or_default().to_string(),
             hostname: fixed::HOSTNAME.read(f, &mut p),
             program_path: fixed::PROGRAM_PATH.read(f, &mut p),
             inject_stages: fixed::INJECT_STAGES.read(f),
@@ -334,6 +372,7 @@ impl Config {
                 ingress,
                 stage_sections,
                 warnings,
+                source: "".into(),
             })
         } else {
             Err(p.0)

@@ -447,10 +447,21 @@ pub fn parse_all(path: &Path, text: &str) -> (Vec<Section>, Vec<ConfigError>) {
 /// The UTF-8 byte order mark, which some editors write at the start of a file.
 const BOM: &str = "\u{feff}";
 
+/// A configuration file as read: its sections, its problems, and its text.
+#[derive(Debug)]
+pub struct FileRead {
+    /// Every section that could be read.
+    pub sections: Vec<Section>,
+    /// Every problem of the parse.
+    pub errors: Vec<ConfigError>,
+    /// The text parsed (a line that is not UTF-8 left empty, the byte order mark gone).
+    pub text: String,
+}
+
 /// Reads and parses a configuration file as far as it goes (see [`parse_all`]); `Err`
 /// only when the file cannot be read at all. A line that is not UTF-8 is an error
 /// naming it, and is read as empty; a byte order mark at the start is ignored.
-pub fn read_all(path: &Path) -> Result<(Vec<Section>, Vec<ConfigError>), Vec<ConfigError>> {
+pub fn read_all(path: &Path) -> Result<FileRead, Vec<ConfigError>> {
     let bytes = std::fs::read(path).map_err(|e| {
         vec![ConfigError::at(
             Origin::File {
@@ -460,6 +471,9 @@ pub fn read_all(path: &Path) -> Result<(Vec<Section>, Vec<ConfigError>), Vec<Con
             format!("cannot read the configuration file: {e}"),
         )]
     })?;
+    // Problems name the file the text came from, also in a worker's handed copy.
+    let shown = shown_path(path);
+    let path = shown.as_path();
     let mut errors = Vec::new();
     let mut text = String::with_capacity(bytes.len());
     for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
@@ -480,13 +494,40 @@ pub fn read_all(path: &Path) -> Result<(Vec<Section>, Vec<ConfigError>), Vec<Con
             )),
         }
     }
-    let (sections, more) = parse_all(path, text.strip_prefix(BOM).unwrap_or(&text));
+    let text = match text.strip_prefix(BOM) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    };
+    let (sections, more) = parse_all(path, &text);
     errors.extend(more);
     errors.sort_by_key(|e| match &e.origin {
         Origin::File { line, .. } => *line,
         _ => 0,
     });
-    Ok((sections, errors))
+    Ok(FileRead {
+        sections,
+        errors,
+        text,
+    })
+}
+
+/// The environment variable in which the dispatcher names the file a worker's handed
+/// configuration ([`super::handoff`]) was made from; the worker reads the copy at
+/// [`HANDED_PREFIX`]`N` and names this file in its messages.
+pub const ORIGIN_ENV: &str = "PEPSI_CONFIG_ORIGIN";
+
+/// Where a worker finds its handed configuration: the descriptor the dispatcher gave it.
+pub const HANDED_PREFIX: &str = "/proc/self/fd/";
+
+/// The path messages name for the configuration read from `path`: the file named by
+/// [`ORIGIN_ENV`] when `path` is a handed copy, else `path` itself.
+fn shown_path(path: &Path) -> PathBuf {
+    match std::env::var_os(ORIGIN_ENV) {
+        Some(origin) if !origin.is_empty() && path.starts_with(HANDED_PREFIX) => {
+            PathBuf::from(origin)
+        }
+        _ => path.to_path_buf(),
+    }
 }
 
 /// Where the configuration is read from when neither `-c` nor `$PEPSI_CONFIG` is given.

@@ -43,6 +43,7 @@
 //! GC run done, a flush ended, a cooldown over) calls that owner's verb right in the
 //! dispatch.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -58,6 +59,7 @@ use super::events::Event;
 use super::horizon::Notice;
 use super::housekeeping::Housekeeping;
 use super::pools::Pools;
+use super::process::Handoff;
 use super::signals::{self, Signals};
 use super::timers::{self, Clocks, Due};
 use super::verdict::End;
@@ -65,8 +67,7 @@ use crate::config::{Config, DispatchOptions, StageGraph};
 use crate::db::sql;
 use crate::escape::Visible;
 use crate::exit::{self, Failure};
-use crate::keeper::master::Master;
-use crate::privilege::Account;
+use crate::launcher::Launcher;
 
 /// Token of the shutdown-signal socket.
 pub const SHUTDOWN_TOKEN: Token = Token(0);
@@ -96,11 +97,13 @@ pub struct Dispatcher {
     /// The coordinator thread died: shutdown resets the rows itself.
     coordinator_dead: bool,
     stopping: Arc<AtomicBool>,
-    /// The service account's environment for the workers (read only).
-    pub(super) account_env: Vec<(&'static str, String)>,
-    /// The keeper master, when the dispatcher was started as root: keepers for the
-    /// workers of stages that run a command (read only).
-    pub(super) master: Option<Master>,
+    /// The launcher, which starts and kills the workers (read only).
+    pub(super) launcher: Rc<Launcher>,
+    /// The configuration the workers are handed (replaced only by `Self::adopt`).
+    pub(super) handoff: Handoff,
+    /// The account the workers run as when it is one of their own (`[pepsi]
+    /// WORKER_AS`, never reloaded).
+    workers_as: Option<String>,
     /// The configuration (replaced only by `Self::adopt`).
     pub(super) config: Config,
     /// The stage graph (replaced only by `Self::adopt`).
@@ -133,10 +136,10 @@ pub struct Parts {
     pub jobs: Sender<Job>,
     /// Set when the loop shuts down (the coordinator and the listener watch it).
     pub stopping: Arc<AtomicBool>,
-    /// The service account the dispatcher switched to, for the workers' environment.
-    pub account: Option<Account>,
-    /// The keeper master started before the switch, when started as root.
-    pub master: Option<Master>,
+    /// The launcher, started before the switch to RUN_AS.
+    pub launcher: Launcher,
+    /// The account the launcher runs the workers as, when it is one of their own.
+    pub workers_as: Option<String>,
     /// The configuration read at start.
     pub config: Config,
     /// The stage graph at start.
@@ -163,6 +166,12 @@ impl Dispatcher {
             .map_err(|e| Failure::general(format!("cannot register the signal sockets: {e}")))?;
         let now = Instant::now();
         let opts = parts.config.dispatch.clone();
+        let handoff = Handoff::of(
+            &parts.config,
+            opts.config_file.as_deref(),
+            parts.workers_as.as_deref(),
+        )
+        .map_err(|e| Failure::general(format!("cannot make the workers' configuration: {e}")))?;
         Ok(Dispatcher {
             poll: parts.poll,
             signals: parts.signals,
@@ -170,8 +179,9 @@ impl Dispatcher {
             coordinator: parts.coordinator,
             coordinator_dead: false,
             stopping: parts.stopping,
-            account_env: parts.account.map(|a| a.env()).unwrap_or_default(),
-            master: parts.master,
+            launcher: Rc::new(parts.launcher),
+            handoff,
+            workers_as: parts.workers_as,
             pools: Pools::new(&parts.graph),
             claim_side: ClaimSide::new(&opts, now),
             housekeeping: Housekeeping::new(
@@ -276,6 +286,19 @@ impl Dispatcher {
 
     /// Replaces the configuration and the stage graph (a reload).
     pub(super) fn adopt(&mut self, config: Config, graph: StageGraph) {
+        // The next workers are handed the new file. Without memory for it, nothing
+        // could be started consistently with the new graph.
+        match Handoff::of(
+            &config,
+            self.opts.config_file.as_deref(),
+            self.workers_as.as_deref(),
+        ) {
+            Ok(h) => self.handoff = h,
+            Err(e) => self.fail(Failure::new(
+                exit::EX_SOFTWARE,
+                format!("cannot make the workers' configuration: {e}"),
+            )),
+        }
         self.config = config;
         self.graph = graph;
     }
@@ -489,6 +512,11 @@ impl Dispatcher {
     // ---- policy --------------------------------------------------------------------
 
     fn policy(&mut self) {
+        if let Some(e) = self.launcher.lost() {
+            if self.stop.is_none() {
+                self.fail(Failure::new(exit::EX_SOFTWARE, e));
+            }
+        }
         if self.stop.is_some() {
             return;
         }

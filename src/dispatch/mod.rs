@@ -101,24 +101,36 @@ const POOL_CHECKOUT: Duration = Duration::from_secs(10);
 pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["serve"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
-    // Started as root, the keeper master keeps root to run exec commands as their
-    // stages' USER (SPEC §4 "Containment"); it must be forked now, while this process
-    // is root and has one thread, and nothing else keeps root.
+    // The launcher starts and kills the workers; started as root, it keeps root to run
+    // them as WORKER_AS and exec commands as their stages' USER (SPEC §4
+    // "Containment"). It must be forked now, while this process has one thread and,
+    // when root, before it drops its privileges; nothing else keeps root.
     // SAFETY: geteuid has no preconditions.
-    let master = if unsafe { libc::geteuid() } == 0 {
-        Some(
-            crate::keeper::master::Master::start(&config.path)
-                .map_err(|e| Failure::general(format!("cannot start the keeper master: {e}")))?,
-        )
+    let workers = if unsafe { libc::geteuid() } == 0 {
+        match crate::privilege::worker_account(&config.pepsi.run_as, &config.pepsi.worker_as) {
+            Ok(Some(account)) => crate::launcher::Workers::As {
+                account,
+                real_gid: crate::launcher::overflow_gid(),
+            },
+            // RUN_AS = root keeps root for everything (its warning is drop_to's).
+            Ok(None) => crate::launcher::Workers::AsLauncher,
+            Err(e) => return Err(Failure::general(e)),
+        }
     } else {
-        None
+        crate::launcher::Workers::AsLauncher
     };
-    let account = crate::privilege::drop_to(&config.pepsi.run_as)?;
-    // Workers and reloads read the file as RUN_AS: a file only root can read would
-    // only fail later, at the first worker or reload.
+    let workers_as = match &workers {
+        crate::launcher::Workers::As { account, .. } => Some(account.name.clone()),
+        crate::launcher::Workers::AsLauncher => None,
+    };
+    let launcher = crate::launcher::Launcher::start(&config.path, workers)
+        .map_err(|e| Failure::general(format!("cannot start the launcher: {e}")))?;
+    crate::privilege::drop_to(&config.pepsi.run_as)?;
+    // Reloads read the file as RUN_AS: a file only root can read would only fail later,
+    // at the first reload.
     std::fs::File::open(&config.path).map_err(|e| {
         Failure::general(format!(
-            "{}: cannot be read as RUN_AS {} ({e}); workers and reloads read it as that account",
+            "{}: cannot be read as RUN_AS {} ({e}); reloads read it as that account",
             config.path.display(),
             config.pepsi.run_as
         ))
@@ -193,8 +205,8 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         coordinator: command_tx,
         jobs,
         stopping,
-        account,
-        master,
+        launcher,
+        workers_as,
         config,
         graph,
     })?;

@@ -309,7 +309,16 @@ impl Pools {
         self.tokens.remove(&w.out_token);
         self.tokens.remove(&w.in_token);
         if kill {
-            w.kill();
+            if let Err(e) = w.kill() {
+                // The launcher is gone (the loop shuts down on it): the worker dies with
+                // this process; it is not waited for.
+                log::error!(
+                    "{}: cannot kill worker {serial} (pid {}): {e}",
+                    w.stage,
+                    w.pid
+                );
+                w.abandon();
+            }
         }
         let exit = w.reap(registry, REAP_GRACE);
         if let Some(s) = self.stages.get_mut(&w.stage) {

@@ -20,10 +20,11 @@ use super::coordinator::Command;
 use super::event_loop::Dispatcher;
 use super::ledger::vet_report;
 use super::pool::{self, Cooldown, Pick};
-use super::process::{Launch, Slot, WorkerProc, describe_exit};
+use super::process::{self, Launch, Slot, WorkerProc, describe_exit};
 use super::verdict::{self, Death, End, Held, Verdict};
 use super::worker_view::Phase;
 use crate::exit::{self, Failure};
+use crate::launcher::SpawnError;
 use crate::protocol;
 
 fn truncate(s: &str) -> &str {
@@ -375,37 +376,20 @@ impl Dispatcher {
         let section = self.pools.section(stage).expect("a stage with claims");
         let program = section.program.clone();
         let runs_command = section.section.get("COMMAND").is_some();
-        // A stage that runs a command gets a keeper of the master's, which runs it as
-        // the stage's USER (SPEC §4 "Containment"). Without the master (not started as
-        // root) the worker starts a keeper of its own.
-        let keeper = match &self.master {
-            Some(master) if runs_command => match master.keeper_for(stage) {
-                Ok(fd) => Some(fd),
-                Err(e) => {
-                    // The master is gone, and with it every exec stage: a
-                    // restart makes a new one.
-                    let pid = master.pid();
-                    self.fail(Failure::new(
-                        exit::EX_SOFTWARE,
-                        format!("the keeper master (pid {pid}) is gone: {e}"),
-                    ));
-                    return None;
-                }
-            },
-            _ => None,
-        };
+        // A stage that runs a command gets a keeper of the launcher's, which runs it as
+        // the stage's USER (SPEC §4 "Containment"), when started as root; otherwise
+        // the worker starts a keeper of its own.
         let launch = Launch {
             program: &program,
-            config_file: self.opts.config_file.as_deref(),
-            inherited_config: &self.config.path,
-            env: &self.account_env,
-            keeper,
+            handoff: &self.handoff,
+            keeper: runs_command,
         };
         match WorkerProc::spawn(
             serial,
             stage,
             &session,
             &launch,
+            &self.launcher,
             self.poll.registry(),
             tokens,
         ) {
@@ -418,9 +402,20 @@ impl Dispatcher {
                 self.pools.insert(w);
                 Some(serial)
             }
-            Err(e) => {
-                let what = format!("cannot start PROGRAM {program}: {e}");
+            Err(SpawnError::Failed { message, child }) => {
+                if let Some(pid) = child {
+                    // The child that could not exec is ours to reap.
+                    process::reap_failed_start(pid);
+                    self.launcher.done(pid);
+                }
+                let what = format!("cannot start PROGRAM {program}: {message}");
                 self.start_failed(stage, &what, Vec::new(), Cooldown::Growing);
+                None
+            }
+            Err(SpawnError::Lost(e)) => {
+                // The launcher is gone, and with it every worker start: a restart
+                // makes a new one.
+                self.fail(Failure::new(exit::EX_SOFTWARE, e));
                 None
             }
         }

@@ -12,15 +12,15 @@
 //! whatever it left behind when it ends, detached or not ([`serve`]).
 //!
 //! Where the keeper comes from:
-//! - **The dispatcher started as root** forks a master ([`master`]) before it drops
-//!   its privileges. The master keeps root and does one thing: for every worker of a
-//!   stage whose section sets `COMMAND`, it forks a keeper for that stage, which runs
-//!   exactly the configuration file's `COMMAND` as the account its `USER` names (never
-//!   root, never `RUN_AS`), read from the file itself. The worker gets its end of the
-//!   keeper's socket as descriptor 3 (`PEPSI_KEEPER_FD`). So the worker, which handles
-//!   message data and holds the database role, cannot choose what runs or as whom, and
-//!   the command, running as another account without the worker's environment or
-//!   descriptors, reaches neither the configuration nor the database.
+//! - **The dispatcher started as root**: its launcher ([`crate::launcher`]), which keeps
+//!   root, forks a keeper for every worker of a stage whose section sets `COMMAND`,
+//!   which runs exactly the configuration file's `COMMAND` as the account its `USER`
+//!   names (never root, never `RUN_AS` or `WORKER_AS`), read from the file itself
+//!   ([`mandate`]). The worker gets its end of the keeper's socket as descriptor 3
+//!   (`PEPSI_KEEPER_FD`). So the worker, which handles message data and holds the
+//!   database role, cannot choose what runs or as whom, and the command, running as
+//!   another account without the worker's environment or descriptors, reaches neither
+//!   the configuration nor the database.
 //! - **Otherwise** (a dispatcher not started as root, a worker started by hand) the
 //!   worker starts a keeper of its own ([`client::Keeper::private`]), running as the
 //!   worker: it can switch to `USER` only when the worker is root; else `USER` must be
@@ -29,7 +29,7 @@
 //! The messages ([`wire`]) are NUL-separated fields, the first naming the message.
 
 pub mod client;
-pub mod master;
+pub mod mandate;
 pub mod serve;
 pub mod wire;
 
@@ -48,9 +48,6 @@ pub const STARTED: &[u8] = b"STARTED";
 pub const START_ERROR: &[u8] = b"ERROR";
 /// The command ended (field: its raw wait status).
 pub const EXIT: &[u8] = b"EXIT";
-/// The dispatcher's request to the master: a keeper for a stage (field: the stage;
-/// with the keeper's end of the worker's socket).
-pub const KEEP: &[u8] = b"KEEP";
 
 /// The environment variables a command gets from the worker's request; the keeper adds
 /// `PATH` and `HOME`, and drops everything else a request names.
@@ -86,19 +83,60 @@ pub const SERVE_FD_ENV: &str = "PEPSI_KEEPER_SERVE_FD";
 /// but its own.
 pub const DEFAULT_USER: &str = "pepsi-exec";
 
+/// The accounts of Pepsi's own programs, which a command never runs as: `[pepsi]
+/// RUN_AS`, which reads the configuration and reaches the database, and `[pepsi]
+/// WORKER_AS`, which the stage workers run as.
+#[derive(Clone, Copy, Debug)]
+pub struct Reserved<'a> {
+    /// `[pepsi] RUN_AS`.
+    pub run_as: &'a str,
+    /// `[pepsi] WORKER_AS`.
+    pub worker_as: &'a str,
+}
+
+impl<'a> Reserved<'a> {
+    /// The accounts of a configuration.
+    pub fn of(pepsi: &'a crate::config::PepsiOptions) -> Reserved<'a> {
+        Reserved {
+            run_as: &pepsi.run_as,
+            worker_as: &pepsi.worker_as,
+        }
+    }
+
+    /// Each account with the key that names it.
+    fn each(self) -> [(&'static str, &'a str, &'static str); 2] {
+        [
+            (
+                "[pepsi] RUN_AS",
+                self.run_as,
+                "the account that reads the configuration and reaches the database",
+            ),
+            (
+                "[pepsi] WORKER_AS",
+                self.worker_as,
+                "the account the stage workers run as",
+            ),
+        ]
+    }
+}
+
 /// The account an exec command runs as when the keeper may switch accounts: the
-/// section's `USER`, else [`DEFAULT_USER`]; never root and never `[pepsi] RUN_AS` (the
-/// account that reads the configuration and reaches the database), and it must exist.
-pub fn exec_account(user: Option<&str>, run_as: &str) -> Result<crate::privilege::Passwd, String> {
+/// section's `USER`, else [`DEFAULT_USER`]; never root, never `[pepsi] RUN_AS` nor
+/// `[pepsi] WORKER_AS` (nor an account with their user id), and it must exist.
+pub fn exec_account(
+    user: Option<&str>,
+    reserved: Reserved<'_>,
+) -> Result<crate::privilege::Passwd, String> {
     let name = user.unwrap_or(DEFAULT_USER);
     if name == "root" {
         return Err("USER root is refused: a command never runs as root".into());
     }
-    if name == run_as {
-        return Err(format!(
-            "USER {name} is refused: it is [pepsi] RUN_AS, the account that reads the \
-             configuration and reaches the database; a command runs as an account of its own"
-        ));
+    for (key, account, what) in reserved.each() {
+        if name == account {
+            return Err(format!(
+                "USER {name} is refused: it is {key}, {what}; a command runs as an account of its own"
+            ));
+        }
     }
     let account = crate::privilege::lookup(name).map_err(|e| {
         if user.is_none() {
@@ -114,10 +152,12 @@ pub fn exec_account(user: Option<&str>, run_as: &str) -> Result<crate::privilege
     if account.uid == 0 {
         return Err(format!("USER {name} is refused: it has user id 0, root's"));
     }
-    if crate::privilege::lookup(run_as).is_ok_and(|r| r.uid == account.uid) {
-        return Err(format!(
-            "USER {name} is refused: it has the user id of [pepsi] RUN_AS {run_as}"
-        ));
+    for (key, other, _) in reserved.each() {
+        if crate::privilege::lookup(other).is_ok_and(|r| r.uid == account.uid) {
+            return Err(format!(
+                "USER {name} is refused: it has the user id of {key} {other}"
+            ));
+        }
     }
     Ok(account)
 }
@@ -128,11 +168,11 @@ pub fn exec_account(user: Option<&str>, run_as: &str) -> Result<crate::privilege
 /// as this process's account).
 pub fn command_account(
     user: Option<&str>,
-    run_as: &str,
+    reserved: Reserved<'_>,
     as_root: bool,
 ) -> Result<Option<String>, String> {
     if as_root {
-        return exec_account(user, run_as).map(|a| Some(a.name));
+        return exec_account(user, reserved).map(|a| Some(a.name));
     }
     let me = crate::privilege::current_account();
     match user {

@@ -40,6 +40,7 @@ use std::time::Duration;
 use super::sysexits;
 use crate::config::{Config, ConfigError, StageSection};
 use crate::escape::Visible;
+use crate::keeper::Reserved;
 use crate::keeper::client::{Keeper, RunError};
 use crate::keeper::wire;
 use crate::worker::{Configured, Context, DsnReason, Load, Message, Outcome, Stage, StageError};
@@ -77,10 +78,10 @@ static KEEPER: Mutex<Option<Keeper>> = Mutex::new(None);
 /// The account a private keeper (one this worker started, running as the worker) is
 /// asked to run the command as, by [`crate::keeper::command_account`]'s rules for
 /// this process: empty to stay the worker's.
-fn private_user(user: Option<&str>, run_as: &str) -> Result<String, String> {
+fn private_user(user: Option<&str>, reserved: Reserved<'_>) -> Result<String, String> {
     // SAFETY: geteuid has no preconditions.
     let as_root = unsafe { libc::geteuid() } == 0;
-    crate::keeper::command_account(user, run_as, as_root).map(Option::unwrap_or_default)
+    crate::keeper::command_account(user, reserved, as_root).map(Option::unwrap_or_default)
 }
 
 /// The keeper to run through: the process's, made now if it has none (a keeper handed
@@ -164,7 +165,7 @@ impl Stage for Exec {
         let user = section.section.get("USER");
         let fixed = with_keeper(|k| k.fixed)?;
         if !fixed {
-            private_user(user, &config.pepsi.run_as)?;
+            private_user(user, Reserved::of(&config.pepsi))?;
         }
         Ok(())
     }
@@ -239,7 +240,12 @@ enum Ran {
 impl ConfiguredExec {
     /// Runs the command on `message` through the keeper: how it ended, or a host error
     /// (it could not start, or was killed at `TIMEOUT`).
-    fn execute(&self, message: &Message, stage: &str, run_as: &str) -> Result<Ran, StageError> {
+    fn execute(
+        &self,
+        message: &Message,
+        stage: &str,
+        reserved: Reserved<'_>,
+    ) -> Result<Ran, StageError> {
         let env: Vec<(&str, String)> = [
             ("PEPSI_ID", message.id.to_string()),
             ("PEPSI_STAGE", stage.to_string()),
@@ -280,7 +286,7 @@ impl ConfiguredExec {
             let user = if keeper.fixed {
                 String::new()
             } else {
-                private_user(self.user.as_deref(), run_as).map_err(|e| RunError::Start {
+                private_user(self.user.as_deref(), reserved).map_err(|e| RunError::Start {
                     errno: 0,
                     message: e,
                 })?
@@ -432,7 +438,7 @@ impl Configured for ConfiguredExec {
                 stage: stage.clone(),
             });
         }
-        match self.execute(message, stage, &cx.pepsi.run_as)? {
+        match self.execute(message, stage, Reserved::of(cx.pepsi))? {
             Ran::TooBig(why) => too_big(message, stage, why),
             Ran::Ended { status, head, tail } => self.decide(status, &head, &tail),
         }

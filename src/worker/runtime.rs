@@ -75,6 +75,31 @@ fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
     protocol::own_session_name(stage.unwrap_or(own.name()))
 }
 
+/// The first thing a stage program does, before it reads anything (SPEC §4
+/// "Containment"): it makes itself not dumpable, so that no other process of its
+/// account — a sibling worker — can attach to it or take its descriptors (the launcher
+/// starts it so from its exec when it switches accounts; this holds for a worker
+/// started otherwise too); it re-arms its death signal, which a start under another
+/// account clears, and exits at once when the dispatcher that started it is gone
+/// already; and its handed configuration's descriptor closes at any exec of its own.
+pub fn harden() {
+    // SAFETY: prctl, getppid and fcntl with constant arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+        let dispatcher = std::env::var(crate::launcher::DISPATCHER_PID_ENV)
+            .ok()
+            .and_then(|p| p.parse::<libc::pid_t>().ok());
+        if let Some(dispatcher) = dispatcher {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != dispatcher {
+                eprintln!("the dispatcher that started this worker is gone; exiting");
+                libc::_exit(exit::EX_TEMPFAIL as i32);
+            }
+        }
+        libc::fcntl(crate::launcher::CONFIG_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+}
+
 /// Runs a worker for the stage `own`, one of `registry` (the stages this program
 /// implements, which it may fuse), until stdin ends.
 pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Result<(), Failure> {

@@ -899,7 +899,7 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
             conf = dir.path("pepsi.conf").display(),
         ),
     );
-    // The file is RUN_AS's to read (group nogroup), nobody else's.
+    // The file is RUN_AS's to read, nobody else's.
     let conf = crate::util::scenario::switched_accounts(&dir, &db, &command);
     // What the command tries must work for an account the database admits: RUN_AS.
     let control = std::process::Command::new("runuser")
@@ -966,7 +966,11 @@ fn an_exec_command_runs_as_its_user_without_the_workers_environment_descriptors_
 
     let uid = std::fs::read_to_string(out.join("uid")).unwrap();
     assert_eq!(uid.trim(), "1", "daemon's");
-    assert_eq!(worker_uid, "65534", "the worker runs as RUN_AS, nobody");
+    assert_eq!(
+        worker_uid,
+        crate::util::accounts::uid_of(&crate::util::accounts::worker_account()).to_string(),
+        "the worker runs as WORKER_AS"
+    );
     let env = std::fs::read_to_string(out.join("env")).unwrap();
     for gone in [
         "PEPSI_CONFIG",

@@ -572,7 +572,10 @@ fn a_configuration_only_root_can_read_stops_the_dispatcher_at_start() {
     let dir = TempDir::new("rootconf");
     let conf = dir.write(
         "pepsi.conf",
-        "[pepsi]\nRUN_AS = nobody\n[pepsi-postgres]\nCONNECTION = host=/nonexistent\n",
+        &format!(
+            "[pepsi]\nRUN_AS = nobody\nWORKER_AS = {}\n[pepsi-postgres]\nCONNECTION = host=/nonexistent\n",
+            crate::util::accounts::worker_account()
+        ),
     );
     std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = run(

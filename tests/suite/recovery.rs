@@ -546,7 +546,8 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment_a
         &conf,
         &[("HOME", "/root"), ("PATH", "/root/bin:/usr/bin:/bin")],
     );
-    // The worker, while its command sleeps: the account's environment, not root's.
+    // The worker, while its command sleeps: its account's environment (WORKER_AS),
+    // not root's.
     let deadline = Instant::now() + 30 * SEC;
     while !out.join("env").exists() {
         if Instant::now() > deadline {
@@ -567,13 +568,14 @@ fn workers_of_a_dispatcher_that_switched_accounts_get_the_accounts_environment_a
         .split(|&b| b == 0)
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .collect();
+    let account = crate::util::accounts::worker_account();
     for want in [
-        "HOME=/nonexistent",
-        "USER=nobody",
-        "LOGNAME=nobody",
-        "PATH=/usr/local/bin:/usr/bin:/bin",
+        "HOME=/nonexistent".to_string(),
+        format!("USER={account}"),
+        format!("LOGNAME={account}"),
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_string(),
     ] {
-        assert!(worker.iter().any(|v| v == want), "{want}: {worker:?}");
+        assert!(worker.contains(&want), "{want}: {worker:?}");
     }
     wait_empty(&mut c, 30 * SEC);
     assert!(d.terminate().success(), "{}", d.log());

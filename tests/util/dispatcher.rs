@@ -53,16 +53,24 @@ impl Dispatcher {
         self.wait(Duration::from_secs(30))
     }
 
-    /// The dispatcher's workers: its child processes but the keeper master it starts
-    /// when it runs as root (`pepsi-keepers`).
+    /// The dispatcher's workers: its child processes but the launcher it starts
+    /// (`pepsi-launcher`).
     pub fn children(&self) -> Vec<u32> {
         children_of(self.pid())
             .into_iter()
             .filter(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .map_or(true, |comm| comm.trim_end() != "pepsi-keepers")
+                    .map_or(true, |comm| comm.trim_end() != "pepsi-launcher")
             })
             .collect()
+    }
+
+    /// The dispatcher's launcher.
+    pub fn launcher(&self) -> Option<u32> {
+        children_of(self.pid()).into_iter().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == "pepsi-launcher")
+        })
     }
 
     /// The pid of the worker whose database sessions are named `session`.

@@ -4,11 +4,13 @@
 
 #![allow(dead_code)]
 
+pub mod accounts;
 pub mod bouncer;
 pub mod dispatcher;
 pub mod ingress;
 pub mod logged;
 pub mod notify;
+pub mod peer;
 pub mod pg;
 pub mod postfix;
 pub mod queue;

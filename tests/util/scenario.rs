@@ -222,11 +222,12 @@ impl Builder {
 }
 
 /// A configuration in which the dispatcher, started as root, switches to `nobody`
-/// (`RUN_AS`) and runs stage `e`, an exec stage whose `command` runs as `daemon`
-/// (`USER`): the accounts of production, where the keeper master switches. The stage
-/// program is a copy of `pepsi-stage` in `dir` (reachable by `nobody`), `dir` itself
-/// is searchable by everyone, and the file is readable by `RUN_AS` (group `nogroup`)
-/// and nobody else but root. Root only.
+/// (`RUN_AS`), runs its workers as the tests' worker account (`WORKER_AS`,
+/// [`super::accounts::worker_account`]) and runs stage `e`, an exec stage whose
+/// `command` runs as `daemon` (`USER`): the accounts of production, where the launcher
+/// switches. The stage program is a copy of `pepsi-stage` in `dir` (reachable by every
+/// account), `dir` itself is searchable by everyone, and the file is `nobody`'s alone
+/// to read (and root's). Root only.
 pub fn switched_accounts(dir: &TempDir, db: &TestDb, command: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &Path, mode: u32| {
@@ -246,16 +247,31 @@ pub fn switched_accounts(dir: &TempDir, db: &TestDb, command: &Path) -> PathBuf 
             command.display()
         ),
     );
+    // The test cluster trusts its local connections: the workers log in as the
+    // tests' role, which the test account would not be by default (its own name).
     let text = std::fs::read_to_string(&conf)
         .unwrap()
-        .replace("RUN_AS = root", "RUN_AS = nobody");
+        .replace(
+            "RUN_AS = root",
+            &format!(
+                "RUN_AS = nobody\nWORKER_AS = {}",
+                super::accounts::worker_account()
+            ),
+        )
+        .replace(
+            "[pepsi-postgres]\n",
+            &format!(
+                "[pepsi-postgres]\nWORKER_CONNECTION = {}\n",
+                db.connection()
+            ),
+        );
     std::fs::write(&conf, text).unwrap();
-    let chgrp = std::process::Command::new("chgrp")
-        .arg("nogroup")
+    let chown = std::process::Command::new("chown")
+        .arg("nobody:nogroup")
         .arg(&conf)
         .status()
         .unwrap();
-    assert!(chgrp.success());
-    mode(&conf, 0o640);
+    assert!(chown.success());
+    mode(&conf, 0o600);
     conf
 }
