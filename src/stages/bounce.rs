@@ -120,7 +120,9 @@ impl Configured for ConfiguredBounce {
             );
             return Ok(Outcome::Finish);
         }
-        let unique = format!("{id}.{}", message.claim);
+        // The message id and random digits: no claim token (a secret of the claim, spent
+        // now but never shown) reaches the report.
+        let unique = format!("{id}.{}", dsn::random_hex(8));
         let written = dsn::write(&Report {
             hostname: &cx.pepsi.hostname,
             sender: message.mail_from(),

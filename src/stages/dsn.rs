@@ -79,8 +79,7 @@ pub struct Report<'a> {
     pub now: SystemTime,
     /// Why, for a person: generic, never naming files, tables or hosts.
     pub reason: &'a str,
-    /// Makes the report's `Message-ID` and MIME boundary unique (the original's id
-    /// and claim).
+    /// Makes the report's `Message-ID` unique (the original's id and random digits).
     pub unique: &'a str,
     /// The original's header block.
     pub headers: Option<&'a [u8]>,
@@ -151,7 +150,7 @@ pub fn write(report: &Report<'_>) -> Written {
     .into_iter()
     .flatten()
     .collect();
-    let boundary = boundary(report.unique, &parts);
+    let boundary = boundary(&parts, || random_hex(16));
 
     let from = format!("MAILER-DAEMON@{}", report.hostname);
     let mut h = Lines::default();
@@ -468,17 +467,47 @@ fn original_part(original: &Original, attached: Attached) -> Option<Vec<u8>> {
     Some(part.0)
 }
 
-/// A MIME boundary that occurs in none of the parts.
-fn boundary(unique: &str, parts: &[&[u8]]) -> String {
+/// A MIME boundary that occurs in none of the parts: `=_pepsi-report-` and 128 random
+/// bits from `draw` (the system's random source: [`random_hex`]). Nobody can plant it
+/// in a message beforehand, so the first drawn is nearly always free and the parts are
+/// scanned once; one that occurs is drawn again.
+fn boundary(parts: &[&[u8]], mut draw: impl FnMut() -> String) -> String {
     let occurs = |needle: &[u8]| {
         parts
             .iter()
             .any(|p| p.windows(needle.len()).any(|w| w == needle))
     };
-    (0u32..)
-        .map(|n| format!("=_pepsi-report-{unique}-{n}"))
-        .find(|b| !occurs(b.as_bytes()))
-        .expect("some boundary is free")
+    loop {
+        let candidate = format!("=_pepsi-report-{}", draw());
+        if !occurs(candidate.as_bytes()) {
+            return candidate;
+        }
+    }
+}
+
+/// `bytes` random bytes from the system's random source (`getrandom`), in hex.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    let mut filled = 0;
+    while filled < buf.len() {
+        // SAFETY: getrandom writes at most the given length into our buffer.
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
+        if n > 0 {
+            filled += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // No random source at all: the time, which is all there is.
+            let t = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            for (i, b) in buf.iter_mut().enumerate().skip(filled) {
+                *b = (t >> ((i % 16) * 8)) as u8;
+            }
+            break;
+        }
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The form of [`date`]: RFC 5322's `date-time` in UTC, the day in two digits (jiff's
@@ -600,18 +629,26 @@ mod tests {
         })
     }
 
+    /// The report's boundary, from its `Content-Type`.
+    fn boundary_of(written: &Written) -> String {
+        let headers = String::from_utf8_lossy(&written.headers);
+        let at = headers.find("boundary=\"").expect("a boundary") + "boundary=\"".len();
+        headers[at..].split('"').next().unwrap().to_string()
+    }
+
     /// The third part's content (after its own header block) of a written report.
     fn attached(written: &Written) -> Vec<u8> {
         let body = &written.body;
-        let boundary = b"\r\n--=_pepsi-report-1.2-0\r\n";
+        let b = boundary_of(written);
+        let boundary = format!("\r\n--{b}\r\n").into_bytes();
         let start = body
             .windows(boundary.len())
             .enumerate()
-            .filter(|(_, w)| *w == boundary)
+            .filter(|(_, w)| *w == boundary.as_slice())
             .nth(2)
             .map(|(i, _)| i + boundary.len())
             .expect("a third part");
-        let end = body.len() - b"\r\n--=_pepsi-report-1.2-0--\r\n".len();
+        let end = body.len() - format!("\r\n--{b}--\r\n").len();
         let part = &body[start..end];
         let blank = part.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
         part[blank + 4..].to_vec()
@@ -635,9 +672,22 @@ mod tests {
     }
 
     #[test]
-    fn the_boundary_avoids_the_content() {
-        let taken = b"--=_pepsi-report-1.2-0\r\n".to_vec();
-        assert_eq!(boundary("1.2", &[&taken]), "=_pepsi-report-1.2-1");
-        assert_eq!(boundary("1.2", &[b"x"]), "=_pepsi-report-1.2-0");
+    fn the_boundary_is_random_and_avoids_the_content() {
+        let taken = b"--=_pepsi-report-aa\r\n".to_vec();
+        let mut draws = ["aa", "bb"].into_iter().map(str::to_string);
+        assert_eq!(
+            boundary(&[&taken], || draws.next().unwrap()),
+            "=_pepsi-report-bb"
+        );
+        let one = random_hex(16);
+        assert_eq!(one.len(), 32);
+        assert!(one.bytes().all(|b| b.is_ascii_hexdigit()), "{one}");
+        assert_ne!(one, random_hex(16), "drawn, not made");
+        // Whatever a sender put in the message (a report's id, its claim), the
+        // boundary is none of it.
+        let a = report_of(b"Subject: x\r\n", b"--=_pepsi-report-1.2-0\r\n", Ret::Full);
+        let b = report_of(b"Subject: x\r\n", b"x\r\n", Ret::Full);
+        assert_ne!(boundary_of(&a), boundary_of(&b));
+        assert!(!boundary_of(&a).contains("1.2"), "{}", boundary_of(&a));
     }
 }

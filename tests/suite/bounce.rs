@@ -1119,3 +1119,45 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
         b.log()
     );
 }
+
+/// Before random boundaries, a sender who knew a message's id and claim planted every
+/// boundary the report would try: 60,000 of them in an 8.9 MB `RET=FULL` message kept
+/// the bounce worker scanning until it was killed at `MAX_RUNTIME`, and after three
+/// strikes the report was never sent.
+#[test]
+fn a_message_full_of_planted_boundaries_is_bounced_at_once() {
+    let (s, mut c) = scenario("bounce-planted", "").connect();
+    let id = at_bounce(
+        &mut c,
+        &Original::simple(json!({"failure_class": "permanent", "dsn": {"ret": "FULL"}})),
+    );
+    let token = crate::util::tokens(&mut c, &[id])[0];
+    // Every boundary the old scheme would have tried, a line each, padded to 8.9 MB.
+    let mut body = Vec::with_capacity(9_000_000);
+    for n in 0..60_000 {
+        body.extend_from_slice(format!("--=_pepsi-report-{id}.{token}-{n}\r\n").as_bytes());
+        body.extend_from_slice(&[b'x'; 100]);
+        body.extend_from_slice(b"\r\n");
+    }
+    c.execute(
+        "UPDATE pepsi.workqueue_body SET body = $2 \
+          WHERE body_id = (SELECT body_id FROM pepsi.workqueue WHERE workqueue_id = $1)",
+        &[&id, &body],
+    )
+    .unwrap();
+    // One answer within the worker's line timeout (30 s), where the old worker ran
+    // until it was killed.
+    bounce(&s.conf, &[id]);
+    let dsn = dsn_of(&mut c, id).expect("a report");
+    let text = String::from_utf8_lossy(&dsn.raw);
+    let at = text.find("boundary=\"").unwrap() + "boundary=\"".len();
+    let boundary = text[at..].split('"').next().unwrap();
+    assert!(
+        !boundary.contains(&id.to_string()) && !boundary.contains(&token.to_string()),
+        "{boundary}"
+    );
+    // The original is attached whole, and the report reads as three parts.
+    let parsed = parse(&dsn.raw);
+    assert_eq!(parsed.parts.len(), 3);
+    assert_eq!(parsed.parts[2].2.len(), HEADERS.len() + 2 + body.len());
+}
