@@ -192,8 +192,16 @@ fixed_keys! {
     MAX_RECIPIENTS = Number(1000, 1..=100_000),
     /// The most sessions at once.
     MAX_SESSIONS = Number(100, 1..=10_000),
-    /// How long a session may wait for the client's next command or data.
+    /// The most sessions of one client at once (an address, an IPv6 /64, a Unix
+    /// socket's user); the clients of `XFORWARD_FROM` are not held to it.
+    MAX_CLIENT_SESSIONS = Number(50, 1..=10_000),
+    /// Of `MAX_SESSIONS`, how many only the clients of `XFORWARD_FROM` may take.
+    TRUSTED_SESSIONS = Number(20, 0..=10_000),
+    /// How long a client has for each command line, and at least for the data.
     TIMEOUT = PositiveSeconds(300),
+    /// The slowest the data may come, in bytes per second: the data's time is
+    /// `TIMEOUT` and a second more per this many bytes.
+    MIN_DATA_RATE = Number(500, 1..=1_000_000_000),
     /// Errors (5xx replies) a session may cause before it is closed.
     MAX_ERRORS = Number(20, 1..=10_000),
     /// The clients whose XFORWARD is believed: addresses, networks (`/bits`) and

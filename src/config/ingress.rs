@@ -109,8 +109,14 @@ pub struct IngressOptions {
     pub max_recipients: usize,
     /// `MAX_SESSIONS`.
     pub max_sessions: usize,
+    /// `MAX_CLIENT_SESSIONS`.
+    pub max_client_sessions: usize,
+    /// `TRUSTED_SESSIONS`, below `MAX_SESSIONS`.
+    pub trusted_sessions: usize,
     /// `TIMEOUT`.
     pub timeout: Duration,
+    /// `MIN_DATA_RATE`, bytes per second.
+    pub min_data_rate: u64,
     /// `MAX_ERRORS`.
     pub max_errors: u32,
     /// `XFORWARD_FROM`.
@@ -201,6 +207,17 @@ impl IngressOptions {
                 xforward_from.push(t);
             }
         }
+        let max_sessions = fixed::MAX_SESSIONS.read(f, p) as usize;
+        let trusted_sessions = fixed::TRUSTED_SESSIONS.read(f, p) as usize;
+        if trusted_sessions >= max_sessions {
+            p.push(section.error(
+                "TRUSTED_SESSIONS",
+                format!(
+                    "{trusted_sessions} is not below MAX_SESSIONS ({max_sessions}): other clients \
+                     would get no session at all"
+                ),
+            ));
+        }
         IngressOptions {
             listen,
             stage: fixed::STAGE
@@ -208,8 +225,11 @@ impl IngressOptions {
                 .map(|v| (v.text.clone(), v.origin.clone())),
             max_message_size: u64::from(fixed::MAX_MESSAGE_SIZE.read(f, p)),
             max_recipients: fixed::MAX_RECIPIENTS.read(f, p) as usize,
-            max_sessions: fixed::MAX_SESSIONS.read(f, p) as usize,
+            max_sessions,
+            max_client_sessions: fixed::MAX_CLIENT_SESSIONS.read(f, p) as usize,
+            trusted_sessions,
             timeout: fixed::TIMEOUT.read(f, p),
+            min_data_rate: u64::from(fixed::MIN_DATA_RATE.read(f, p)),
             max_errors: fixed::MAX_ERRORS.read(f, p),
             xforward_from,
         }
@@ -245,7 +265,18 @@ mod tests {
         assert_eq!(o.max_message_size, 10_240_000);
         assert_eq!(o.max_recipients, 1000);
         assert_eq!(o.max_sessions, 100);
+        assert_eq!(o.max_client_sessions, 50);
+        assert_eq!(o.trusted_sessions, 20);
         assert_eq!(o.timeout, Duration::from_secs(300));
+        assert_eq!(o.min_data_rate, 500);
+        let errs = read("[pepsi-ingress]\nMAX_SESSIONS = 20\n").unwrap_err();
+        assert_eq!(
+            errs,
+            [
+                "/i.conf:1: [pepsi-ingress] TRUSTED_SESSIONS: 20 is not below MAX_SESSIONS (20): \
+              other clients would get no session at all"
+            ]
+        );
         assert!(!o.trusts(Some("127.0.0.1".parse().unwrap())));
         assert!(!o.trusts(None));
     }

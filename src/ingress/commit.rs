@@ -95,6 +95,25 @@ impl Committer {
     }
 }
 
+/// A committer whose messages go to `answer`, which says what became of each: for the
+/// tests of a session's protocol, without a database.
+#[cfg(test)]
+pub(super) fn answered_by(
+    answer: impl Fn(&Message) -> Outcome + Send + 'static,
+) -> (Committer, std::sync::Arc<std::sync::Mutex<Vec<Message>>>) {
+    let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    std::thread::spawn(move || {
+        for job in rx {
+            let outcome = answer(&job.message);
+            kept.lock().unwrap().push(job.message);
+            let _ = job.answer.send(outcome);
+        }
+    });
+    (Committer { jobs }, seen)
+}
+
 /// The committer thread's state.
 struct Thread {
     config: postgres::Config,

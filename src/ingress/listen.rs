@@ -1,8 +1,9 @@
 //! The listeners of `pepsi-ingress`: binding each `[pepsi-ingress] LISTEN` entry (a
 //! Unix socket, made connectable by everyone like an SMTP port, or a TCP address), one
-//! acceptor thread per listener that starts a session thread per connection (at most
-//! `MAX_SESSIONS`; beyond, 421 4.3.2 and close), the register of the live sessions'
-//! sockets through which a shutdown ends them, and each session's log line.
+//! acceptor thread per listener that starts a session thread per connection admitted
+//! ([`super::admission`]: the limits in all, per client and the sessions kept for the
+//! trusted MTA; a connection refused gets 421 and is closed), the register of the live
+//! sessions' sockets through which a shutdown ends them, and each session's log line.
 //!
 //! Called by `mod.rs`; the protocol itself is `session.rs`'s.
 
@@ -18,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::admission::{Admission, Client, Ticket};
 use super::commit::Committer;
 use super::counters::Counters;
 use super::session::{self, End, Settings};
@@ -130,6 +132,8 @@ pub struct Shared {
     pub stopping: Arc<AtomicBool>,
     /// The live sessions.
     pub sessions: Arc<Sessions>,
+    /// Who gets a session.
+    pub admission: Arc<Admission>,
 }
 
 /// A running acceptor.
@@ -181,16 +185,20 @@ fn accept_loop(bound: Bound, shared: Shared) {
                 continue;
             }
         };
-        if shared.sessions.count() >= shared.options.max_sessions {
-            let mut w = conn.writer();
-            let _ = w.write_all(b"421 4.3.2 Too many sessions, try again later\r\n");
-            continue;
-        }
+        // Counted here, before the next accept: a burst cannot overshoot a limit.
+        let trusted = shared.options.trusts(conn.peer());
+        let ticket = match shared.admission.admit(conn.client(), trusted) {
+            Ok(t) => t,
+            Err(refused) => {
+                let _ = conn.writer().write_all(refused.reply());
+                continue;
+            }
+        };
         let shared = shared.clone();
         let protocol = bound.spec.protocol;
         let started = std::thread::Builder::new()
             .name("session".into())
-            .spawn(move || run_session(conn, protocol, &shared));
+            .spawn(move || run_session(conn, protocol, &shared, ticket));
         if let Err(e) = started {
             log::error!("cannot start a session thread: {e}");
         }
@@ -211,6 +219,14 @@ impl Connection {
         }
     }
 
+    /// The client, as the limits count it: its address, or a Unix socket's user.
+    fn client(&self) -> Client {
+        match self {
+            Connection::Tcp(_, a) => Client::of_address(*a),
+            Connection::Unix(s) => Client::User(peer_uid(s.as_raw_fd()).unwrap_or(u32::MAX)),
+        }
+    }
+
     fn fd(&self) -> RawFd {
         match self {
             Connection::Unix(s) => s.as_raw_fd(),
@@ -226,23 +242,50 @@ impl Connection {
         }
     }
 
-    /// Sets the session's timeout on reads and writes.
+    /// Sets the session's timeout on writes (a client that takes no reply); reads are
+    /// bounded by the session's deadlines ([`Connection::read_timeout`]).
     fn set_timeout(&self, t: Duration) -> std::io::Result<()> {
         match self {
-            Connection::Unix(s) => {
-                s.set_read_timeout(Some(t))?;
-                s.set_write_timeout(Some(t))
-            }
+            Connection::Unix(s) => s.set_write_timeout(Some(t)),
             Connection::Tcp(s, _) => {
                 s.set_nodelay(true)?;
-                s.set_read_timeout(Some(t))?;
                 s.set_write_timeout(Some(t))
             }
         }
     }
+
+    /// Sets how long the next read may wait.
+    fn read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        match self {
+            Connection::Unix(s) => s.set_read_timeout(Some(t)),
+            Connection::Tcp(s, _) => s.set_read_timeout(Some(t)),
+        }
+    }
 }
 
-fn run_session(conn: Connection, protocol: crate::config::ingress::Protocol, shared: &Shared) {
+/// The user id of a Unix socket's peer (`SO_PEERCRED`).
+fn peer_uid(fd: RawFd) -> Option<u32> {
+    // SAFETY: getsockopt fills a ucred of the size given.
+    unsafe {
+        let mut cred: libc::ucred = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        );
+        (r == 0).then_some(cred.uid)
+    }
+}
+
+fn run_session(
+    conn: Connection,
+    protocol: crate::config::ingress::Protocol,
+    shared: &Shared,
+    ticket: Ticket,
+) {
     let key = shared.sessions.add(conn.fd());
     Counters::bump(&shared.counters.sessions, 1);
     let peer = conn.peer();
@@ -255,23 +298,39 @@ fn run_session(conn: Connection, protocol: crate::config::ingress::Protocol, sha
         max_errors: shared.options.max_errors,
         xforward: shared.options.trusts(peer),
         stopping: &shared.stopping,
+        timeout: shared.options.timeout,
+        min_data_rate: shared.options.min_data_rate,
     };
+    let read_timeout = |t: Duration| conn.read_timeout(t);
     let summary = match conn.set_timeout(shared.options.timeout) {
         Err(e) => {
             log::warn!("session from {shown}: cannot set its timeout: {e}");
             None
         }
         Ok(()) => Some(match &conn {
-            Connection::Unix(s) => {
-                session::serve(s, s, &settings, peer, &shared.committer, &shared.counters)
-            }
-            Connection::Tcp(s, _) => {
-                session::serve(s, s, &settings, peer, &shared.committer, &shared.counters)
-            }
+            Connection::Unix(s) => session::serve(
+                s,
+                s,
+                &settings,
+                peer,
+                &read_timeout,
+                &shared.committer,
+                &shared.counters,
+            ),
+            Connection::Tcp(s, _) => session::serve(
+                s,
+                s,
+                &settings,
+                peer,
+                &read_timeout,
+                &shared.committer,
+                &shared.counters,
+            ),
         }),
     };
     shared.sessions.remove(key);
     drop(conn);
+    drop(ticket);
     if let Some(s) = summary {
         let end = match &s.end {
             End::Quit => "quit".to_string(),

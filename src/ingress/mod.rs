@@ -4,8 +4,9 @@
 //!
 //! Threads, each owning its part: the main thread binds the listeners (as root, before
 //! it switches to `[pepsi] RUN_AS`), starts the others and waits for SIGTERM/SIGINT; one
-//! acceptor per listener ([`listen`]) hands each connection to a session thread
-//! ([`session`], at most `MAX_SESSIONS`); the committer ([`commit`]) owns the database
+//! acceptor per listener ([`listen`]) hands each connection it admits ([`admission`]:
+//! `MAX_SESSIONS`, `MAX_CLIENT_SESSIONS`, `TRUSTED_SESSIONS`) to a session thread
+//! ([`session`]); the committer ([`commit`]) owns the database
 //! session and commits what the sessions accepted in groups, synchronously, answering
 //! each only after its commit; [`counters`] are written by it every few seconds.
 //! [`params`] reads the commands' arguments and [`reply`] writes the replies. Nothing
@@ -16,6 +17,7 @@
 //! so its client sends it again), lets the committer finish, writes the counters and
 //! exits 0. The database away never stops it: mail is answered 451 until it is back.
 
+pub mod admission;
 pub mod commit;
 pub mod counters;
 pub mod listen;
@@ -73,6 +75,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             .map_err(|e| Failure::general(format!("cannot start a thread: {e}")))?;
     let stopping = Arc::new(AtomicBool::new(false));
     let sessions = Arc::new(listen::Sessions::default());
+    let admission = admission::Admission::new(admission::Limits::of(&config.ingress));
     let mut acceptors = Vec::new();
     for listener in listeners {
         log::info!("listening on {}", listener.spec);
@@ -86,6 +89,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
                     counters: counters.clone(),
                     stopping: stopping.clone(),
                     sessions: sessions.clone(),
+                    admission: admission.clone(),
                 },
             )
             .map_err(|e| Failure::general(format!("cannot start a thread: {e}")))?,

@@ -6,15 +6,26 @@
 //! what became of it — 250 after its commit, 451 when the database could not take it,
 //! 552/554 when it is refused; in LMTP one reply per recipient.
 //!
-//! Every wait is bounded by the socket's read timeout (set by the acceptor, `mod.rs`):
-//! a client that says nothing for that long gets 421 4.4.2 and is closed. A command
-//! line longer than [`MAX_COMMAND`] is 500 5.5.2 (the rest of the line skipped); more
-//! than `MAX_ERRORS` 5xx replies close the session with 421 4.7.0. Called by `mod.rs`,
-//! one thread per session; it knows nothing of the database but the committer.
+//! Every wait is bounded by a deadline, not by the time between two bytes: a command
+//! line must be complete within `TIMEOUT` of the moment the session waits for it, and a
+//! message's data within `TIMEOUT` and a second more per `MIN_DATA_RATE` bytes received
+//! (Postfix's per-record deadline and minimum data rate); a client that misses one gets
+//! 421 4.4.2 and is closed. A command line longer than [`MAX_COMMAND`] is 500 5.5.2
+//! (the rest of the line skipped); more than `MAX_ERRORS` 5xx replies close the session
+//! with 421 4.7.0.
+//!
+//! Only `<CR><LF>.<CR><LF>` ends the data (RFC 5321 §4.1.1.4): a dot line that ends in
+//! a bare LF, or that follows a line which did, is content, so no client can end one
+//! message and smuggle a second in behind a front end that reads the data otherwise.
+//! A line of content or a command that ends in a bare LF is taken as if it ended in
+//! CRLF, as Postfix's `smtpd_forbid_bare_newline = normalize` does; a bare CR is kept as
+//! it came (it ends nothing). Called by `listen.rs`, one thread per session; it knows
+//! nothing of the database but the committer.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use super::commit::{Committer, Message, Outcome};
 use super::counters::Counters;
@@ -43,6 +54,10 @@ pub struct Settings<'a> {
     pub xforward: bool,
     /// Set when the daemon shuts down: the session ends at its next command.
     pub stopping: &'a AtomicBool,
+    /// `TIMEOUT`: each command line's deadline, and the data's at least.
+    pub timeout: Duration,
+    /// `MIN_DATA_RATE`, bytes per second: what extends the data's deadline.
+    pub min_data_rate: u64,
 }
 
 /// How a session ended.
@@ -83,10 +98,21 @@ pub struct Summary {
 enum Line {
     /// A line, with its line end.
     Text(Vec<u8>),
-    /// A line longer than the limit (read and dropped up to its end).
-    TooLong,
+    /// A line longer than the limit (read and dropped up to its end), and whether it
+    /// ended in CRLF.
+    TooLong(bool),
     /// The client closed the connection.
     Eof,
+}
+
+/// When a read must be done by.
+#[derive(Clone, Copy)]
+enum Deadline {
+    /// A command line: by this instant.
+    At(Instant),
+    /// A message's data: `TIMEOUT` after it started, and a second more per
+    /// `MIN_DATA_RATE` bytes received so far.
+    Data { started: Instant, received: u64 },
 }
 
 /// The transaction in progress.
@@ -107,6 +133,9 @@ struct Forwarded {
 struct Session<'a, R: Read, W: Write> {
     settings: &'a Settings<'a>,
     peer: Option<IpAddr>,
+    /// Sets how long the connection's next read may wait.
+    read_timeout: &'a dyn Fn(Duration) -> io::Result<()>,
+    deadline: Deadline,
     committer: &'a Committer,
     counters: &'a Counters,
     reader: BufReader<R>,
@@ -119,19 +148,23 @@ struct Session<'a, R: Read, W: Write> {
     summary: Summary,
 }
 
-/// Serves one session on `reader`/`writer` (two handles of one connection, whose read
-/// timeout is the session timeout) with a client at `peer` (`None`: a Unix socket's).
+/// Serves one session on `reader`/`writer` (two handles of one connection, whose reads
+/// wait as long as `read_timeout` last said) with a client at `peer` (`None`: a Unix
+/// socket's).
 pub fn serve<R: Read, W: Write>(
     reader: R,
     writer: W,
     settings: &Settings<'_>,
     peer: Option<IpAddr>,
+    read_timeout: &dyn Fn(Duration) -> io::Result<()>,
     committer: &Committer,
     counters: &Counters,
 ) -> Summary {
     let mut s = Session {
         settings,
         peer,
+        read_timeout,
+        deadline: Deadline::At(Instant::now() + settings.timeout),
         committer,
         counters,
         reader: BufReader::with_capacity(64 * 1024, reader),
@@ -185,9 +218,11 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     return self.shutting_down();
                 }
             }
+            // A command line in full within TIMEOUT, however it trickles in.
+            self.deadline = Deadline::At(Instant::now() + self.settings.timeout);
             let line = match self.read_line(MAX_COMMAND) {
                 Ok(Line::Text(l)) => l,
-                Ok(Line::TooLong) => {
+                Ok(Line::TooLong(_)) => {
                     if let Some(end) = self.error(Reply::new(500, "5.5.2", "Line too long")) {
                         return end;
                     }
@@ -276,11 +311,33 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         None
     }
 
-    /// Reads one line (up to LF) of at most `max` bytes.
+    /// When the current read must be done by.
+    fn due(&self) -> Instant {
+        match self.deadline {
+            Deadline::At(t) => t,
+            Deadline::Data { started, received } => {
+                let rate = self.settings.min_data_rate.max(1);
+                started
+                    + self.settings.timeout
+                    + Duration::from_millis(received.saturating_mul(1000) / rate)
+            }
+        }
+    }
+
+    /// Reads one line (up to LF) of at most `max` bytes, by the current deadline.
     fn read_line(&mut self, max: usize) -> io::Result<Line> {
         let mut line = Vec::new();
         let mut too_long = false;
+        // The last byte taken, for a line too long: did it end in CRLF?
+        let mut last = 0u8;
         loop {
+            if self.reader.buffer().is_empty() {
+                let left = self.due().saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+                }
+                (self.read_timeout)(left)?;
+            }
             let buf = match self.reader.fill_buf() {
                 Ok(b) => b,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -290,7 +347,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                 return Ok(if line.is_empty() && !too_long {
                     Line::Eof
                 } else if too_long {
-                    Line::TooLong
+                    Line::TooLong(false)
                 } else {
                     Line::Text(line)
                 });
@@ -299,6 +356,10 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                 Some(i) => (i + 1, true),
                 None => (buf.len(), false),
             };
+            let crlf = done && (if take >= 2 { buf[take - 2] } else { last }) == b'\r';
+            if take >= 1 {
+                last = buf[take - 1];
+            }
             if !too_long {
                 if line.len() + take > max {
                     too_long = true;
@@ -310,7 +371,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
             self.reader.consume(take);
             if done {
                 return Ok(if too_long {
-                    Line::TooLong
+                    Line::TooLong(crlf)
                 } else {
                     Line::Text(line)
                 });
@@ -345,7 +406,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
             ),
             "MAIL" => self.mail(arg),
             "RCPT" => self.rcpt(arg),
-            "DATA" => return self.data(arg),
+            "DATA" => return self.data(arg, line.ends_with(b"\r\n")),
             "RSET" => {
                 self.reset();
                 Reply::new(250, "2.0.0", "Ok")
@@ -464,8 +525,8 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         self.forwarded = Forwarded::default();
     }
 
-    /// DATA: the message, then its fate.
-    fn data(&mut self, arg: &str) -> io::Result<Option<End>> {
+    /// DATA (its line ended in CRLF: `crlf`): the message, then its fate.
+    fn data(&mut self, arg: &str, crlf: bool) -> io::Result<Option<End>> {
         if !arg.trim().is_empty() {
             return Ok(self.error(Reply::new(501, "5.5.4", "Syntax: DATA")));
         }
@@ -480,25 +541,38 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         let max = self.settings.max_size as usize;
         let mut data = Vec::new();
         let mut too_big = false;
+        // The whole data by its deadline, which grows with what arrives.
+        self.deadline = Deadline::Data {
+            started: Instant::now(),
+            received: 0,
+        };
+        // Did the line before end in CRLF (as sent)? Only <CR><LF>.<CR><LF> ends the
+        // data; the DATA command's own line end counts for a message that is empty.
+        let mut after_crlf = crlf;
         loop {
             let line = match self.read_line(max + 2)? {
                 Line::Text(l) => l,
-                Line::TooLong => {
+                Line::TooLong(ended_crlf) => {
                     too_big = true;
+                    after_crlf = ended_crlf;
                     continue;
                 }
                 Line::Eof => return Ok(Some(self.closed())),
             };
-            if line == b".\r\n" || line == b".\n" {
+            if let Deadline::Data { received, .. } = &mut self.deadline {
+                *received += line.len() as u64;
+            }
+            if after_crlf && line == b".\r\n" {
                 break;
             }
-            let line = line.strip_prefix(b".").unwrap_or(&line);
+            after_crlf = line.ends_with(b"\r\n");
+            let content = content_line(&line);
             if !too_big {
-                if data.len() + line.len() > max {
+                if data.len() + content.len() > max {
                     too_big = true;
                     data = Vec::new();
                 } else {
-                    data.extend_from_slice(line);
+                    data.extend_from_slice(&content);
                 }
             }
         }
@@ -594,9 +668,215 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     }
 }
 
+/// A line of the data as it is stored: without the dot a client doubles at the start
+/// of a line (RFC 5321 §4.5.2), and ending in CRLF where it ended in a bare LF.
+fn content_line(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let line = line.strip_prefix(b".").unwrap_or(line);
+    match line.strip_suffix(b"\n") {
+        Some(rest) if !rest.ends_with(b"\r") => {
+            let mut fixed = Vec::with_capacity(line.len() + 1);
+            fixed.extend_from_slice(rest);
+            fixed.extend_from_slice(b"\r\n");
+            std::borrow::Cow::Owned(fixed)
+        }
+        _ => std::borrow::Cow::Borrowed(line),
+    }
+}
+
 /// `arg` after a keyword such as `FROM:`, matched without regard to case.
 fn strip_keyword<'a>(arg: &'a str, keyword: &str) -> Option<&'a str> {
     let head = arg.get(..keyword.len())?;
     head.eq_ignore_ascii_case(keyword)
         .then(|| &arg[keyword.len()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingress::commit::{self, Message};
+    use std::sync::{Arc, Mutex};
+
+    /// A session of `protocol` fed `input` whole; what it wrote and what it queued.
+    fn session_of(protocol: Protocol, input: &[u8]) -> (String, Vec<Message>) {
+        let (committer, seen) = commit::answered_by(|_| Outcome::Queued(7));
+        let stopping = AtomicBool::new(false);
+        let settings = settings(protocol, &stopping, Duration::from_secs(30));
+        let mut out = Vec::new();
+        serve(
+            input,
+            &mut out,
+            &settings,
+            None,
+            &|_| Ok(()),
+            &committer,
+            &Counters::default(),
+        );
+        drop(committer);
+        let queued = seen.lock().unwrap().clone();
+        (String::from_utf8(out).unwrap(), queued)
+    }
+
+    fn settings(protocol: Protocol, stopping: &AtomicBool, timeout: Duration) -> Settings<'_> {
+        Settings {
+            protocol,
+            hostname: "mx.test",
+            max_size: 100_000,
+            max_recipients: 10,
+            max_errors: 5,
+            xforward: false,
+            stopping,
+            timeout,
+            min_data_rate: 500,
+        }
+    }
+
+    /// A transaction, its data ended by `ending`, then a second transaction smuggled
+    /// behind it, then the one real end and QUIT.
+    fn smuggling(hello: &str, ending: &str) -> Vec<u8> {
+        format!(
+            "{hello} client.test\r\nMAIL FROM:<a@x.example>\r\nRCPT TO:<b@y.example>\r\nDATA\r\n\
+             Subject: one\r\n\r\nfirst{ending}\
+             MAIL FROM:<ceo@example.org>\r\nRCPT TO:<b@y.example>\r\nDATA\r\n\
+             From: <ceo@example.org>\r\nSubject: two\r\n\r\nsmuggled\r\n.\r\nQUIT\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn only_crlf_dot_crlf_ends_the_data_so_nothing_is_smuggled_behind_it() {
+        for protocol in [Protocol::Smtp, Protocol::Lmtp] {
+            let hello = if protocol == Protocol::Lmtp {
+                "LHLO"
+            } else {
+                "EHLO"
+            };
+            for ending in ["\n.\n", "\r\n.\n", "\n.\r\n"] {
+                let (said, queued) = session_of(protocol, &smuggling(hello, ending));
+                assert_eq!(queued.len(), 1, "{ending:?}: {said}");
+                let m = &queued[0];
+                assert_eq!(m.mail_from, "a@x.example", "{ending:?}");
+                let body = String::from_utf8_lossy(&m.body);
+                assert!(
+                    body.contains("MAIL FROM:<ceo@example.org>"),
+                    "{ending:?}: {body}"
+                );
+                assert!(!body.replace("\r\n", "").contains('\n'), "{body:?}");
+                assert_eq!(said.matches("queued as 7").count(), 1, "{ending:?}: {said}");
+                assert!(said.ends_with("221 2.0.0 Bye\r\n"), "{said}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bare_line_feed_ends_a_line_as_crlf_and_a_bare_cr_stays() {
+        let input = b"EHLO c\nMAIL FROM:<a@x.example>\nRCPT TO:<b@y.example>\r\nDATA\r\n\
+                      Subject: s\n\r\nline\nmore\rstill\r\n..dot\r\n.\r\nQUIT\r\n";
+        let (said, queued) = session_of(Protocol::Smtp, input);
+        assert_eq!(queued.len(), 1, "{said}");
+        assert_eq!(queued[0].headers, b"Subject: s\r\n");
+        assert_eq!(queued[0].body, b"line\r\nmore\rstill\r\n.dot\r\n");
+    }
+
+    /// A reader that gives one byte per read, `pause` apart: a client dripping.
+    struct Drip {
+        bytes: Vec<u8>,
+        at: usize,
+        pause: Duration,
+    }
+
+    impl Read for Drip {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            std::thread::sleep(self.pause);
+            match self.bytes.get(self.at) {
+                Some(&b) if !buf.is_empty() => {
+                    buf[0] = b;
+                    self.at += 1;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
+    #[test]
+    fn a_command_dripped_a_byte_at_a_time_meets_its_deadline_whatever_the_gaps() {
+        let (committer, _) = commit::answered_by(|_| Outcome::Queued(7));
+        let stopping = AtomicBool::new(false);
+        let settings = settings(Protocol::Smtp, &stopping, Duration::from_millis(300));
+        let drip = Drip {
+            bytes: b"EHLO a-very-long-name-for-a-client.example\r\n".to_vec(),
+            at: 0,
+            pause: Duration::from_millis(20),
+        };
+        let timeouts = Arc::new(Mutex::new(Vec::new()));
+        let seen = timeouts.clone();
+        let mut out = Vec::new();
+        let summary = serve(
+            drip,
+            &mut out,
+            &settings,
+            None,
+            &move |t| {
+                seen.lock().unwrap().push(t);
+                Ok(())
+            },
+            &committer,
+            &Counters::default(),
+        );
+        assert_eq!(summary.end, End::Timeout);
+        let said = String::from_utf8(out).unwrap();
+        assert!(
+            said.ends_with("421 4.4.2 Timeout exceeded, closing the connection\r\n"),
+            "{said}"
+        );
+        assert!(
+            !said.contains("250"),
+            "the line never ended in time: {said}"
+        );
+        // Every read waited at most what was left of the line's 300 ms.
+        let t = timeouts.lock().unwrap();
+        assert!(t.iter().all(|t| *t <= Duration::from_millis(300)), "{t:?}");
+        assert!(
+            t.windows(2).all(|w| w[1] <= w[0]),
+            "the wait shrinks: {t:?}"
+        );
+    }
+
+    #[test]
+    fn the_data_gets_a_second_more_per_min_data_rate_bytes() {
+        let (committer, _) = commit::answered_by(|_| Outcome::Queued(7));
+        let stopping = AtomicBool::new(false);
+        let settings = settings(Protocol::Smtp, &stopping, Duration::from_secs(10));
+        let session = Session {
+            settings: &settings,
+            peer: None,
+            read_timeout: &|_| Ok(()),
+            deadline: Deadline::Data {
+                started: Instant::now(),
+                received: 1500,
+            },
+            committer: &committer,
+            counters: &Counters::default(),
+            reader: BufReader::new(&b""[..]),
+            writer: Vec::new(),
+            out: Vec::new(),
+            errors: 0,
+            helo: None,
+            tx: Transaction::default(),
+            forwarded: Forwarded::default(),
+            summary: Summary {
+                helo: None,
+                accepted: 0,
+                recipients: 0,
+                deferred: 0,
+                refused: 0,
+                end: End::Closed,
+            },
+        };
+        let left = session.due().saturating_duration_since(Instant::now());
+        assert!(
+            left > Duration::from_secs(12) && left <= Duration::from_secs(13),
+            "{left:?}"
+        );
+    }
 }

@@ -32,7 +32,7 @@ const SCRIPT: Duration = Duration::from_secs(120);
 
 /// Opens a scenario whose `[pepsi-ingress]` section is `LISTEN = listen`,
 /// `STAGE = in` and `extra`, with the pipeline `in` → `out`, and starts the daemon.
-fn open(builder: Builder, listen: &str, extra: &str) -> Opening {
+pub(super) fn open(builder: Builder, listen: &str, extra: &str) -> Opening {
     let (s, c) = builder
         .section("pepsi-ingress", &section(listen, extra))
         .stages(PIPELINE)
@@ -42,15 +42,15 @@ fn open(builder: Builder, listen: &str, extra: &str) -> Opening {
 }
 
 /// A started ingress test; the daemon stops before its database is dropped.
-struct Opening {
-    daemon: Ingress,
-    c: Client,
+pub(super) struct Opening {
+    pub(super) daemon: Ingress,
+    pub(super) c: Client,
     _s: Scenario,
 }
 
 /// A listener on a free loopback port: its `LISTEN` entry (`PROTOCOL:127.0.0.1:PORT`)
 /// and the client's target (`127.0.0.1:PORT`).
-fn tcp(protocol: &str) -> (String, String) {
+pub(super) fn tcp(protocol: &str) -> (String, String) {
     let target = format!("127.0.0.1:{}", free_port());
     (format!("{protocol}:{target}"), target)
 }

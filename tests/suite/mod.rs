@@ -23,6 +23,7 @@ mod guarantees;
 mod harness;
 mod if_split;
 mod ingress;
+mod ingress_abuse;
 mod poison;
 mod postfix;
 mod queue_config;
