@@ -39,7 +39,11 @@
 //!
 //! Runs: `BENCH_CLIENTS` (comma-separated, default `16`) client counts, then always one
 //! client (`BENCH_SINGLE_MESSAGES`, default 1,000 messages): a lone message's latency,
-//! with no other message to share its commit. `BENCH_INGRESS=PATH` measures another
+//! with no other message to share its commit. Last, the memory run: `BENCH_LARGE`
+//! (default 10) clients send one message each of the largest size the daemon accepts
+//! (`MAX_MESSAGE_SIZE`, default 10,240,000 bytes, with `SIZE=` declared) at once; it
+//! prints the daemon's peak resident memory (`VmHWM`) before and after, and the growth
+//! per message. `BENCH_INGRESS=PATH` measures another
 //! `pepsi-ingress` binary instead (two builds compared in one session).
 
 #[path = "util/durable.rs"]
@@ -508,6 +512,76 @@ fn client(
 }
 
 // ---------------------------------------------------------------------------------
+// The memory run.
+
+/// The largest message the daemon accepts: its default `MAX_MESSAGE_SIZE`.
+const LARGE_SIZE: usize = 10_240_000;
+
+/// The peak resident memory of a process, in KiB (`VmHWM`).
+fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `clients` connections each send one message of [`LARGE_SIZE`] bytes at once;
+/// prints the daemon's peak memory before and after.
+fn large_run(dir: &Path, clients: usize, out: &mut impl Write) {
+    let db = TestDb::new();
+    let daemon = Daemon::start(&db, dir, "large");
+    let before = peak_kib(daemon.pid());
+    let go = Arc::new(Barrier::new(clients));
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let (go, port) = (go.clone(), daemon.port);
+            std::thread::spawn(move || {
+                let mut lmtp = Lmtp::connect(port);
+                let noise = body(c as u64 + 1);
+                let mut data = message(c, 0, &noise);
+                data.truncate(data.len() - 3);
+                while data.len() + noise.len() + 3 < LARGE_SIZE {
+                    data.extend_from_slice(&noise[..noise.len() - noise.len() % 78]);
+                }
+                data.extend_from_slice(b".\r\n");
+                let envelope = format!(
+                    "MAIL FROM:<sender{c}@bench.example> SIZE={}\r\n\
+                     RCPT TO:<r1@dest.example>\r\nRCPT TO:<r2@dest.example>\r\nRCPT TO:<r3@dest.example>\r\n\
+                     DATA\r\n",
+                    data.len() - 3
+                );
+                go.wait();
+                let (ok, _) = lmtp.send(envelope.as_bytes(), &data);
+                lmtp.quit();
+                (ok, data.len() - 3)
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    let mut size = 0;
+    for t in threads {
+        let (ok, bytes) = t.join().expect("a client thread failed");
+        accepted += usize::from(ok);
+        size = bytes;
+    }
+    let after = peak_kib(daemon.pid());
+    daemon.stop();
+    writeln!(
+        out,
+        "\nmemory: {clients} clients each sent one {size}-byte message at once, {accepted} accepted\n  \
+         peak resident memory of pepsi-ingress: {:.1} MiB before, {:.1} MiB after: \
+         {:.1} MiB per message ({:.2}x its size)",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        (after - before) as f64 / 1024.0 / clients as f64,
+        (after - before) as f64 * 1024.0 / clients as f64 / size as f64
+    )
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------
 // A run.
 
 struct Figures {
@@ -803,5 +877,7 @@ fn main() {
         out.flush().unwrap();
     }
     run(&dir, 1, single).print(&mut out);
+    out.flush().unwrap();
+    large_run(&dir, env_number("BENCH_LARGE", 10) as usize, &mut out);
     let _ = std::fs::remove_dir_all(&dir);
 }

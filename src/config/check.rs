@@ -33,6 +33,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
+use std::time::Duration;
 
 use postgres::Client;
 
@@ -316,6 +317,10 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     };
     let dispatch = own(DbRole::Dispatch);
     let worker = own(DbRole::Worker);
+    let max_runtime = match &config {
+        Ok(c) => Some(c.dispatch.max_runtime),
+        Err(_) => None,
+    };
     let stage_sections: Vec<Section> = sections
         .iter()
         .filter(|s| s.name.starts_with(graph::STAGE_PREFIX))
@@ -356,11 +361,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     };
     // The workers' database checks, as the workers will connect: as WORKER_AS, in a
     // child that switches to it now, while this process is still root.
-    let worker_findings = workers_as.as_ref().map(|w| {
-        as_worker::in_account(&w.name, |found| {
-            as_worker::worker_database(&worker, &stage_sections, &programs, &extra, found);
-        })
-    });
+    let workers_database = |found: &mut Findings| {
+        as_worker::worker_database(
+            &worker,
+            &stage_sections,
+            &programs,
+            &extra,
+            max_runtime,
+            found,
+        );
+    };
+    let worker_findings = workers_as
+        .as_ref()
+        .map(|w| as_worker::in_account(&w.name, workers_database));
     // Started as root, check switches to RUN_AS as the dispatcher does, before it
     // connects: the database sees the account the dispatcher connects as (peer
     // authentication with the default CONNECTION), and the kernel answers the file
@@ -417,7 +430,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         // The workers connect as another role: they must reach the database, see the
         // schema and read the overlay too, or every stage would refuse to start. The
         // settings are the workers' to read: checked on their connection.
-        as_worker::worker_database(&worker, &stage_sections, &programs, &extra, &mut found);
+        workers_database(&mut found);
         client = None;
     }
     let overlay = with_rows(overlay, extra.clone());
@@ -473,10 +486,6 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
             }
         }
     }
-    let max_runtime = match &config {
-        Ok(c) => Some(c.dispatch.max_runtime),
-        Err(_) => None,
-    };
     // The workers' account starts the programs: WORKER_AS when it is one of its own.
     let runner = workers_as.as_ref().or(account.as_ref());
     let runner_who = match (&workers_as, &account) {
@@ -510,22 +519,8 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
             }
         }
         if let Some(command) = stage.section.get("COMMAND") {
-            // A worker running longer than MAX_RUNTIME is killed and its message struck:
-            // a command allowed as long would never get to its own timeout.
-            let timeout = stage
-                .section
-                .duration("TIMEOUT", crate::stages::exec::DEFAULT_TIMEOUT);
-            if let (Ok(timeout), Some(limit)) = (timeout, max_runtime) {
-                if timeout >= limit {
-                    found.add_warnings([stage.section.error(
-                        "TIMEOUT",
-                        format!(
-                            "{} is not below [pepsi-dispatch] MAX_RUNTIME ({}): a command still running at MAX_RUNTIME has its worker killed and its message struck, before TIMEOUT would make it a host error",
-                            crate::config::raw::show_duration(timeout),
-                            crate::config::raw::show_duration(limit)
-                        ),
-                    )]);
-                }
+            if let Some(limit) = max_runtime {
+                found.add_warnings(command_timeout_problem(&stage.section, limit));
             }
             let user = stage.section.get("USER");
             match crate::keeper::command_account(user, reserved, as_root) {
@@ -553,10 +548,30 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
             &laid.sections,
             &checked,
             graph.as_ref(),
+            max_runtime,
             &mut found,
         );
     }
     found.finish(&path, json)
+}
+
+/// A command's `TIMEOUT` of `section` (the file's, or laid over for an address) that is
+/// not below `MAX_RUNTIME`: a worker running longer than MAX_RUNTIME is killed and its
+/// message struck, so a command allowed as long would never get to its own timeout.
+fn command_timeout_problem(section: &Section, max_runtime: Duration) -> Option<ConfigError> {
+    let timeout = section
+        .duration("TIMEOUT", crate::stages::exec::DEFAULT_TIMEOUT)
+        .ok()?;
+    (timeout >= max_runtime).then(|| {
+        section.error(
+            "TIMEOUT",
+            format!(
+                "{} is not below [pepsi-dispatch] MAX_RUNTIME ({}): a command still running at MAX_RUNTIME has its worker killed and its message struck, before TIMEOUT would make it a host error",
+                crate::config::raw::show_duration(timeout),
+                crate::config::raw::show_duration(max_runtime)
+            ),
+        )
+    })
 }
 
 /// Reports every schema a Pepsi session resolves names through in which a Pepsi role

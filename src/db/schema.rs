@@ -100,6 +100,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("012_relay_verdict.sql"),
     migration!("013_claim_floors.sql"),
     migration!("014_claim_proof.sql"),
+    migration!("015_hardening.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -31,8 +31,11 @@ use crate::db::{self, ErrorKind, schema, sql};
 
 /// The most messages in one commit.
 const MAX_BATCH: usize = 500;
-/// The most bytes of message data in one commit.
-const MAX_BATCH_BYTES: usize = 64 << 20;
+/// The most bytes of message data in one commit (a larger message commits alone). The
+/// statement's parameters are one more copy of the batch while it is sent, growing by
+/// doubling: this bounds that copy, so that many concurrent large messages cost about
+/// their own size each, not three times it.
+const MAX_BATCH_BYTES: usize = 16 << 20;
 /// The longest wait before reconnecting (the first ten seconds of an outage are tried
 /// every 250 ms, [`Reconnect`]).
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -118,7 +118,9 @@ fn parameters(text: &str) -> Vec<(String, Option<&str>)> {
 }
 
 /// Decodes xtext (RFC 3461 §4): `+XX` is the byte of hex XX; any other character is
-/// itself. Returns `None` when the text is not xtext or decodes to something not UTF-8.
+/// itself. Returns `None` when the text is not xtext or decodes to something not UTF-8
+/// or holding a control character (a NUL, a line break): no value a client encodes
+/// may reach a message's state, a log or a header so.
 pub fn xtext_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -142,7 +144,9 @@ pub fn xtext_decode(text: &str) -> Option<String> {
             return None;
         }
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out)
+        .ok()
+        .filter(|s| !s.chars().any(char::is_control))
 }
 
 /// Whether an address needs SMTPUTF8 (it has a character beyond ASCII).
@@ -459,6 +463,9 @@ mod tests {
         assert_eq!(xtext_decode("a+2"), None);
         assert_eq!(xtext_decode("+C3+A9").as_deref(), Some("é"));
         assert_eq!(xtext_decode("+FF"), None, "not UTF-8");
+        for control in ["a+00b", "a+0Ab", "a+0D+0Ab", "+7F", "+C2+85"] {
+            assert_eq!(xtext_decode(control), None, "{control}");
+        }
     }
 
     #[test]

@@ -381,7 +381,11 @@ impl<R: Read, W: Write> Session<'_, R, W> {
 
     /// Handles one command line; `Some` when the session ends.
     fn command(&mut self, line: &[u8]) -> io::Result<Option<End>> {
-        let text = String::from_utf8_lossy(line);
+        // An address is taken as sent or not at all: a line that is not UTF-8 would
+        // otherwise reach the queue with its bytes replaced.
+        let Ok(text) = std::str::from_utf8(line) else {
+            return Ok(self.error(Reply::new(500, "5.5.2", "Error: the command is not UTF-8")));
+        };
         let text = text.trim_end_matches(['\r', '\n']);
         let (verb, arg) = match text.split_once(' ') {
             Some((v, a)) => (v.to_ascii_uppercase(), a),
@@ -539,7 +543,10 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         self.say(&Reply::plain(354, "End data with <CR><LF>.<CR><LF>"));
         self.flush()?;
         let max = self.settings.max_size as usize;
-        let mut data = Vec::new();
+        // The size the client announced, so the buffer need not grow by doubling (and
+        // end up to twice the message); never more than the limit.
+        let announced = self.tx.mail.as_ref().and_then(|m| m.size).unwrap_or(0);
+        let mut data = Vec::with_capacity((announced as usize).min(max));
         let mut too_big = false;
         // The whole data by its deadline, which grows with what arrives.
         self.deadline = Deadline::Data {
@@ -586,7 +593,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                 format!("Message size exceeds the limit of {max} bytes"),
             ))
         } else {
-            self.queue(&tx, forwarded, &data)
+            self.queue(&tx, forwarded, data)
         };
         let lmtp = self.settings.protocol == Protocol::Lmtp;
         let replies: Vec<Reply> = match &outcome {
@@ -621,9 +628,9 @@ impl<R: Read, W: Write> Session<'_, R, W> {
 
     /// Hands a received message to the committer: its id once committed, or the reply
     /// that says why not.
-    fn queue(&self, tx: &Transaction, forwarded: Forwarded, data: &[u8]) -> Result<i64, Reply> {
+    fn queue(&self, tx: &Transaction, forwarded: Forwarded, data: Vec<u8>) -> Result<i64, Reply> {
         let mail = tx.mail.as_ref().expect("DATA needs MAIL");
-        let parsed = message::read(data).map_err(|why| {
+        let parsed = message::read_owned(data).map_err(|why| {
             Reply::new(
                 554,
                 "5.6.0",
@@ -775,6 +782,28 @@ mod tests {
         assert_eq!(queued.len(), 1, "{said}");
         assert_eq!(queued[0].headers, b"Subject: s\r\n");
         assert_eq!(queued[0].body, b"line\r\nmore\rstill\r\n.dot\r\n");
+    }
+
+    #[test]
+    fn an_address_is_taken_as_sent_or_refused_never_repaired() {
+        let input = b"EHLO c\r\nMAIL FROM:<a\xe9@x.example>\r\n\
+                      MAIL FROM:<a@x.example> ENVID=a+00b\r\n\
+                      MAIL FROM:<a@x.example>\r\nRCPT TO:<r@y.example> ORCPT=rfc822;r+0D+0Ax\r\n\
+                      QUIT\r\n";
+        let (said, queued) = session_of(Protocol::Smtp, input);
+        assert!(queued.is_empty());
+        let lines: Vec<&str> = said.lines().filter(|l| !l.starts_with("250")).collect();
+        assert_eq!(
+            lines,
+            [
+                "220 mx.test ESMTP Pepsi",
+                "500 5.5.2 Error: the command is not UTF-8",
+                "501 5.5.4 Bad ENVID parameter: not xtext of at most 100 characters",
+                "501 5.5.4 Bad ORCPT parameter: the address is not xtext",
+                "221 2.0.0 Bye"
+            ],
+            "{said}"
+        );
     }
 
     /// A reader that gives one byte per read, `pause` apart: a client dripping.

@@ -159,6 +159,17 @@ pub fn exec_account(
             ));
         }
     }
+    // The configuration file is RUN_AS's group's to read (root:pepsi 0640): a member
+    // of that group would read its connection strings.
+    if let Ok(run_as) = crate::privilege::lookup(reserved.run_as) {
+        if reserved.run_as != "root" && account.groups.contains(&run_as.gid) {
+            return Err(format!(
+                "USER {name} is refused: it is in the group of [pepsi] RUN_AS {} (gid {}), \
+                 which may read the configuration",
+                reserved.run_as, run_as.gid
+            ));
+        }
+    }
     Ok(account)
 }
 

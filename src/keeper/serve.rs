@@ -318,9 +318,38 @@ fn say(sock: BorrowedFd<'_>, fields: &[&[u8]]) {
     let _ = wire::send(sock, &wire::message(fields), &[]);
 }
 
-/// Waits until the connection or the running command's pidfd is readable: `true` for
-/// the connection.
-fn wait_either(sock: BorrowedFd<'_>, running: Option<&Running>) -> io::Result<bool> {
+/// How often a keeper reaps the orphans a running command leaves (a command that forks
+/// and abandons processes fast would otherwise fill the process table with zombies
+/// until it ends).
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// What a wait found.
+#[derive(Debug, PartialEq, Eq)]
+enum Woke {
+    /// The worker said something (or went).
+    Worker,
+    /// The running command ended.
+    Command,
+    /// Time to reap the orphans that ended.
+    Tick,
+}
+
+/// Reaps this keeper's children that have ended, but the running command (whose end
+/// is read from its own handle): orphans of the command, adopted here.
+fn reap_ended_orphans(running: Option<&Running>) {
+    let command = running.map(|r| r.child.id() as libc::pid_t);
+    for pid in children() {
+        if Some(pid) != command {
+            let mut status = 0;
+            // SAFETY: a non-blocking wait for our own child.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        }
+    }
+}
+
+/// Waits until the connection or the running command's pidfd is readable, or, while a
+/// command runs, [`REAP_EVERY`] has passed.
+fn wait_either(sock: BorrowedFd<'_>, running: Option<&Running>) -> io::Result<Woke> {
     let mut fds = [
         libc::pollfd {
             fd: sock.as_raw_fd(),
@@ -333,11 +362,23 @@ fn wait_either(sock: BorrowedFd<'_>, running: Option<&Running>) -> io::Result<bo
             revents: 0,
         },
     ];
+    let tick = if running.is_some() {
+        REAP_EVERY.as_millis() as i32
+    } else {
+        -1
+    };
     loop {
         // SAFETY: fds is two valid pollfd entries (a negative fd is ignored).
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, tick) };
+        if r == 0 {
+            return Ok(Woke::Tick);
+        }
         if r > 0 {
-            return Ok(fds[0].revents != 0 && fds[1].revents == 0);
+            return Ok(if fds[0].revents != 0 && fds[1].revents == 0 {
+                Woke::Worker
+            } else {
+                Woke::Command
+            });
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -365,14 +406,20 @@ pub fn serve(sock: OwnedFd, refusal: Option<String>, mandate: Mandate) -> i32 {
     say(sock_fd, &[READY]);
     let mut running: Option<Running> = None;
     loop {
-        let from_worker = match wait_either(sock_fd, running.as_ref()) {
+        let woke = match wait_either(sock_fd, running.as_ref()) {
             Ok(w) => w,
             Err(e) => {
                 log::error!("keeper: poll failed: {e}");
                 break;
             }
         };
-        if !from_worker {
+        if woke != Woke::Command {
+            reap_ended_orphans(running.as_ref());
+        }
+        if woke == Woke::Tick {
+            continue;
+        }
+        if woke == Woke::Command {
             // The command ended: reap it, then whatever it left behind.
             let Some(mut r) = running.take() else {
                 continue;

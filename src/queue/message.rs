@@ -88,7 +88,32 @@ fn check_fields(block: &[u8]) -> Result<(), String> {
 /// Splits and reads a message.
 pub fn read(message: &[u8]) -> Result<Message, String> {
     let (block_end, body_start) = split_at_empty_line(message);
-    let headers = &message[..block_end];
+    let (header_from, subject) = metadata(&message[..block_end])?;
+    Ok(Message {
+        headers: message[..block_end].to_vec(),
+        body: message[body_start..].to_vec(),
+        header_from,
+        subject,
+    })
+}
+
+/// [`read`] of a message it may keep: the body is `message`'s own buffer, its header
+/// block moved out of the front, so a large message is held once, not twice.
+pub fn read_owned(mut message: Vec<u8>) -> Result<Message, String> {
+    let (block_end, body_start) = split_at_empty_line(&message);
+    let (header_from, subject) = metadata(&message[..block_end])?;
+    let headers = message[..block_end].to_vec();
+    message.drain(..body_start);
+    Ok(Message {
+        headers,
+        body: message,
+        header_from,
+        subject,
+    })
+}
+
+/// Checks a header block and reads its `From:` address and `Subject:`.
+fn metadata(headers: &[u8]) -> Result<(Option<String>, Option<String>), String> {
     check_fields(headers)?;
     let fields = mailparse::parse_headers(headers)
         .map_err(|e| format!("the header block cannot be read: {e}"))?
@@ -110,12 +135,7 @@ pub fn read(message: &[u8]) -> Result<Message, String> {
         (!text.is_empty()).then(|| db::storable(&text))
     });
     let subject = first("Subject").map(|h| db::storable(h.get_value().trim()));
-    Ok(Message {
-        headers: headers.to_vec(),
-        body: message[body_start..].to_vec(),
-        header_from,
-        subject,
-    })
+    Ok((header_from, subject))
 }
 
 /// Checks an envelope address as given on the command line and returns it as stored:
@@ -140,6 +160,18 @@ pub fn envelope_address(raw: &str, null_ok: bool) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reading_a_message_it_may_keep_gives_what_reading_a_copy_gives() {
+        for m in [
+            &b"From: <a@x.example>\r\nSubject: s\r\n\r\nbody\r\n"[..],
+            b"Subject: no body\r\n",
+            b"From: a@x.example\n\nbare\n",
+        ] {
+            assert_eq!(read_owned(m.to_vec()), read(m));
+        }
+        assert!(read_owned(b"not a header\r\n\r\nbody".to_vec()).is_err());
+    }
 
     #[test]
     fn the_header_block_ends_at_the_first_empty_line_crlf_or_lf() {

@@ -885,6 +885,33 @@ fn an_exec_timeout_not_below_max_runtime_is_a_warning() {
 }
 
 #[test]
+fn a_per_address_timeout_not_below_max_runtime_is_a_warning_naming_the_address() {
+    let user = crate::util::exec_user();
+    let s = scenario("c-timeout-address")
+        .stages(&format!(
+            "[stage-in]\nPROGRAM = {{exec}}\nCOMMAND = cat\nUSER = {user}\n"
+        ))
+        .build();
+    s.client()
+        .execute(
+            "INSERT INTO pepsi.settings VALUES ('slow@y.example', 'in', 'TIMEOUT', '20m'), \
+                 ('quick@y.example', 'in', 'TIMEOUT', '2m')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let expect = "warning: pepsi.settings for slow@y.example: [stage-in] TIMEOUT: 20m is not below [pepsi-dispatch] MAX_RUNTIME (5m)";
+    assert!(stdout(&out).contains(expect), "{expect}\n{}", both(&out));
+    assert!(
+        !stdout(&out).contains("quick@y.example"),
+        "a TIMEOUT below MAX_RUNTIME is not reported: {}",
+        both(&out)
+    );
+    assert!(stdout(&out).contains("(1 warning"), "{}", both(&out));
+}
+
+#[test]
 fn relay_timeouts_summing_to_max_runtime_or_more_are_a_warning() {
     let stages = |timeout: &str| {
         format!("[stage-out]\nPROGRAM = {{relay}}\nSMARTHOST = unix:/run/lmtp\n{timeout}")

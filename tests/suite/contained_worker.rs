@@ -512,3 +512,190 @@ fn workers_run_under_an_account_of_their_own_or_the_dispatcher_refuses_to_start(
         stdout(&checked)
     );
 }
+
+/// The processes whose parent is `pid`, each with whether it is a zombie.
+fn children_states(pid: u32) -> Vec<(u32, bool)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = after.split_whitespace();
+        let state = fields.next().unwrap_or_default();
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == pid {
+            out.push((child, state == "Z"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_orphans_a_running_command_leaves_are_reaped_while_it_runs() {
+    use crate::util::dispatcher::Dispatcher;
+    use crate::util::wait_until;
+    use std::time::Duration;
+    let db = TestDb::new();
+    let dir = TempDir::new("orphans");
+    let out = dir.path("out");
+    crate::util::shared_dir(&out);
+    // 300 processes orphaned at once (each subshell exits, its sleep lives on for a
+    // moment and ends), then the command stays a while.
+    let command = dir.write(
+        "orphans",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\ni=0\nwhile [ $i -lt 300 ]; do (sleep 0.01 &); i=$((i+1)); done\n\
+             touch {}/forked\nexec sleep 4\n",
+            out.display()
+        ),
+    );
+    std::fs::set_permissions(
+        &command,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let conf = conf(
+        &dir,
+        &db,
+        "",
+        &format!(
+            "[stage-e]\nPROGRAM = {{exec}}\nCOMMAND = {}\n",
+            command.display()
+        ),
+    );
+    let mut c = db.client();
+    crate::util::inject(&mut c, "e", "a@x.example", &["r@y.example"]);
+    let mut d = Dispatcher::start(&conf, &[]);
+    wait_until(
+        Duration::from_secs(30),
+        "the command forked its orphans",
+        || out.join("forked").exists(),
+    );
+    // The keeper: the launcher's child when the dispatcher runs as root, else the
+    // worker's.
+    let keeper = wait_keeper(&d);
+    std::thread::sleep(Duration::from_millis(1000));
+    let kids = children_states(keeper);
+    let zombies = kids.iter().filter(|(_, z)| *z).count();
+    assert!(
+        zombies < 50,
+        "{zombies} zombies held by the keeper while the command runs"
+    );
+    assert!(
+        kids.iter().any(|(_, z)| !z),
+        "the command itself still runs: {kids:?}"
+    );
+    assert!(d.terminate().success(), "{}", d.log());
+
+    /// The keeper process, found by its name among the dispatcher's descendants.
+    fn wait_keeper(d: &Dispatcher) -> u32 {
+        let mut found = None;
+        wait_until(Duration::from_secs(10), "the keeper", || {
+            let mut todo = vec![d.pid()];
+            while let Some(p) = todo.pop() {
+                for (child, _) in children_states(p) {
+                    let comm =
+                        std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+                    if comm.trim_end() == "pepsi-keeper" {
+                        found = Some(child);
+                        return true;
+                    }
+                    todo.push(child);
+                }
+            }
+            false
+        });
+        found.unwrap()
+    }
+}
+
+#[test]
+fn an_injector_cannot_queue_a_huge_state_and_a_long_login_is_one_sender_with_a_short_key() {
+    use super::roles::inject_login;
+    let db = TestDb::new();
+    let mut owner = db.client();
+    owner
+        .execute(pepsi::db::sql::SET_INJECT_STAGES, &[&vec!["s".to_string()]])
+        .unwrap();
+    let mut i = db.client_as(&inject_login());
+    let inject = |c: &mut postgres::Client, login: &str, state: &str| {
+        c.query_one(
+            "SELECT pepsi.workqueue_inject('s', 'a@x.example', ARRAY['r@y.example'], NULL, NULL, \
+             $1, NULL, NULL, NULL, $2::text::jsonb)",
+            &[&login, &state],
+        )
+        .map(|r| r.get::<_, i64>(0))
+    };
+    // A state over 1 MiB is refused, whoever queues it; one below is not.
+    let big = format!("{{\"x\": \"{}\"}}", "a".repeat(2 << 20));
+    let err = inject(&mut i, "u", &big).unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&postgres::error::SqlState::INVALID_PARAMETER_VALUE),
+        "{err}"
+    );
+    assert!(inject(&mut owner, "u", &big).is_err(), "the owner too");
+    let fine = format!("{{\"x\": \"{}\"}}", "a".repeat(100_000));
+    assert!(inject(&mut i, "u", &fine).is_ok());
+    // A login of 3 KB (where a key of that size broke the index) is queued, and its
+    // key is short; another with the same beginning is another sender.
+    let long = "l".repeat(3000);
+    let other = format!("{}x", "l".repeat(2999));
+    let a = inject(&mut i, &long, "{}").unwrap();
+    let b = inject(&mut i, &other, "{}").unwrap();
+    let mut key = |id: i64| -> String {
+        owner
+            .query_one(
+                "SELECT sender_key FROM pepsi.workqueue WHERE workqueue_id = $1",
+                &[&id],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let (ka, kb) = (key(a), key(b));
+    assert!(ka.len() <= 200 && ka.starts_with("user:lll"), "{ka}");
+    assert_ne!(ka, kb);
+    assert_eq!(key(inject(&mut i, "Short", "{}").unwrap()), "user:short");
+}
+
+#[test]
+fn an_exec_user_in_the_group_that_reads_the_configuration_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if !crate::util::is_root() {
+        eprintln!("not root: no account to switch to; nothing to check");
+        return;
+    }
+    // The tests' worker account is a member of nogroup, nobody's group.
+    let member = crate::util::accounts::worker_account();
+    let workers = crate::util::accounts::account("pepsi-t-exec", &[]);
+    let db = TestDb::new();
+    let dir = TempDir::new("exec-group");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = conf(
+        &dir,
+        &db,
+        "",
+        &format!("[stage-e]\nPROGRAM = {{exec}}\nCOMMAND = /bin/cat\nUSER = {member}\n"),
+    );
+    let text = std::fs::read_to_string(&base).unwrap().replace(
+        "RUN_AS = root",
+        &format!("RUN_AS = nobody\nWORKER_AS = {workers}"),
+    );
+    std::fs::write(&base, text).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let checked = program("pepsi-dispatch", &base, &["check"]);
+    assert_eq!(checked.status.code(), Some(78), "{}", stdout(&checked));
+    assert!(
+        stdout(&checked).contains(&format!(
+            "USER {member} is refused: it is in the group of [pepsi] RUN_AS nobody"
+        )),
+        "{}",
+        stdout(&checked)
+    );
+}

@@ -9,6 +9,7 @@
 //! and changes nothing.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use postgres::Client;
 use postgres::error::SqlState;
@@ -38,6 +39,7 @@ pub(super) fn check_settings(
     sections: &BTreeMap<String, Section>,
     checked: &[StageSection],
     graph: Option<&StageGraph>,
+    max_runtime: Option<Duration>,
     found: &mut Findings,
 ) {
     let mut programs: BTreeMap<String, String> = BTreeMap::new();
@@ -85,7 +87,7 @@ pub(super) fn check_settings(
         }
     }
     if let Some(graph) = graph {
-        check_values(client, &stages, &keys, checked, graph, found);
+        check_values(client, &stages, &keys, checked, graph, max_runtime, found);
     }
 }
 
@@ -97,11 +99,13 @@ fn check_values(
     keys: &[String],
     checked: &[StageSection],
     graph: &StageGraph,
+    max_runtime: Option<Duration>,
     found: &mut Findings,
 ) {
     let by_name: BTreeMap<&str, &StageSection> =
         checked.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut broken: Vec<ConfigError> = Vec::new();
+    let mut slow: Vec<ConfigError> = Vec::new();
     let mut more = 0usize;
     // The rows come ordered by stage and address: one group at a time.
     let mut group: Option<(String, String, Overrides)> = None;
@@ -113,10 +117,22 @@ fn check_values(
             return;
         };
         let errors = match settings::apply(section, &overrides, &address, graph) {
-            Ok(applied) => stages::check_section(&applied)
-                .and_then(Result::err)
-                .into_iter()
-                .collect(),
+            Ok(applied) => {
+                // An address's TIMEOUT for a command may outlast MAX_RUNTIME, as the
+                // file's may: the same warning, naming the address.
+                let outlasting = max_runtime
+                    .filter(|_| applied.section.get("COMMAND").is_some())
+                    .and_then(|limit| super::command_timeout_problem(&applied.section, limit));
+                if let Some(w) = outlasting {
+                    if slow.len() < SETTINGS_LISTED {
+                        slow.push(w);
+                    }
+                }
+                stages::check_section(&applied)
+                    .and_then(Result::err)
+                    .into_iter()
+                    .collect()
+            }
             Err(errors) => errors,
         };
         for e in errors {
@@ -144,6 +160,7 @@ fn check_values(
         );
     judge(group);
     if !unreadable(read, found) {
+        found.add_warnings(slow);
         found.add_errors(broken.into_iter().map(|mut e| {
             e.message.push_str(
                 "; every message of that address fails at this stage until the row is fixed",

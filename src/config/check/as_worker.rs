@@ -21,6 +21,7 @@ pub(super) fn worker_database(
     stage_sections: &[Section],
     programs: &ProgramPath,
     extra: &[OverrideRow],
+    max_runtime: Option<std::time::Duration>,
     found: &mut Findings,
 ) {
     let (overlay, client) = read_database(worker, found);
@@ -37,7 +38,14 @@ pub(super) fn worker_database(
         .filter_map(|s| StageSection::check(s).ok())
         .collect();
     let graph = StageGraph::build(stage_sections, &overlay, programs).ok();
-    address_settings::check_settings(&mut client, &laid.sections, &checked, graph.as_ref(), found);
+    address_settings::check_settings(
+        &mut client,
+        &laid.sections,
+        &checked,
+        graph.as_ref(),
+        max_runtime,
+        found,
+    );
 }
 
 /// Runs `checks` as the account `name` in a child process and returns what it found.

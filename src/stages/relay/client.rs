@@ -239,9 +239,36 @@ impl Write for Stream {
     }
 }
 
+/// The reading side of the socket: each read waits at most what is left before
+/// `until`, so a reply dripped a byte at a time still ends by then.
+struct Reading {
+    stream: Stream,
+    until: Option<Instant>,
+}
+
+impl Read for Reading {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(until) = self.until {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reply did not end in time",
+                ));
+            }
+            let read_timeout = match &self.stream {
+                Stream::Tcp(s) => s.set_read_timeout(Some(left)),
+                Stream::Unix(s) => s.set_read_timeout(Some(left)),
+            };
+            read_timeout?;
+        }
+        self.stream.read(buf)
+    }
+}
+
 /// An open session with the smarthost, greeted and past EHLO or LHLO.
 pub struct Connection {
-    reader: BufReader<Stream>,
+    reader: BufReader<Reading>,
     writer: Stream,
     timeouts: Timeouts,
     /// When the current message's time is up: no wait goes beyond it.
@@ -293,7 +320,10 @@ impl Connection {
         let wait = within(deadline, timeouts.command)?;
         stream.set_timeouts(wait, wait)?;
         let mut c = Connection {
-            reader: BufReader::new(stream.try_clone()?),
+            reader: BufReader::new(Reading {
+                stream: stream.try_clone()?,
+                until: None,
+            }),
             writer: stream,
             timeouts,
             deadline,
@@ -344,11 +374,15 @@ impl Connection {
         self.reply_within(self.timeouts.command)
     }
 
-    /// Reads one reply within `timeout`; a 421 closes the session.
+    /// Reads one reply within `timeout` (the whole reply, however it trickles in); a
+    /// 421 closes the session.
     pub fn reply_within(&mut self, timeout: Duration) -> Result<Reply, Broken> {
         let wait = within(self.deadline, timeout)?;
         self.writer.set_timeouts(wait, wait)?;
-        let reply = read_reply(&mut self.reader)?;
+        self.reader.get_mut().until = Some(Instant::now() + wait);
+        let reply = read_reply(&mut self.reader);
+        self.reader.get_mut().until = None;
+        let reply = reply?;
         if reply.code == 421 {
             return Err(Broken(format!("the smarthost closed the session: {reply}")));
         }

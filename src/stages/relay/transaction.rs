@@ -201,10 +201,62 @@ fn commands(
     lines
 }
 
+/// Does an envelope address hold a character that may not go into a command line (a
+/// control character: CR or LF would end the command and start another)? The queue
+/// refuses such addresses from every writer; the relay never sends one all the same.
+fn unsendable(address: &str) -> bool {
+    address.chars().any(char::is_control)
+}
+
 /// Runs one transaction: each recipient's result, or the failure that broke the
 /// connection (for every recipient without a final reply; in LMTP the replies read
-/// before it stand). After `Err` the connection is of no further use.
+/// before it stand). After `Err` the connection is of no further use. A sender or a
+/// recipient that cannot go into a command line fails (5.1.7, 5.1.3) without a word
+/// to the smarthost.
 pub fn deliver(
+    c: &mut Connection,
+    e: &Envelope<'_>,
+    headers: &[u8],
+    body: &[u8],
+) -> Result<Results, (Broken, Results)> {
+    if unsendable(e.mail_from) {
+        return Ok(refuse_all(
+            e.rcpt_to,
+            "5.1.7",
+            "the sender's address holds a control character and cannot be sent",
+        ));
+    }
+    let (bad, good): (Vec<String>, Vec<String>) =
+        e.rcpt_to.iter().cloned().partition(|r| unsendable(r));
+    if bad.is_empty() {
+        return deliver_clean(c, e, headers, body);
+    }
+    let mut refused = refuse_all(
+        &bad,
+        "5.1.3",
+        "the recipient's address holds a control character and cannot be sent",
+    );
+    if good.is_empty() {
+        return Ok(refused);
+    }
+    let clean = Envelope {
+        rcpt_to: &good,
+        ..*e
+    };
+    match deliver_clean(c, &clean, headers, body) {
+        Ok(mut results) => {
+            results.append(&mut refused);
+            Ok(results)
+        }
+        Err((broken, mut results)) => {
+            results.append(&mut refused);
+            Err((broken, results))
+        }
+    }
+}
+
+/// [`deliver`] of an envelope whose addresses may all be sent.
+fn deliver_clean(
     c: &mut Connection,
     e: &Envelope<'_>,
     headers: &[u8],

@@ -410,6 +410,68 @@ fn a_message_gets_the_sum_of_the_timeouts_whatever_each_wait_takes() {
 }
 
 #[test]
+fn an_address_with_a_line_break_is_never_sent_and_fails_alone() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&["PIPELINING"]));
+        while let Some(l) = p.line() {
+            if l == "DATA" {
+                p.say("354 go");
+                p.data();
+                p.say("250 queued");
+            } else {
+                p.say("250 ok");
+            }
+        }
+    });
+    let (c, r) = send(&s, false, &["good@y", "evil@y>\r\nRCPT TO:<victim@z"]);
+    assert!(c.is_some());
+    let r = r.unwrap();
+    assert!(done(&r[0].1), "{r:?}");
+    assert!(
+        matches!(&r[1].1, RecipientResult::Failed { status, .. } if status == "5.1.3"),
+        "{r:?}"
+    );
+    drop(c);
+    let lines = s.finish();
+    assert!(lines.iter().all(|l| !l.contains("victim")), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "RCPT TO:<good@y>"), "{lines:?}");
+}
+
+#[test]
+fn a_reply_dripped_a_byte_at_a_time_ends_at_the_command_timeout() {
+    let s = peer(|p| {
+        p.expect("EHLO", &ehlo(&[]));
+        let _ = p.line();
+        // "250 ok" a byte every 200 ms, forever: each read gets a byte in time.
+        for b in b"250 ok and so on and so on".iter().cycle() {
+            if p.out.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let t = Timeouts {
+        command: Duration::from_secs(1),
+        ..quick()
+    };
+    let started = std::time::Instant::now();
+    let (c, r) = send_with(&s, false, &["a@y"], t);
+    assert!(c.is_none(), "the connection is dropped");
+    assert!(
+        all_deferred(&r, "timed out") || all_deferred(&r, "in time"),
+        "{r:?}"
+    );
+    // It returned at all: without the reply's own deadline the drip never ends (the
+    // bound is far above the 1 s it takes, no speed figure).
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(s);
+}
+
+#[test]
 fn connecting_to_a_unix_socket_whose_backlog_is_full_times_out() {
     use std::os::unix::ffi::OsStrExt;
     // A listener with a backlog of 0 that never accepts: one connection fills it.
