@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::types::Type;
 
 use crate::cli::{Invocation, Program};

@@ -10,8 +10,8 @@
 
 use crate::cli::{Invocation, Program};
 use crate::config::Config;
-use crate::db::{self, schema, sql_horizon};
-use crate::exit::Failure;
+use crate::db::{self, ErrorKind, schema, sql_horizon};
+use crate::exit::{self, Failure};
 
 /// The program's description.
 pub const PROGRAM: Program = Program {
@@ -26,11 +26,26 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["schema"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
     crate::privilege::drop_to(&config.pepsi.run_as)?;
-    let mut client = db::connect(&config.postgres.connection, "pepsi-setup")
-        .map_err(|e| Failure::general(e.message))?;
+    let pg = db::connection_config_with(
+        &config.postgres.connection,
+        "pepsi-setup",
+        db::SETUP_STATEMENT_TIMEOUT_OPTION,
+    )
+    .map_err(|e| Failure::config(format!("[pepsi-postgres] CONNECTION: {}", db::describe(&e))))?;
+    // A database out of reach (or that stops answering) is worth trying again: 75.
+    let mut client = db::open(&pg).map_err(|e| match e.kind {
+        ErrorKind::Connection | ErrorKind::Overload => Failure::new(exit::EX_TEMPFAIL, e.message),
+        _ => Failure::general(e.message),
+    })?;
     let setup = match schema::install(&mut client) {
         Ok(setup) => setup,
         Err(schema::SchemaError::Mismatch(m)) => return Err(Failure::config(m.to_string())),
+        Err(schema::SchemaError::Db(e)) if db::classify(&e) == ErrorKind::Connection => {
+            return Err(Failure::new(
+                exit::EX_TEMPFAIL,
+                format!("the database connection was lost: {}", db::describe(&e)),
+            ));
+        }
         Err(e) => return Err(Failure::general(e.to_string())),
     };
     match setup.installed {
@@ -68,7 +83,7 @@ fn report_public_schema(public: schema::PublicSchema) {
 /// injecting roles may inject before the dispatcher first runs. The dispatcher writes it
 /// again at every start and reload; a graph that does not build is its to refuse, so
 /// here it is only a warning.
-fn write_inject_stages(config: &Config, client: &mut postgres::Client) {
+fn write_inject_stages(config: &Config, client: &mut crate::db::Client) {
     let written = db::read_overlay(client)
         .map_err(|e| db::describe(&e))
         .and_then(|overlay| {
@@ -147,7 +162,7 @@ fn report_roles(roles: &[schema::RoleStatus]) {
 /// nothing itself: `pg_read_all_stats` is a cluster-wide membership that also shows
 /// every session's query text, a decision for the server's administrator, not for the
 /// setup of one database.
-fn report_read_all_stats(client: &mut postgres::Client) {
+fn report_read_all_stats(client: &mut crate::db::Client) {
     let lacking = client
         .query(sql_horizon::LACKING_READ_ALL_STATS, &[])
         .map(|rows| rows.iter().map(|r| r.get(0)).collect::<Vec<String>>());

@@ -346,16 +346,19 @@ impl Drained {
 }
 
 /// A connection for watching that reconnects after a restart or a termination.
+/// The test's own view of the database: a session of Pepsi's client, so that a server
+/// that stops answering (the frozen primary of the failover test) is left as the
+/// programs leave it, and the next session goes to the host that answers.
 struct Monitor {
     conninfo: String,
-    client: Option<Client>,
+    client: Option<pepsi::db::Client>,
 }
 
 impl Monitor {
     /// The value of a one-number query, or None while the database cannot answer.
     fn count(&mut self, sql: &str) -> Option<i64> {
         if self.client.is_none() {
-            self.client = Client::connect(&self.conninfo, NoTls).ok();
+            self.client = pepsi::db::connect(&self.conninfo, "pepsi-fault-monitor").ok();
         }
         let result = self.client.as_mut()?.query_one(sql, &[]);
         match result {
@@ -405,7 +408,7 @@ impl Monitor {
     }
 
     /// The connected client (after the drain, when the database is back).
-    fn client(&mut self) -> &mut Client {
+    fn client(&mut self) -> &mut pepsi::db::Client {
         self.must("SELECT 1::int8");
         self.client.as_mut().unwrap()
     }

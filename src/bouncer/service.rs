@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::fallible_iterator::FallibleIterator;
 
 use super::{Scope, Target, Totals, Trouble, sweep};

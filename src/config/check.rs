@@ -35,7 +35,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::time::Duration;
 
-use postgres::Client;
+use crate::db::Client;
 
 use super::account::{Access, Account, program_runs};
 use super::graph::{self, OverrideRow, ProgramPath};
@@ -43,7 +43,7 @@ use super::raw::{self, join_errors};
 use super::{Config, ConfigError, DbRole, Section, StageGraph, StageSection, fixed, keys};
 use crate::bouncer;
 use crate::cli::{Invocation, Program};
-use crate::db::{self, schema};
+use crate::db::{self, ErrorKind, schema};
 use crate::exit::Failure;
 use crate::ingress;
 use crate::privilege::SERVICE_PATH;
@@ -51,6 +51,9 @@ use crate::stages;
 
 mod address_settings;
 mod as_worker;
+mod findings;
+
+use findings::Findings;
 
 /// The overlay rows laid over the file's stage sections would leave out (see
 /// [`graph::LaidOver::refused`]): each an error naming the row, its value and why.
@@ -142,73 +145,6 @@ pub fn at_start(
             "invalid stage configuration:\n{}",
             join_errors(&errors)
         )))
-    }
-}
-
-/// What `check` found.
-#[derive(Debug, Default)]
-struct Findings {
-    errors: Vec<String>,
-    warnings: Vec<String>,
-}
-
-impl Findings {
-    fn add_errors(&mut self, errors: impl IntoIterator<Item = ConfigError>) {
-        self.errors
-            .extend(errors.into_iter().map(|e| e.to_string()));
-    }
-
-    fn add_warnings(&mut self, warnings: impl IntoIterator<Item = ConfigError>) {
-        self.warnings
-            .extend(warnings.into_iter().map(|e| e.to_string()));
-    }
-
-    /// Prints every finding, one a line, and decides the exit: 0 without errors, else
-    /// 78.
-    /// Prints the findings, as lines or (`json`) one JSON document (`file`, `ok`,
-    /// `errors`, `warnings`), and exits 0 without errors, else 78.
-    fn finish(self, path: &Path, json: bool) -> Result<(), Failure> {
-        if json {
-            let document = serde_json::json!({
-                "file": path.display().to_string(),
-                "ok": self.errors.is_empty(),
-                "errors": self.errors,
-                "warnings": self.warnings,
-            });
-            println!("{document}");
-            let errors = self.errors.len();
-            return if errors == 0 {
-                Ok(())
-            } else {
-                Err(Failure::config(format!(
-                    "{}: {errors} error{} found",
-                    path.display(),
-                    if errors == 1 { "" } else { "s" }
-                )))
-            };
-        }
-        for e in &self.errors {
-            println!("error: {e}");
-        }
-        for w in &self.warnings {
-            println!("warning: {w}");
-        }
-        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-        if self.errors.is_empty() {
-            println!(
-                "{}: configuration OK ({})",
-                path.display(),
-                plural(self.warnings.len(), "warning")
-            );
-            Ok(())
-        } else {
-            Err(Failure::config(format!(
-                "{}: {} and {} found",
-                path.display(),
-                plural(self.errors.len(), "error"),
-                plural(self.warnings.len(), "warning")
-            )))
-        }
     }
 }
 
@@ -424,6 +360,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     if let Some(theirs) = worker_findings {
         // The workers' database was checked as WORKER_AS, settings included.
         found.errors.extend(theirs.errors);
+        found.unreachable += theirs.unreachable;
         found.warnings.extend(theirs.warnings);
         client = None;
     } else if worker.1 != dispatch.1 {
@@ -626,9 +563,13 @@ fn read_database(
     let mut client = match db::connect(connection, "pepsi-dispatch check") {
         Ok(c) => c,
         Err(e) => {
-            found.errors.push(format!(
+            let error = format!(
                 "{label}: {e}; the schema, pepsi.config_override and pepsi.settings are not checked"
-            ));
+            );
+            match e.kind {
+                ErrorKind::Connection | ErrorKind::Overload => found.unreachable(error),
+                _ => found.errors.push(error),
+            }
             return (Vec::new(), None);
         }
     };
@@ -640,20 +581,14 @@ fn read_database(
             false
         }
         Err(schema::SchemaError::Db(e)) => {
-            found.errors.push(format!(
-                "{label}: cannot check the schema: {}",
-                db::describe(&e)
-            ));
-            false
+            found.database_error(format!("{label}: cannot check the schema"), &e);
+            return (Vec::new(), None);
         }
     };
     let overlay = match db::read_overlay(&mut client) {
         Ok(rows) => rows,
         Err(e) => {
-            found.errors.push(format!(
-                "{label}: cannot read pepsi.config_override: {}",
-                db::describe(&e)
-            ));
+            found.database_error(format!("{label}: cannot read pepsi.config_override"), &e);
             Vec::new()
         }
     };

@@ -8,7 +8,6 @@
 //! hostile text, escaped ([`Visible`]) wherever [`describe`] writes it. Pure but for
 //! [`read`].
 
-use postgres::GenericClient;
 use serde_json::{Value, json};
 
 use super::sql_horizon;
@@ -64,7 +63,7 @@ impl Holder {
 }
 
 /// Every holder, the oldest first, the reading session excluded.
-pub fn read(client: &mut impl GenericClient) -> Result<Vec<Holder>, postgres::Error> {
+pub fn read(client: &mut impl crate::db::Queries) -> Result<Vec<Holder>, postgres::Error> {
     Ok(client
         .query(sql_horizon::HORIZON_HOLDERS, &[])?
         .iter()

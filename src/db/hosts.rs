@@ -1,36 +1,99 @@
-//! Connecting to a conninfo of several hosts (a primary and its standbys, with
-//! `target_session_attrs=read-write`; SPEC §12.2): the hosts are tried in order, as the
-//! client library does, but a failure names every host's reason, not only the last
-//! one's ("socket /a/.s.PGSQL.5432: connection refused; db2:5432: database does not
-//! allow writes"), and is classified by all of them: an unreachable host next to one
-//! that refuses for its own reasons may be a failover under way, which is waited out.
+//! Connecting (SPEC §12.2, §8.4): the hosts of a conninfo are tried in order, as the
+//! client library does (in a random order with `load_balance_hosts=random`), one at a
+//! time, each attempt bounded as a whole — socket, startup and authentication — by
+//! `connect_timeout` and watched by [`super::watch`], which ends it early when the
+//! host stops answering; a host already found unresponsive is skipped. A failure names
+//! every host's reason, not only the last one's ("socket /a/.s.PGSQL.5432: connection
+//! refused; db2:5432: database does not allow writes"), and is classified by all of
+//! them: an unreachable host next to one that refuses for its own reasons may be a
+//! failover under way, which is waited out. A connection made is registered with the
+//! watchdog, which bounds its statements by its `statement_timeout` and the grace.
 //!
-//! Used by [`super::open`] and the pool's connection manager; a single host, or
-//! `load_balance_hosts=random`, goes through the library unchanged.
+//! Used by [`super::open`] and the pool's connection manager.
 
+use std::time::Duration;
+
+use postgres::NoTls;
 use postgres::config::{Config, LoadBalanceHosts};
-use postgres::{Client, NoTls};
 
-use super::{ConnectError, ErrorKind, classify, describe, describe_connect, target};
+use super::client::Client;
+use super::watch::{self, Host};
+use super::{ConnectError, ErrorKind, classify, describe, target};
+
+/// `connect_timeout` when the connection string gives none (`connection_config` sets
+/// it for every program).
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens one connection to the first host of `config` that takes it.
 pub fn connect_any(config: &Config) -> Result<Client, ConnectError> {
     let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
-    if hosts <= 1 || config.get_load_balance_hosts() == LoadBalanceHosts::Random {
-        return config.connect(NoTls).map_err(|e| ConnectError {
-            kind: classify(&e),
-            message: describe_connect(config, &e),
+    if hosts <= 1 {
+        return connect_one(config).map_err(|(kind, _, why)| ConnectError {
+            kind,
+            message: format!("cannot connect to {}: {why}", target(config)),
         });
     }
+    let mut order: Vec<usize> = (0..hosts).collect();
+    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+        let seed = u64::from_str_radix(&crate::stages::dsn::random_hex(8), 16).unwrap_or(0);
+        let offset = (seed % hosts as u64) as usize;
+        order.rotate_left(offset);
+    }
     let mut failures = Vec::with_capacity(hosts);
-    for i in 0..hosts {
-        let one = single_host(config, i);
-        match one.connect(NoTls) {
+    for i in order {
+        match connect_one(&single_host(config, i)) {
             Ok(client) => return Ok(client),
-            Err(e) => failures.push((classify(&e), host_of(&one), describe(&e))),
+            Err(failure) => failures.push(failure),
         }
     }
     Err(combined(config, &failures))
+}
+
+/// One attempt at the one host of `one`: the client, watched, or the failure's kind,
+/// the host and the reason.
+fn connect_one(one: &Config) -> Result<Client, (ErrorKind, String, String)> {
+    let Some(host) = Host::of(one) else {
+        // No host: the library says what is missing.
+        return match one.connect(NoTls) {
+            Ok(c) => Ok(Client::unwatched(c)),
+            Err(e) => Err((classify(&e), host_of(one), describe(&e))),
+        };
+    };
+    if let Some(why) = watch::unresponsive(&host) {
+        return Err((ErrorKind::Connection, host_of(one), why));
+    }
+    let limit = one
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let attempt = watch::attempt(&host, limit);
+    match one.connect(NoTls) {
+        Ok(client) => {
+            let socket = attempt.socket();
+            drop(attempt);
+            let statement_timeout = watch::statement_timeout(one.get_options().unwrap_or(""));
+            let name = one.get_application_name().unwrap_or("pepsi");
+            let watched = socket.map(|s| watch::register(s, &host, statement_timeout, name));
+            Ok(Client::watched(client, watched))
+        }
+        Err(e) if attempt.fired() => {
+            let why = match watch::unresponsive(&host) {
+                Some(why) => format!("does not answer: {why}"),
+                None => format!(
+                    "no answer within connect_timeout ({:.0}s)",
+                    limit.as_secs_f64()
+                ),
+            };
+            drop(attempt);
+            log::debug!(
+                "connection to {} ended by the watchdog: {}",
+                host.key(),
+                describe(&e)
+            );
+            Err((ErrorKind::Connection, host_of(one), why))
+        }
+        Err(e) => Err((classify(&e), host_of(one), describe(&e))),
+    }
 }
 
 /// The failure of every host: `Overload` if one refused for overload, else

@@ -5,6 +5,7 @@
 //! Nothing here holds state across calls; callers own their clients and pools.
 
 pub mod claim_sql;
+pub mod client;
 pub mod horizon;
 pub mod hosts;
 pub mod pool;
@@ -12,12 +13,14 @@ pub mod reconnect;
 pub mod schema;
 pub mod sql;
 pub mod sql_horizon;
+pub mod watch;
 
 use std::error::Error as _;
 use std::time::Duration;
 
-use postgres::Client;
 use postgres::error::SqlState;
+
+pub use client::{Client, Queries, Transaction};
 
 use crate::config::graph::OverrideRow;
 use crate::escape::Visible;
@@ -114,12 +117,35 @@ const SERVER_KEEPALIVES: &str =
 /// the schema of everything else. Set after `CONNECTION`'s own options, so it wins.
 pub const SEARCH_PATH_OPTION: &str = "-c search_path=pg_catalog,pg_temp";
 
+/// Every session's `statement_timeout` unless its program or `CONNECTION`'s options
+/// set another: the server ends a statement that runs longer, and the watchdog
+/// abandons a session whose statement gets no answer for that long and the grace
+/// (SPEC §8.4, [`watch`]).
+pub const DEFAULT_STATEMENT_TIMEOUT_OPTION: &str = "-c statement_timeout=60s";
+/// `pepsi-setup`'s, unless `CONNECTION`'s options set another: a schema upgrade of a
+/// large queue may rewrite it.
+pub const SETUP_STATEMENT_TIMEOUT_OPTION: &str = "-c statement_timeout=1h";
+/// How long data sent on a TCP session may stay unacknowledged before the connection
+/// is dropped (`tcp_user_timeout`), unless `CONNECTION` sets it: a peer that vanished
+/// while we were sending is noticed within this.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Parses a conninfo string or URL, naming the program in `application_name`, with
-/// keepalives that notice a vanished peer within about a minute and the fixed
-/// [`SEARCH_PATH_OPTION`].
+/// keepalives that notice a vanished peer within about a minute, a
+/// `tcp_user_timeout`, [`DEFAULT_STATEMENT_TIMEOUT_OPTION`] (before the connection's own
+/// options, which may change it) and the fixed [`SEARCH_PATH_OPTION`].
 pub fn connection_config(
     conninfo: &str,
     application: &str,
+) -> Result<postgres::Config, postgres::Error> {
+    connection_config_with(conninfo, application, DEFAULT_STATEMENT_TIMEOUT_OPTION)
+}
+
+/// [`connection_config`] with another default `statement_timeout` option.
+pub fn connection_config_with(
+    conninfo: &str,
+    application: &str,
+    statement_timeout: &str,
 ) -> Result<postgres::Config, postgres::Error> {
     // `target_session_attrs=primary` as the library reads it (a value Pepsi refuses
     // was refused with the configuration, naming it).
@@ -146,8 +172,11 @@ pub fn connection_config(
     if config.get_keepalives_retries().is_none() {
         config.keepalives_retries(KEEPALIVES_RETRIES);
     }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
     let options = format!(
-        "{SERVER_KEEPALIVES} {} {SEARCH_PATH_OPTION}",
+        "{SERVER_KEEPALIVES} {statement_timeout} {} {SEARCH_PATH_OPTION}",
         config.get_options().unwrap_or_default()
     );
     config.options(&options.replace("  ", " "));
@@ -196,16 +225,14 @@ pub fn connect(conninfo: &str, application: &str) -> Result<Client, ConnectError
 /// Writes the stages an injecting role may inject into ([`sql::SET_INJECT_STAGES`],
 /// one round trip); returns whether the list changed.
 pub fn write_inject_stages(
-    client: &mut impl postgres::GenericClient,
+    client: &mut impl Queries,
     stages: &[String],
 ) -> Result<bool, postgres::Error> {
     Ok(client.query_one(sql::SET_INJECT_STAGES, &[&stages])?.get(0))
 }
 
 /// Reads `pepsi.config_override`.
-pub fn read_overlay(
-    client: &mut impl postgres::GenericClient,
-) -> Result<Vec<OverrideRow>, postgres::Error> {
+pub fn read_overlay(client: &mut impl Queries) -> Result<Vec<OverrideRow>, postgres::Error> {
     Ok(client
         .query(sql::READ_CONFIG_OVERRIDE, &[])?
         .iter()
@@ -334,7 +361,7 @@ mod tests {
             c.get_options(),
             Some(
                 format!(
-                    "{SERVER_KEEPALIVES} -c work_mem=8MB {SEARCH_PATH_OPTION} {}",
+                    "{SERVER_KEEPALIVES} {DEFAULT_STATEMENT_TIMEOUT_OPTION} -c work_mem=8MB {SEARCH_PATH_OPTION} {}",
                     sql::ASYNC_COMMIT_OPTION
                 )
                 .as_str()
@@ -350,8 +377,14 @@ mod tests {
         assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVES_RETRIES));
         assert_eq!(
             c.get_options(),
-            Some(format!("{SERVER_KEEPALIVES} {SEARCH_PATH_OPTION}").as_str())
+            Some(
+                format!(
+                    "{SERVER_KEEPALIVES} {DEFAULT_STATEMENT_TIMEOUT_OPTION} {SEARCH_PATH_OPTION}"
+                )
+                .as_str()
+            )
         );
+        assert_eq!(c.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
         let c = connection_config(
             "host=/tmp keepalives_idle=600 options='-c tcp_keepalives_idle=600'",
             "p",
@@ -362,8 +395,10 @@ mod tests {
         assert_eq!(
             c.get_options(),
             Some(
-                format!("{SERVER_KEEPALIVES} -c tcp_keepalives_idle=600 {SEARCH_PATH_OPTION}")
-                    .as_str()
+                format!(
+                    "{SERVER_KEEPALIVES} {DEFAULT_STATEMENT_TIMEOUT_OPTION} -c tcp_keepalives_idle=600 {SEARCH_PATH_OPTION}"
+                )
+                .as_str()
             )
         );
     }

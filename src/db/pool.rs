@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use postgres::types::{ToSql, Type};
-use postgres::{Client, Row, Statement};
+use postgres::{Row, Statement};
+
+use super::Client;
 
 use super::reconnect::{self, Reconnect};
 use super::{ConnectError, ErrorKind};
@@ -149,9 +151,13 @@ impl r2d2::ManageConnection for Manager {
     }
 
     /// No round trip: a connection is valid unless made before the pool was told the
-    /// database went away, or closed.
+    /// database went away, closed, or abandoned by the watchdog (its host stopped
+    /// answering: its next statement would fail at once).
     fn is_valid(&self, conn: &mut Connection) -> Result<(), ConnectError> {
-        if conn.epoch == self.epoch.load(Ordering::Acquire) && !conn.client.is_closed() {
+        if conn.epoch == self.epoch.load(Ordering::Acquire)
+            && !conn.client.is_closed()
+            && !conn.client.abandoned()
+        {
             return Ok(());
         }
         Err(ConnectError {
@@ -161,7 +167,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.client.is_closed()
+        conn.client.is_closed() || conn.client.abandoned()
     }
 }
 

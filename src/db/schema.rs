@@ -37,7 +37,7 @@
 
 use std::fmt;
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::error::SqlState;
 
 use sha2::{Digest, Sha256};
@@ -225,7 +225,7 @@ pub fn compare(installed: Option<(i32, String)>) -> Result<(), Mismatch> {
 
 /// Reads the installed (version, digest), `None` when there is no schema.
 fn installed(
-    client: &mut impl postgres::GenericClient,
+    client: &mut impl crate::db::Queries,
 ) -> Result<Option<(i32, String)>, postgres::Error> {
     match client.query_opt(sql::READ_SCHEMA_VERSION, &[]) {
         Ok(row) => Ok(row.map(|r| (r.get(0), r.get(1)))),
@@ -240,7 +240,7 @@ fn installed(
 }
 
 /// The start-up check every program runs (one round trip).
-pub fn check(client: &mut impl postgres::GenericClient) -> Result<(), SchemaError> {
+pub fn check(client: &mut impl crate::db::Queries) -> Result<(), SchemaError> {
     compare(installed(client)?).map_err(SchemaError::Mismatch)
 }
 

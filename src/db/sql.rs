@@ -248,6 +248,17 @@ pub const DISPATCH_LOCK_HOLDER: &str = "SELECT a.pid, a.usename::text, a.applica
         AND l.objid = ($1::int8 & 4294967295)::oid \
       LIMIT 1";
 
+/// The session's own backend process id. No parameters. Returns an int4.
+pub const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// Terminates the server process of a session of this dispatcher that the watchdog
+/// abandoned and that still holds the dispatcher lock (a server that answered again,
+/// or a statement that ran on). $1 its pid (int4), when it is a session of this
+/// database. Returns whether it was signalled.
+pub const TERMINATE_OWN_SESSION: &str = "SELECT coalesce(bool_or(pg_terminate_backend(a.pid)), false) \
+       FROM pg_stat_activity a \
+      WHERE a.pid = $1 AND a.datname = current_database()";
+
 /// Resets every running row to pending: orphans of a previous dispatcher at start-up,
 /// this dispatcher's in-flight rows at shutdown (its workers are dead by then). No
 /// parameters. Returns the count.

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::db::Client;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use postgres::Client;
 use postgres::types::Type;
 
 use super::claim::{Claim, StrikeKind};
@@ -144,8 +144,12 @@ pub fn spawn(parts: Parts) -> std::io::Result<()> {
         .and_then(|v| v.parse().ok());
     super::events::spawn_watched("coordinator", events.clone(), move || {
         let last_words = events.clone();
+        let mut client = client;
+        let pid = session::backend_pid(&mut client);
         let reset = Coordinator {
             client: Some(Connection::new(client)),
+            pid,
+            lost_pid: None,
             target,
             pool,
             events,
@@ -178,6 +182,12 @@ struct Retry {
 struct Coordinator {
     /// The locked session, with the claim statement prepared on it once used.
     client: Option<Connection>,
+    /// Its server process id.
+    pid: Option<i32>,
+    /// The server process of the session lost last: when the watchdog abandoned it
+    /// (its server did not answer), it may still hold the lock on a server that
+    /// answers again, and is terminated rather than taken for another dispatcher.
+    lost_pid: Option<i32>,
     target: Target,
     pool: Pool,
     events: EventSender,
@@ -410,6 +420,9 @@ impl Coordinator {
     fn reconnect(&mut self) -> bool {
         self.events.send(Event::LockLost);
         self.pool.forget_connections();
+        if let Some(pid) = self.pid.take() {
+            self.lost_pid = Some(pid);
+        }
         let mut waits = Reconnect::new(OUTAGE_MAX);
         let mut said = Every::minute();
         let mut held_elsewhere_since: Option<Instant> = None;
@@ -427,6 +440,8 @@ impl Coordinator {
                         // Connections the pool made while the session was away may
                         // have gone to a server that is no longer the primary.
                         self.pool.forget_connections();
+                        self.pid = session::backend_pid(&mut client);
+                        self.lost_pid = None;
                         self.client = Some(Connection::new(client));
                         self.reconcile_due = true;
                         self.generation += 1;
@@ -434,6 +449,21 @@ impl Coordinator {
                         return true;
                     }
                     Ok(false) => {
+                        // Our own lost session, still alive on the server: it goes, and
+                        // the lock with it.
+                        let holder = session::holder_pid(&mut client);
+                        if let (Some(lost), Some(holder)) = (self.lost_pid, holder) {
+                            if lost == holder {
+                                if session::terminate_own(&mut client, lost) {
+                                    log::warn!(
+                                        "the dispatcher lock is still held by this dispatcher's lost session (server process {lost}); terminated it"
+                                    );
+                                }
+                                held_elsewhere_since = None;
+                                std::thread::sleep(LOCK_RETRY);
+                                continue;
+                            }
+                        }
                         let since = *held_elsewhere_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= LOCK_WAIT {
                             self.events

@@ -224,6 +224,12 @@ impl WorkerProc {
             (protocol::WORKER_STAGE_ENV.to_string(), stage.to_string()),
             (protocol::SESSION_NAME_ENV.to_string(), session.to_string()),
         ];
+        // The database hosts this dispatcher found unresponsive: a new worker does not
+        // spend its first seconds on one (SPEC §8.4).
+        let unresponsive = crate::db::watch::hint();
+        if !unresponsive.is_empty() {
+            env.push((crate::db::watch::HINT_ENV.to_string(), unresponsive));
+        }
         if launch.keeper && launcher.as_root {
             env.push((
                 crate::keeper::KEEPER_FD_ENV.to_string(),

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::types::Type;
 
 use crate::config::graph::OverrideRow;
@@ -95,6 +95,34 @@ fn take_lock(client: &mut Client) -> Result<bool, postgres::Error> {
         }
         std::thread::sleep(LOCK_RETRY);
     }
+}
+
+/// The session's own server process id, or `None` when it cannot be read.
+pub fn backend_pid(client: &mut Client) -> Option<i32> {
+    client
+        .query_typed_one(sql::BACKEND_PID, &[])
+        .ok()
+        .map(|r| r.get(0))
+}
+
+/// The pid of the session that holds the dispatcher lock, when one does.
+pub fn holder_pid(client: &mut Client) -> Option<i32> {
+    client
+        .query_typed_opt(
+            sql::DISPATCH_LOCK_HOLDER,
+            &[(&sql::DISPATCH_LOCK_KEY, Type::INT8)],
+        )
+        .ok()
+        .flatten()
+        .map(|r| r.get(0))
+}
+
+/// Terminates `pid`, a session of this dispatcher the watchdog abandoned, when it
+/// still exists; whether it was signalled.
+pub fn terminate_own(client: &mut Client, pid: i32) -> bool {
+    client
+        .query_typed_one(sql::TERMINATE_OWN_SESSION, &[(&pid, Type::INT4)])
+        .is_ok_and(|r| r.get(0))
 }
 
 /// Who holds the dispatcher lock, in words ("pid 4242 (role pepsi) on host mx1,

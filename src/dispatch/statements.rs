@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::types::Type;
 
 use super::claim::Claim;

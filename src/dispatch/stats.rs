@@ -94,7 +94,7 @@ impl Deltas {
 }
 
 /// Writes deltas in one statement.
-pub fn flush(client: &mut postgres::Client, d: &Deltas) -> Result<(), postgres::Error> {
+pub fn flush(client: &mut crate::db::Client, d: &Deltas) -> Result<(), postgres::Error> {
     let names: Vec<&str> = d.stages.keys().map(String::as_str).collect();
     let col = |f: fn(&StageCounters) -> i64| d.stages.values().map(f).collect::<Vec<i64>>();
     let (passes, fused, failures, crashes, timeouts, requeues, busy, deferrals, senders) = (

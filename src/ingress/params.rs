@@ -377,6 +377,13 @@ pub fn dsn_state(mail: &MailFrom, rcpts: &[RcptTo]) -> Option<Value> {
     (!dsn.is_empty()).then_some(Value::Object(dsn))
 }
 
+/// `arg` after a keyword such as `FROM:`, matched without regard to case.
+pub fn strip_keyword<'a>(arg: &'a str, keyword: &str) -> Option<&'a str> {
+    let head = arg.get(..keyword.len())?;
+    head.eq_ignore_ascii_case(keyword)
+        .then(|| &arg[keyword.len()..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

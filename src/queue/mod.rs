@@ -32,7 +32,7 @@ pub mod status;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::error::SqlState;
 
 use crate::cli::{Globals, OsInvocation, Program};

@@ -133,10 +133,7 @@ impl Snapshot {
         let failed = |e: postgres::Error| db_failure("reading the queue", &e);
         let mut tx = session
             .client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
+            .transaction_with(IsolationLevel::RepeatableRead, true)
             .map_err(failed)?;
         let statuses: Vec<String> = tx
             .query(sql::QUEUE_STATUSES, &[])

@@ -26,7 +26,7 @@ pub struct Context<'a> {
     /// The stage's effective section (with per-address overrides applied).
     pub section: &'a StageSection,
     /// The worker's database connection, for stages that query the database.
-    pub client: &'a mut postgres::Client,
+    pub client: &'a mut crate::db::Client,
     /// `[pepsi]`: the system's own options (its host name, for a report).
     pub pepsi: &'a PepsiOptions,
 }

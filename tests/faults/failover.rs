@@ -13,6 +13,14 @@
 //! execution id), so a message whose last stage ran twice has two execution ids across
 //! the two data directories.
 //!
+//! A third run freezes the primary instead (SIGSTOP to every process: a storage freeze,
+//! a paused virtual machine, a partition behind which it still accepts connections):
+//! it is left frozen until the drain is over, then killed. Every program must leave it
+//! by its own deadlines (SPEC §8.4 "A server that hangs"): the first stage advance on
+//! the promoted node must come within [`ADVANCE_BOUND`] of the promotion, every stage
+//! must advance messages there, and `pepsi-queue status` run during the freeze must
+//! answer (from the promoted node) or exit 75, within [`QUEUE_BOUND`].
+//!
 //! Two runs: asynchronous replication with today's default (the workers commit with
 //! `synchronous_commit = off`), where the re-runs are a figure; and synchronous
 //! replication with `SYNCHRONOUS_COMMIT = on` on the last stages, where no acknowledged
@@ -52,6 +60,28 @@ const KILL_AT: f64 = 0.3;
 const PROMOTE_AFTER: Duration = Duration::from_secs(2);
 /// How many synchronous runs (default 1).
 const SYNC_RUNS_ENV: &str = "PEPSI_FAILOVER_SYNC_RUNS";
+/// How many asynchronous runs with the primary killed (default 1; the first measures
+/// the baseline too).
+const KILL_RUNS_ENV: &str = "PEPSI_FAILOVER_KILL_RUNS";
+/// How many frozen-primary runs (default 1).
+const FROZEN_RUNS_ENV: &str = "PEPSI_FAILOVER_FROZEN_RUNS";
+/// With the primary frozen: the longest time from the promotion to the first stage
+/// advance on the promoted node.
+const ADVANCE_BOUND: Duration = Duration::from_secs(5);
+/// With the primary frozen: the longest `pepsi-queue status` may take (a new process
+/// knows nothing of the frozen host: its first connection ends when a probe of the
+/// host goes unanswered, 2.5 s, or at `connect_timeout`, 10 s, and then the promoted
+/// node answers).
+const QUEUE_BOUND: Duration = Duration::from_secs(15);
+
+/// How the primary is taken away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// SIGKILL to every process.
+    Kill,
+    /// SIGSTOP to every process, SIGKILL once the drain is over.
+    Freeze,
+}
 
 /// Beside the suite's trace ([`INSTRUMENT`]): an execution id and the time on every
 /// `fault_log` row, and the last stage's executions: one row per message deleted (its
@@ -139,6 +169,8 @@ struct Line {
 #[derive(Clone)]
 struct Figures {
     mode: Mode,
+    /// How the primary was taken away.
+    cut: Cut,
     /// From the promotion's start to the first stage outcome committed on the
     /// promoted node.
     promotion_to_advance: Option<Duration>,
@@ -177,22 +209,35 @@ fn failover_to_a_promoted_standby_loses_nothing_and_with_synchronous_commit_runs
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
+    let frozen_runs: usize = std::env::var(FROZEN_RUNS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     println!(
-        "failover: {MESSAGES} messages a run, the primary SIGKILLed at {:.0} % of the drain, \
-         the standby promoted {} s later; {sync_runs} synchronous run(s)",
+        "failover: {MESSAGES} messages a run, the primary SIGKILLed (or frozen) at {:.0} % of \
+         the drain, the standby promoted {} s later; {sync_runs} synchronous run(s), \
+         {frozen_runs} frozen-primary run(s)",
         KILL_AT * 100.0,
         PROMOTE_AFTER.as_secs()
     );
     let mut lines: Vec<Line> = Vec::new();
-    let mut plan = vec![(Mode::Async, true)];
-    plan.extend((0..sync_runs).map(|i| (Mode::Sync, i == 0)));
+    let kill_runs: usize = std::env::var(KILL_RUNS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut plan: Vec<(Mode, Cut, bool)> = (0..kill_runs)
+        .map(|i| (Mode::Async, Cut::Kill, i == 0))
+        .collect();
+    plan.extend((0..sync_runs).map(|i| (Mode::Sync, Cut::Kill, i == 0)));
+    plan.extend((0..frozen_runs).map(|_| (Mode::Async, Cut::Freeze, false)));
     let mut baselines: HashMap<&str, Duration> = HashMap::new();
-    for (mode, with_baseline) in plan {
+    for (mode, cut, with_baseline) in plan {
         let baseline = baselines.get(mode.name()).copied();
-        let got = std::panic::catch_unwind(AssertUnwindSafe(|| run(mode, with_baseline, baseline)));
+        let got =
+            std::panic::catch_unwind(AssertUnwindSafe(|| run(mode, cut, with_baseline, baseline)));
         let got = got.unwrap_or_else(|panic| {
             vec![Line {
-                name: format!("failover, {}", mode.name()),
+                name: failover_name(mode, cut),
                 lost: -1,
                 stuck: -1,
                 duplicate_commits: -1,
@@ -222,12 +267,20 @@ fn failover_to_a_promoted_standby_loses_nothing_and_with_synchronous_commit_runs
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
+/// A failover run's name in the table.
+fn failover_name(mode: Mode, cut: Cut) -> String {
+    match cut {
+        Cut::Kill => format!("failover, {}", mode.name()),
+        Cut::Freeze => format!("frozen primary, {}", mode.name()),
+    }
+}
+
 /// A pair set up for `mode`, a fault-free drain on it when `with_baseline`, then the
-/// failover drain.
-fn run(mode: Mode, with_baseline: bool, baseline: Option<Duration>) -> Vec<Line> {
+/// failover drain with the primary taken away by `cut`.
+fn run(mode: Mode, cut: Cut, with_baseline: bool, baseline: Option<Duration>) -> Vec<Line> {
     let pair = Pair::start().unwrap_or_else(|e| panic!("cannot start the pair: {e}"));
     {
-        let mut c = pair.primary.client().unwrap();
+        let mut c = pepsi::db::Client::unwatched(pair.primary.client().unwrap());
         pepsi::db::schema::install(&mut c).unwrap();
         c.batch_execute(INSTRUMENT).unwrap();
         c.batch_execute(RUNS).unwrap();
@@ -248,7 +301,7 @@ fn run(mode: Mode, with_baseline: bool, baseline: Option<Duration>) -> Vec<Line>
     let mut lines = Vec::new();
     let mut baseline = baseline;
     if with_baseline {
-        let mut drain = Drain::start(&pair, &conf, mode, false);
+        let mut drain = Drain::start(&pair, &conf, mode, None);
         drain.watch();
         let line = drain.judge(None);
         baseline = Some(line.drain);
@@ -257,7 +310,7 @@ fn run(mode: Mode, with_baseline: bool, baseline: Option<Duration>) -> Vec<Line>
         c.batch_execute("TRUNCATE public.fault_injected, public.fault_log, public.last_stage_runs")
             .unwrap();
     }
-    let mut drain = Drain::start(&pair, &conf, mode, true);
+    let mut drain = Drain::start(&pair, &conf, mode, Some(cut));
     drain.watch();
     let line = drain.judge(baseline);
     lines.push(line);
@@ -269,7 +322,8 @@ struct Drain<'a> {
     pair: &'a Pair,
     conf: PathBuf,
     mode: Mode,
-    failover: bool,
+    /// How the primary is taken away (`None`: a fault-free drain).
+    cut: Option<Cut>,
     d: Dispatcher,
     monitor: Monitor,
     started: Instant,
@@ -287,12 +341,15 @@ struct Drain<'a> {
     /// When the promotion started (wall clock, to compare with the database's) and
     /// how long it took.
     promoted: Option<(SystemTime, Duration)>,
+    /// With the primary frozen: `pepsi-queue status` during the freeze, its exit code,
+    /// how long it took and what it printed.
+    queue_status: Option<(Option<i32>, Duration, String)>,
 }
 
 impl<'a> Drain<'a> {
     /// Injects the messages (replicated before the dispatcher starts) and starts the
     /// dispatcher.
-    fn start(pair: &'a Pair, conf: &std::path::Path, mode: Mode, failover: bool) -> Drain<'a> {
+    fn start(pair: &'a Pair, conf: &std::path::Path, mode: Mode, cut: Option<Cut>) -> Drain<'a> {
         let mut c = pair.primary.client().unwrap();
         c.execute(INJECT, &[&MESSAGES, &false]).unwrap();
         drop(c);
@@ -302,7 +359,7 @@ impl<'a> Drain<'a> {
             pair,
             conf: conf.to_path_buf(),
             mode,
-            failover,
+            cut,
             d: Dispatcher::start(conf, &[]),
             monitor: Monitor {
                 conninfo: pair.multi_host(),
@@ -316,14 +373,14 @@ impl<'a> Drain<'a> {
             sync_state: None,
             received: None,
             promoted: None,
+            queue_status: None,
         }
     }
 
     fn name(&self) -> String {
-        if self.failover {
-            format!("failover, {}", self.mode.name())
-        } else {
-            format!("none, {} (baseline)", self.mode.name())
+        match self.cut {
+            Some(cut) => failover_name(self.mode, cut),
+            None => format!("none, {} (baseline)", self.mode.name()),
         }
     }
 
@@ -333,7 +390,7 @@ impl<'a> Drain<'a> {
         loop {
             self.supervise();
             let left = self.monitor.count("SELECT count(*) FROM pepsi.workqueue");
-            if left == Some(0) && (!self.failover || self.promoted.is_some()) {
+            if left == Some(0) && (self.cut.is_none() || self.promoted.is_some()) {
                 return;
             }
             if self.started.elapsed() > DRAIN_DEADLINE {
@@ -342,16 +399,19 @@ impl<'a> Drain<'a> {
                     tail(&self.d.log(), 40)
                 );
             }
-            if self.failover {
+            if let Some(cut) = self.cut {
                 if let (Some(left), None) = (left, self.killed) {
                     let done = 1.0 - left as f64 / MESSAGES as f64;
                     if done >= KILL_AT {
                         // The replication the commits just before the kill had.
                         self.sync_state = self.pair.sync_state().ok();
-                        let processes = self.pair.kill_primary().unwrap();
+                        let (processes, what) = match cut {
+                            Cut::Kill => (self.pair.kill_primary().unwrap(), "killed"),
+                            Cut::Freeze => (self.pair.freeze_primary().unwrap(), "frozen"),
+                        };
                         self.killed = Some(Instant::now());
                         self.kill_notes = format!(
-                            "killed at {:.0} % ({processes} processes) after {:.1} s; ",
+                            "{what} at {:.0} % ({processes} processes) after {:.1} s; ",
                             done * 100.0,
                             self.started.elapsed().as_secs_f64()
                         );
@@ -365,6 +425,9 @@ impl<'a> Drain<'a> {
                         let t = Instant::now();
                         self.pair.promote().unwrap();
                         self.promoted = Some((wall, t.elapsed()));
+                        if cut == Cut::Freeze {
+                            self.queue_status = Some(queue_status(&self.conf));
+                        }
                     }
                 }
             }
@@ -417,7 +480,7 @@ impl<'a> Drain<'a> {
                 self.mode.last_stage_commit()
             ),
         );
-        if self.failover {
+        if self.cut.is_some() {
             let want = match self.mode {
                 Mode::Async => "async",
                 Mode::Sync => "sync",
@@ -437,7 +500,11 @@ impl<'a> Drain<'a> {
         let mut notes = String::new();
         let mut bound = 0;
         let mut figures = None;
-        if self.failover {
+        if let Some(cut) = self.cut {
+            if cut == Cut::Freeze {
+                let checked = self.freeze_checks(&mut notes);
+                failures.extend(checked);
+            }
             match self.failover_figures() {
                 Ok((f, more_failures)) => {
                     // Everything in flight when the lock went (once), and every outcome
@@ -445,6 +512,14 @@ impl<'a> Drain<'a> {
                     bound = CAPACITY + f.reruns as i64;
                     failures.extend(more_failures);
                     notes.push_str(&self.kill_notes);
+                    if let Some((code, took, _)) = &self.queue_status {
+                        let _ = write!(
+                            notes,
+                            "pepsi-queue status during the freeze: exit {} after {:.1} s; ",
+                            code.map_or("none (killed)".into(), |c| c.to_string()),
+                            took.as_secs_f64()
+                        );
+                    }
                     let _ = write!(
                         notes,
                         "promotion → first advance {}; re-run {} stage executions, last stage \
@@ -501,6 +576,61 @@ impl<'a> Drain<'a> {
         }
     }
 
+    /// With the primary frozen, on the promoted node: the first advance within
+    /// [`ADVANCE_BOUND`] of the promotion, every stage advancing messages there, and
+    /// `pepsi-queue status` during the freeze answered or exited 75 in time.
+    fn freeze_checks(&mut self, notes: &mut String) -> Vec<String> {
+        let mut failures = Vec::new();
+        let Some((promoted_at, _)) = self.promoted else {
+            return vec!["the standby was never promoted".into()];
+        };
+        let since = promoted_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let c = self.monitor.client();
+        let rows = c
+            .query(
+                "SELECT stage, extract(epoch FROM min(at))::float8 FROM public.fault_log \
+                  WHERE kind = 'outcome' AND at >= to_timestamp($1) GROUP BY stage ORDER BY stage",
+                &[&since],
+            )
+            .unwrap_or_default();
+        let firsts: Vec<(String, f64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let stages: Vec<&str> = firsts.iter().map(|(s, _)| s.as_str()).collect();
+        if stages != ["a", "b", "c", "d"] {
+            failures.push(format!(
+                "after the promotion only stages {stages:?} advanced messages on the promoted node"
+            ));
+        }
+        let _ = write!(
+            notes,
+            "first advance after the promotion per stage: {}; ",
+            firsts
+                .iter()
+                .map(|(stage, t)| format!("{stage} {:.2} s", t - since))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        match firsts.iter().map(|(_, t)| *t).reduce(f64::min) {
+            Some(first) if first - since <= ADVANCE_BOUND.as_secs_f64() => {}
+            Some(first) => failures.push(format!(
+                "the first advance on the promoted node came {:.2} s after the promotion, more than {ADVANCE_BOUND:?}",
+                first - since
+            )),
+            None => failures.push("nothing advanced on the promoted node".into()),
+        }
+        match &self.queue_status {
+            Some((code, took, _)) if matches!(code, Some(0) | Some(75)) && *took <= QUEUE_BOUND => {
+            }
+            Some((code, took, text)) => failures.push(format!(
+                "pepsi-queue status during the freeze exited {code:?} after {took:?}: {text}"
+            )),
+            None => failures.push("pepsi-queue status was not run during the freeze".into()),
+        }
+        failures
+    }
+
     /// After the drain of a failover run (the dispatcher still running, every worker
     /// gone): the promotion's figure from the promoted node, then the old primary's
     /// data directory started alone and compared with it.
@@ -525,12 +655,18 @@ impl<'a> Drain<'a> {
             .get(0);
         let promotion_to_advance = first.map(|t| Duration::from_secs_f64((t - since).max(0.0)));
         let new = read_node(c)?;
+        if self.cut == Some(Cut::Freeze) {
+            // The drain is over: the frozen primary goes, as a failover manager's
+            // fencing would end it, before its data directory is read.
+            self.pair.kill_primary()?;
+        }
         let wal_lost = self.pair.wal_beyond(&received)?;
         let alone = self.pair.start_old_primary_alone()?;
         let old = read_node(&mut alone.client()?)?;
         let (figures, failures) = compare(self.mode, &old, &new, &alone);
         Ok((
             Figures {
+                cut: self.cut.unwrap_or(Cut::Kill),
                 promotion_to_advance,
                 promotion,
                 wal_lost,
@@ -541,6 +677,40 @@ impl<'a> Drain<'a> {
     }
 }
 
+/// `pepsi-queue status` with `conf`, killed at twice [`QUEUE_BOUND`] (it must never
+/// hang): its exit code, how long it took and what it printed.
+fn queue_status(conf: &std::path::Path) -> (Option<i32>, Duration, String) {
+    let started = Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pepsi-queue"))
+        .arg("-c")
+        .arg(conf)
+        .arg("status")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start pepsi-queue");
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > QUEUE_BOUND * 2 {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (code, took, tail(&text, 10))
+}
+
 /// What one node recorded: its outcomes' execution ids, and its last-stage executions.
 struct NodeTrace {
     outcomes: HashSet<String>,
@@ -548,7 +718,7 @@ struct NodeTrace {
     last: Vec<(String, i64, i32, u64, String)>,
 }
 
-fn read_node(c: &mut postgres::Client) -> Result<NodeTrace, String> {
+fn read_node(c: &mut impl pepsi::db::Queries) -> Result<NodeTrace, String> {
     let outcomes = c
         .query(
             "SELECT exec::text FROM public.fault_log WHERE kind = 'outcome'",
@@ -624,6 +794,7 @@ fn compare(mode: Mode, old: &NodeTrace, new: &NodeTrace, alone: &Node) -> (Figur
     (
         Figures {
             mode,
+            cut: Cut::Kill,
             promotion_to_advance: None,
             promotion: Duration::ZERO,
             reruns,
@@ -662,6 +833,8 @@ fn table(lines: &[Line]) -> String {
         "\nthe primary killed (SIGKILL, every process) at 30 % of the drain, the standby \
          promoted 2 s later; async: asynchronous replication, today's default commit; sync: \
          synchronous replication and SYNCHRONOUS_COMMIT = on on the last stages (c, d); \
+         frozen primary: every process of the primary stopped (SIGSTOP) instead, and \
+         killed once the drain is over; \
          lost, stuck, duplicates: as in the fault suite, read on the promoted node, the \
          bound being what was in flight plus every outcome lost with the old primary's WAL",
     );
@@ -681,7 +854,10 @@ fn table(lines: &[Line]) -> String {
         let _ = write!(
             out,
             "\n{:<41} | {:>5.2} s | {:>25} | {:>60} | {:>22} | {:>17}",
-            f.mode.describe(),
+            match f.cut {
+                Cut::Kill => f.mode.describe().to_string(),
+                Cut::Freeze => format!("frozen primary, {}", f.mode.describe()),
+            },
             f.promotion.as_secs_f64(),
             f.promotion_to_advance
                 .map_or("—".into(), |d| format!("{:.2} s", d.as_secs_f64())),

@@ -21,6 +21,7 @@ mod fair_sql;
 mod foundation;
 mod guarantees;
 mod harness;
+mod hung_server;
 mod if_split;
 mod ingress;
 mod ingress_abuse;

@@ -235,7 +235,9 @@ fn start() -> Result<Server, String> {
             )
         })?;
     }
-    let mut t = Client::connect(&with_db(&base, &template), NoTls).map_err(|e| e.to_string())?;
+    let mut t = pepsi::db::Client::unwatched(
+        Client::connect(&with_db(&base, &template), NoTls).map_err(|e| e.to_string())?,
+    );
     pepsi::db::schema::install(&mut t).map_err(|e| format!("cannot install the schema: {e}"))?;
     // Statement counting for the round-trip tests; optional on an external server.
     let _ = t.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");

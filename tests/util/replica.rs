@@ -237,6 +237,7 @@ impl Pair {
             .arg("-l")
             .arg(&node.log)
             .args(["-w", "-t", "60", "start"]))
+        .map_err(|e| format!("{e}\nits log:\n{}", node.log_tail(10)))
     }
 
     /// `pg_basebackup -R -X stream` of the primary, started as its streaming standby
@@ -368,7 +369,39 @@ impl Pair {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        // A dead postmaster nobody has reaped yet (the machine's init reaps when it
+        // gets to it) still "runs" for a server started on its data directory, which
+        // checks its pid file's pid with kill(pid, 0): the file goes once the
+        // postmaster is dead, reaped or not.
+        let reaped = Instant::now() + Duration::from_secs(2);
+        while std::path::Path::new(&format!("/proc/{postmaster}")).exists() {
+            if Instant::now() > reaped {
+                let _ = std::fs::remove_file(self.primary.data.join("postmaster.pid"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(victims.len())
+    }
+
+    /// Freezes the primary as a storage freeze or a paused machine does: every process
+    /// gets SIGSTOP, the postmaster first (so it forks nothing more). Its sockets stay
+    /// open: the kernel still accepts connections, nobody answers them. Returns how
+    /// many processes there were; [`Pair::kill_primary`] ends them later.
+    pub fn freeze_primary(&self) -> Result<usize, String> {
+        let postmaster = self
+            .primary
+            .postmaster()
+            .filter(|&p| alive(p))
+            .ok_or("the primary is not running")?;
+        // SAFETY: signalling the primary's processes, which this test started.
+        unsafe { libc::kill(postmaster as i32, libc::SIGSTOP) };
+        let children = children_of(postmaster);
+        for &child in &children {
+            // SAFETY: as above.
+            unsafe { libc::kill(child as i32, libc::SIGSTOP) };
+        }
+        Ok(children.len() + 1)
     }
 
     /// How the primary sees the standby (`pg_stat_replication.sync_state`: `sync`,
@@ -480,6 +513,14 @@ impl Drop for Pair {
                         .is_ok_and(|comm| comm.trim_end() == "postgres")
             });
             if running {
+                // A frozen primary (a test that failed before it killed it) is woken,
+                // or it would never stop.
+                if let Some(pid) = node.postmaster() {
+                    for p in children_of(pid).into_iter().chain([pid]) {
+                        // SAFETY: waking the test's own server processes.
+                        unsafe { libc::kill(p as i32, libc::SIGCONT) };
+                    }
+                }
                 let _ = self
                     .pg_ctl()
                     .arg("-D")

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use postgres::Client;
+use crate::db::Client;
 use postgres::error::SqlState;
 
 use super::Findings;

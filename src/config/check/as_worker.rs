@@ -72,7 +72,11 @@ pub(super) fn in_account(name: &str, checks: impl FnOnce(&mut Findings)) -> Find
                 .errors
                 .push(format!("[pepsi] WORKER_AS: {}", e.message)),
         }
-        let document = serde_json::json!({"errors": found.errors, "warnings": found.warnings});
+        let document = serde_json::json!({
+            "errors": found.errors,
+            "warnings": found.warnings,
+            "unreachable": found.unreachable,
+        });
         let _ = std::fs::File::from(write).write_all(document.to_string().as_bytes());
         // SAFETY: ending the forked child without the parent's exit handlers.
         unsafe { libc::_exit(0) };
@@ -98,6 +102,7 @@ pub(super) fn in_account(name: &str, checks: impl FnOnce(&mut Findings)) -> Find
         Some(v) if read_ok => Findings {
             errors: list(&v, "errors"),
             warnings: list(&v, "warnings"),
+            unreachable: v["unreachable"].as_u64().unwrap_or(0) as usize,
         },
         _ => failed(name, "the check as that account ended without its findings"),
     }
@@ -110,5 +115,6 @@ fn failed(name: &str, why: &str) -> Findings {
             "database (as WORKER_AS {name}): not checked: {why}"
         )],
         warnings: Vec::new(),
+        unreachable: 0,
     }
 }
