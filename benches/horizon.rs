@@ -362,6 +362,8 @@ fn scenario(build: &Build, rate: f64, hold: Duration, burst: i64) {
         )
         .unwrap();
     *burst_at.lock().unwrap() = Some(Instant::now() + Duration::from_secs(10).min(hold / 2));
+    // What the claims' statements cost over the hold counts from here.
+    let _ = c.batch_execute("/* bench */ SELECT pg_stat_statements_reset()");
     let slices = 6u32;
     let mut at = snap(&mut c, &injected);
     let start = at;
@@ -376,6 +378,7 @@ fn scenario(build: &Build, rate: f64, hold: Duration, burst: i64) {
         phases.push(phase(&mut c, &label, at, next));
         at = next;
     }
+    let nested = claim_statements(&mut c);
     holder.batch_execute("COMMIT").unwrap();
     let committed = Instant::now();
     let mut whole = phase(&mut c, "hold, all", start, at);
@@ -403,6 +406,15 @@ fn scenario(build: &Build, rate: f64, hold: Duration, burst: i64) {
     }
     print_phase(&build.name, &whole);
     print_phase(&build.name, &after);
+    if !nested.is_empty() {
+        println!(
+            "{:<8} | the claims' statements over the hold (pg_stat_statements, track = all): calls, mean ms, buffers per call, statement",
+            build.name
+        );
+        for line in &nested {
+            println!("{:<8} |   {line}", build.name);
+        }
+    }
     match caught_up {
         Some(s) => println!(
             "{:<8} | caught up {s:.1} s after the commit (backlog back to {before_backlog} + {})",
@@ -412,6 +424,38 @@ fn scenario(build: &Build, rate: f64, hold: Duration, burst: i64) {
         None => println!("{:<8} | not caught up 60 s after the commit", build.name),
     }
     drop(run);
+}
+
+/// The statements inside the claim functions that took the most time since the last
+/// reset (`pg_stat_statements.track = all`, as the throwaway cluster has it): one line
+/// each, with calls, mean milliseconds and shared buffers read per call; none when the
+/// server does not count statements.
+fn claim_statements(c: &mut Client) -> Vec<String> {
+    c.query(
+        "/* bench */ SELECT s.calls, s.total_exec_time / greatest(s.calls, 1), \
+                (s.shared_blks_hit + s.shared_blks_read)::float8 / greatest(s.calls, 1), \
+                regexp_replace(left(s.query, 400), '\\s+', ' ', 'g') \
+           FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+          WHERE d.datname = current_database() AND NOT s.toplevel \
+            AND s.query LIKE '%pepsi.workqueue%' AND s.query NOT LIKE '%/* bench */%' \
+          ORDER BY s.total_exec_time DESC LIMIT 8",
+        &[],
+    )
+    .map(|rows| {
+        rows.iter()
+            .map(|r| {
+                let text: String = r.get(3);
+                format!(
+                    "{:>8} | {:>8.3} | {:>10.1} | {}",
+                    r.get::<_, i64>(0),
+                    r.get::<_, f64>(1),
+                    r.get::<_, f64>(2),
+                    text.chars().take(150).collect::<String>()
+                )
+            })
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 fn completed_before(c: &mut Client, at: f64) -> i64 {

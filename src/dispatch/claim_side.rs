@@ -125,6 +125,17 @@ impl ClaimSide {
         }
     }
 
+    /// The stage graph's routes, for the floors a worker's pass lowers
+    /// ([`floors::Floors::passed`]).
+    pub fn routes(&mut self, graph: &crate::config::StageGraph) {
+        self.ledger.floors().set_routes(graph.stages().map(|s| {
+            (
+                s.name.as_str(),
+                s.references().map(|(_, to)| to).collect::<Vec<&str>>(),
+            )
+        }));
+    }
+
     /// The claim ledger, for the transitions of claimed rows.
     pub fn ledger(&mut self) -> &mut Ledger {
         &mut self.ledger

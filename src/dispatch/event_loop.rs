@@ -172,6 +172,8 @@ impl Dispatcher {
             parts.workers_as.as_deref(),
         )
         .map_err(|e| Failure::general(format!("cannot make the workers' configuration: {e}")))?;
+        let mut claim_side = ClaimSide::new(&opts, now);
+        claim_side.routes(&parts.graph);
         Ok(Dispatcher {
             poll: parts.poll,
             signals: parts.signals,
@@ -183,7 +185,7 @@ impl Dispatcher {
             handoff,
             workers_as: parts.workers_as,
             pools: Pools::new(&parts.graph),
-            claim_side: ClaimSide::new(&opts, now),
+            claim_side,
             housekeeping: Housekeeping::new(
                 parts.jobs,
                 now,
@@ -299,6 +301,7 @@ impl Dispatcher {
                 format!("cannot make the workers' configuration: {e}"),
             )),
         }
+        self.claim_side.routes(&graph);
         self.config = config;
         self.graph = graph;
     }

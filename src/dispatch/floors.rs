@@ -7,16 +7,26 @@
 //!
 //! The invariant: no row below a stage's floor is pending at that stage, but rows that
 //! came back there since the floor was set. They come back in three ways, each caught:
-//! - a claim of this dispatcher ends (a worker's advance, split or pause, a requeue, a
-//!   strike, a deferral, a reset): every floor drops to the row's id at once, so the
-//!   next claim reads from there (a row a worker advanced before its status line was
-//!   read is held until then, and its status line wakes a claim);
+//! - a claim of this dispatcher ends: its worker's pass (an advance, split or pause)
+//!   lowers the floors of the stages the pass's section routes to (`NEXT`, every
+//!   `*_STAGE`, and on through theirs: a fused pass carries a row further) to the
+//!   row's id at once, and the dispatcher's own writes (a requeue, a strike, a
+//!   deferral, a reset) every floor, so the next claim reads from there (a row a
+//!   worker advanced before its status line was read is held until then, and its
+//!   status line wakes a claim). A stage's own finished rows leave its floor alone
+//!   (unless it routes back to itself): its next claim does not step over the rows it
+//!   claimed after them again. A program that writes a row to a stage its section does
+//!   not name is caught by the claims without a floor;
 //! - the dispatcher flips paused rows, resumes deferred ones or reconciles after a lock
 //!   loss: every floor is forgotten;
 //! - another session moves a row back (a resume, requeue or release, the failure
 //!   bouncer, an injection whose id was drawn before a newer one committed): every
 //!   stage's claim goes without a floor at least once per [`full_every`] (a second,
-//!   or the poll interval when shorter).
+//!   or the poll interval when shorter) — while a snapshot older than [`HELD`] holds
+//!   the horizon, such a claim reads every dead entry the snapshot keeps, so after one
+//!   that took longer than [`WALK_BUDGET`] the next waits as long as a paused walk (20
+//!   times that claim, at least a second): the reads from the first entry take at most
+//!   about a twentieth of the claimer's time, and a row moved back waits that long.
 //!
 //! A claim raises a stage's floor to what its answer says (the lowest id it read and
 //! left, or just past the highest it took), lowered again by whatever ended while it
@@ -66,19 +76,30 @@ struct Stage {
     last_full: Option<Instant>,
     /// Until when the stage's claims do not walk its senders (a slow claim paused it).
     walk_after: Option<Instant>,
+    /// Until when the stage's claims keep their floor (a slow claim without one
+    /// postponed the next).
+    full_after: Option<Instant>,
 }
 
 /// The floors of every stage asked so far.
 #[derive(Debug)]
 pub struct Floors {
     stages: HashMap<String, Stage>,
+    /// Per stage, the stages a worker's pass there may leave a row pending at: those
+    /// its section's references reach, in any number of steps (fused passes carry a
+    /// row further). A stage missing here may send a row anywhere.
+    routes: HashMap<String, Vec<String>>,
     /// The lowest id a claim that ended (or a reset: [`NONE`]) brought since the claim
     /// in flight was sent; `i64::MAX` when nothing did.
     lowered_in_flight: i64,
+    /// The same for a worker's pass, per stage it routes to.
+    lowered_stages: HashMap<String, i64>,
     /// At most this long between two claims of a stage without a floor.
     full_every: Duration,
     /// The stages the claim in flight lets walk their senders.
     walking: Vec<String>,
+    /// The stages the claim in flight reads without their floor.
+    unfloored: Vec<String>,
     /// Whether a snapshot older than [`HELD`] holds the horizon.
     held: bool,
 }
@@ -95,9 +116,12 @@ impl Floors {
     pub fn new(full_every: Duration) -> Floors {
         Floors {
             stages: HashMap::new(),
+            routes: HashMap::new(),
             lowered_in_flight: i64::MAX,
+            lowered_stages: HashMap::new(),
             full_every,
             walking: Vec::new(),
+            unfloored: Vec::new(),
             held: false,
         }
     }
@@ -106,6 +130,8 @@ impl Floors {
     /// the first entry — no floor yet, or the stage's periodic claim without one).
     pub fn for_claim(&mut self, stages: &[&str], now: Instant) -> Vec<Option<i64>> {
         self.lowered_in_flight = i64::MAX;
+        self.lowered_stages.clear();
+        self.unfloored.clear();
         let every = self.full_every;
         stages
             .iter()
@@ -114,10 +140,13 @@ impl Floors {
                     key: NONE,
                     last_full: None,
                     walk_after: None,
+                    full_after: None,
                 });
-                let stale = s.last_full.is_none_or(|t| now.duration_since(t) >= every);
+                let stale = s.last_full.is_none_or(|t| now.duration_since(t) >= every)
+                    && s.full_after.is_none_or(|t| now >= t);
                 if s.key == NONE || stale {
                     s.last_full = Some(now);
+                    self.unfloored.push((*stage).to_string());
                     None
                 } else {
                     Some(s.key)
@@ -153,6 +182,7 @@ impl Floors {
         if !held {
             for s in self.stages.values_mut() {
                 s.walk_after = None;
+                s.full_after = None;
             }
         }
     }
@@ -161,6 +191,7 @@ impl Floors {
     /// [`WALK_BUDGET`], the stages it let walk walk again only after the pause.
     pub fn took(&mut self, took: Duration, now: Instant) {
         let walking = std::mem::take(&mut self.walking);
+        let unfloored = std::mem::take(&mut self.unfloored);
         if !self.held || took <= WALK_BUDGET {
             return;
         }
@@ -170,6 +201,13 @@ impl Floors {
                 s.walk_after = Some(now + pause);
             }
         }
+        // A read from the first entry costs every dead entry the snapshot keeps: the
+        // next one waits as long as a paused walk.
+        for stage in unfloored {
+            if let Some(s) = self.stages.get_mut(&stage) {
+                s.full_after = Some(now + pause);
+            }
+        }
     }
 
     /// The claim in flight answered: per stage, its next floor (`None`: it read no row
@@ -177,10 +215,12 @@ impl Floors {
     pub fn answered(&mut self, next: &[(String, Option<i64>)]) {
         for (stage, floor) in next {
             if let (Some(s), Some(floor)) = (self.stages.get_mut(stage), floor) {
-                s.key = (*floor).min(self.lowered_in_flight);
+                let passed = self.lowered_stages.get(stage).copied().unwrap_or(i64::MAX);
+                s.key = (*floor).min(self.lowered_in_flight).min(passed);
             }
         }
         self.lowered_in_flight = i64::MAX;
+        self.lowered_stages.clear();
     }
 
     /// A claim of row `id` ended: the row may be pending again at any stage, so no
@@ -190,6 +230,58 @@ impl Floors {
             s.key = s.key.min(id);
         }
         self.lowered_in_flight = self.lowered_in_flight.min(id);
+    }
+
+    /// The stage graph's routes ([`Self::passed`]): `references` gives each stage's
+    /// directly named stages (`NEXT`, every `*_STAGE`).
+    pub fn set_routes<'a>(
+        &mut self,
+        references: impl IntoIterator<Item = (&'a str, Vec<&'a str>)>,
+    ) {
+        let direct: HashMap<&str, Vec<&str>> = references.into_iter().collect();
+        self.routes = direct
+            .keys()
+            .map(|&from| {
+                let mut seen: Vec<&str> = Vec::new();
+                let mut next: Vec<&str> = direct[from].clone();
+                while let Some(stage) = next.pop() {
+                    if seen.contains(&stage) {
+                        continue;
+                    }
+                    seen.push(stage);
+                    if let Some(more) = direct.get(stage) {
+                        next.extend(more);
+                    }
+                }
+                (
+                    from.to_string(),
+                    seen.into_iter().map(str::to_string).collect(),
+                )
+            })
+            .collect();
+    }
+
+    /// A worker's pass over row `id` at `stage` ended: the worker left it pending at
+    /// one of the stages its section routes to (or deleted, paused or failed it), so
+    /// only their floors go down to it. A worker that routes elsewhere (a program that
+    /// writes any stage) is caught by the claims without a floor. The stage's own floor
+    /// stays where its claims left it, unless the stage routes back to itself: a
+    /// stage's finished rows do not make its next claim step over the rows it claimed
+    /// after them again.
+    pub fn passed(&mut self, id: i64, stage: &str) {
+        let Some(routes) = self.routes.get(stage) else {
+            self.released(id);
+            return;
+        };
+        for to in routes {
+            if let Some(s) = self.stages.get_mut(to) {
+                s.key = s.key.min(id);
+            }
+            // A claim in flight may be reading that stage: its answer cannot raise the
+            // floor past the row.
+            let lowered = self.lowered_stages.entry(to.clone()).or_insert(i64::MAX);
+            *lowered = (*lowered).min(id);
+        }
     }
 
     /// Rows went back to pending wholesale (a flip, an early resume, a reconcile):
@@ -316,6 +408,84 @@ mod tests {
         f.took(ms(100), end);
         f.horizon_held(false);
         assert_eq!(f.walks(&["a", "b"], end), [true, true]);
+    }
+
+    #[test]
+    fn a_slow_claim_without_a_floor_postpones_the_next_while_the_horizon_is_held() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = Floors::new(EVERY);
+        assert_eq!(f.for_claim(&["a", "b"], t), [None, None]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))]);
+        f.took(ms(200), t);
+        // No snapshot held: the period alone decides.
+        assert_eq!(f.for_claim(&["a", "b"], t + EVERY), [None, None]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))]);
+        f.horizon_held(true);
+        f.took(ms(200), t + EVERY);
+        // Held, and the claim without floors took 200 ms: the next waits 20 times as
+        // long, keeping the floors meanwhile.
+        let after = t + EVERY + ms(200) * WALK_PAUSE_FACTOR;
+        assert_eq!(
+            f.for_claim(&["a", "b"], after - ms(1)),
+            [Some(50), Some(60)]
+        );
+        f.took(ms(1), after - ms(1));
+        assert_eq!(f.for_claim(&["a", "b"], after), [None, None]);
+        // A fast one postpones nothing; the hold's end lifts a postponement.
+        f.took(ms(1), after);
+        assert_eq!(f.for_claim(&["a"], after + EVERY), [None]);
+        f.took(ms(300), after + EVERY);
+        f.horizon_held(false);
+        assert_eq!(f.for_claim(&["a"], after + EVERY * 2), [None]);
+    }
+
+    #[test]
+    fn a_pass_lowers_only_the_floors_of_the_stages_it_routes_to() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        // a → b → c, b also to d; e routes to itself.
+        f.set_routes([
+            ("a", vec!["b"]),
+            ("b", vec!["c", "d"]),
+            ("c", vec![]),
+            ("d", vec![]),
+            ("e", vec!["e"]),
+        ]);
+        f.for_claim(&["a", "b", "c", "d", "e"], t);
+        let at = |n: i64| -> Vec<(String, Option<i64>)> {
+            ["a", "b", "c", "d", "e"]
+                .iter()
+                .map(|s| (s.to_string(), Some(n)))
+                .collect()
+        };
+        f.answered(&at(100));
+        f.passed(40, "a");
+        let floors = |f: &mut Floors| f.for_claim(&["a", "b", "c", "d", "e"], t);
+        assert_eq!(
+            floors(&mut f),
+            [Some(100), Some(40), Some(40), Some(40), Some(100)],
+            "a's own floor stays; b and what b reaches go down"
+        );
+        f.answered(&at(100));
+        f.passed(30, "c");
+        f.passed(20, "e");
+        assert_eq!(
+            floors(&mut f),
+            [Some(100), Some(100), Some(100), Some(100), Some(20)],
+            "the end of the pipeline lowers nothing; a stage routing to itself lowers its own"
+        );
+        // While a claim is in flight, a pass at a holds b's answer down, not a's.
+        f.passed(50, "a");
+        f.answered(&at(200));
+        assert_eq!(
+            floors(&mut f),
+            [Some(200), Some(50), Some(50), Some(50), Some(200)]
+        );
+        // A stage the routes do not know may send a row anywhere.
+        f.answered(&at(200));
+        f.passed(10, "gone");
+        assert_eq!(floors(&mut f), [Some(10); 5]);
     }
 
     #[test]

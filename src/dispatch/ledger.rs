@@ -28,6 +28,8 @@ use super::stats::Deltas;
 use crate::config::DispatchOptions;
 use crate::protocol::Report;
 
+/// The transition of a claim its worker's pass settles ([`Ledger::ran`]).
+const PASS: &str = "a pass";
 /// Where a live claim is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
@@ -143,8 +145,14 @@ impl Ledger {
     fn settle(&mut self, claim: &Claim, transition: &str) -> bool {
         match self.live.remove(&(claim.id, claim.token)) {
             Some(_) => {
-                // The row may be pending again, at any stage: no floor stays above it.
-                self.floors.released(claim.id);
+                // A worker's pass leaves the row at a stage its section routes to; the
+                // dispatcher's own writes (a requeue, a deferral, a strike, a reset)
+                // leave it at its stage. No floor of those stays above it.
+                if transition == PASS {
+                    self.floors.passed(claim.id, &claim.stage);
+                } else {
+                    self.floors.released(claim.id);
+                }
                 true
             }
             None => {
@@ -193,7 +201,7 @@ impl Ledger {
     /// Its worker answered with a status other than 74/75: one pass (the worker wrote
     /// the outcome). `failed` when the worker marked the row failed.
     pub fn ran(&mut self, claim: &Claim, took: Duration, vetted: &Vetted, failed: bool) {
-        if !self.settle(claim, "a pass") {
+        if !self.settle(claim, PASS) {
             return;
         }
         self.policy.ran(claim, took);
