@@ -1,7 +1,7 @@
 //! The held-snapshot benchmark: `cargo bench --bench horizon` (release build). Prints,
 //! measured in one run against one PostgreSQL server (a throwaway cluster, or
 //! `DATABASE_URL`), what a snapshot held open elsewhere (a nightly `pg_dump`, a
-//! forgotten `psql`) does to the mail (issue 25):
+//! forgotten `psql`) does to the mail:
 //!
 //! An a → b → c pipeline (`pass`, `pass`, `discard`, fair scheduling on, 20 senders)
 //! first drains a burst, which gives its drain rate; then it gets steady input at

@@ -269,7 +269,7 @@ fn free_port() -> u16 {
 
 impl Daemon {
     /// Starts `pepsi-ingress serve` on `db`, LMTP on a free port, queueing at stage
-    /// `in` as [`INJECT_LOGIN`] (a member of `pepsi_inject`, as with the README's
+    /// `in` as [`INJECT_LOGIN`] (a member of `pepsi_inject`, as with doc/roles-and-containment.md's
     /// separate roles: every message is held to the injecting role's checks); returns
     /// once it accepts connections.
     fn start(db: &TestDb, dir: &Path, run: &str) -> Daemon {

@@ -1,5 +1,5 @@
 //! `pepsi-failure-bouncer [GLOBAL] serve | sweep [--failed-only | --timeout-only]`
-//! (SPEC §13.1): moves rows that ended `failed` or `timeout` to `[pepsi-failure-bouncer]
+//! (§13.1): moves rows that ended `failed` or `timeout` to `[pepsi-failure-bouncer]
 //! BOUNCE_STAGE` as `pending`, so that the dispatcher runs the bounce stage and the
 //! sender hears what became of the message.
 //!
@@ -20,7 +20,6 @@
 //! `pepsi-stage-bounce`'s business.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::db::Client;
@@ -346,7 +345,7 @@ struct Target {
 
 impl Target {
     /// Connects (with the bouncer's name and bounds) and checks the schema: a mismatch
-    /// exits 78 (SPEC §3).
+    /// exits 78 (§3).
     fn open(&self) -> Result<Client, Trouble> {
         let mut pg = db::connection_config(&self.conninfo, PROGRAM.name).map_err(|e| {
             Trouble::Fatal(Failure::general(format!(
@@ -403,13 +402,9 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     match args.command {
         Command::Sweep => sweep_once(&target, args.scope),
         Command::Serve => {
-            let stop = Arc::new(AtomicBool::new(false));
             // Before the first connection attempt, so a signal also ends the wait for
             // a database that is away.
-            for signal in [libc::SIGINT, libc::SIGTERM] {
-                signal_hook::flag::register(signal, stop.clone())
-                    .map_err(|e| Failure::general(format!("cannot set up signal handling: {e}")))?;
-            }
+            let stop = crate::signals::stop_flag()?;
             Service::new(target, args.scope, stop).serve()
         }
     }

@@ -1,4 +1,4 @@
-//! The global command-line options shared by every Pepsi program (SPEC §1).
+//! The global command-line options shared by every Pepsi program (§1).
 //!
 //! `PROGRAM [GLOBAL] SUBCOMMAND [ARGS]`: the global options come first; the first
 //! argument that is not one of them starts the program's own part. A global option

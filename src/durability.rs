@@ -1,6 +1,6 @@
 //! How long a commit waits before it counts as done: PostgreSQL's `synchronous_commit`
 //! levels, as a stage's `SYNCHRONOUS_COMMIT` and `[pepsi-dispatch] SYNCHRONOUS_COMMIT`
-//! choose them (SPEC §12.2). A stage with side effects outside the database (exec,
+//! choose them (§12.2). A stage with side effects outside the database (exec,
 //! relay) sets `on` (or `remote_apply`) with a synchronous standby, so that an outcome a
 //! worker saw committed survives a failover and the stage is not run again for it.
 //!

@@ -8,14 +8,15 @@
 //!   knows nothing of the command line).
 //! - [`config`] reads `pepsi.conf` (raw entries with file and line, then a checked
 //!   structure, each fixed key declared once in a table) and builds the stage graph
-//!   with the `pepsi.config_override` overlay; `config::check` is `pepsi-dispatch
-//!   check` and the checks the dispatcher's start and reload and `pepsi-queue config`
-//!   share with it.
+//!   with the `pepsi.config_override` overlay.
+//! - [`check`] is `pepsi-dispatch check` and the checks the dispatcher's start and
+//!   reload and `pepsi-queue config` share with it: above the configuration and the
+//!   programs whose rules it checks, each stage's own rules read from its declaration.
 //! - [`db`] holds the connection helpers, the error classification by SQLSTATE, the
 //!   embedded schema with its version check, and every SQL statement as a named constant.
 //! - [`setup`] is `pepsi-setup schema`.
 //! - [`protocol`] formats and parses the worker protocol's lines, for both ends.
-//! - [`worker`] is the worker side of the stdin/stdout protocol (SPEC §5, §12): the
+//! - [`worker`] is the worker side of the stdin/stdout protocol (§5, §12): the
 //!   runtime every stage program links, with batching, per-address settings, splits and
 //!   fusion; [`stages`] are the built-in stages of the unified `pepsi-stage` binary.
 //! - [`dispatch`] is `pepsi-dispatch serve`: a mio poll loop thread that owns every
@@ -40,14 +41,26 @@
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
 //!   repair commands (each one stored-function call), metrics and the overlay.
 //!
-//! Four small pure modules are shared by all of them: [`mailbox`] judges an envelope
-//! address (the one rule for `inject` and for whom a bounce may go to), [`escape`]
-//! shows text from messages and the database in log lines, on terminals and in metrics
-//! labels with its control and invisible formatting characters escaped, and
-//! [`conninfo`] reads a connection string's `target_session_attrs` as the programs
-//! need it, and [`durability`] names the `synchronous_commit` levels a stage or the
-//! dispatcher may choose.
+//! Small modules below them all: [`mailbox`] judges an envelope address (the one rule
+//! for `inject`, the ingress and whom a bounce may go to) and [`intake`], beside it,
+//! what a message must be before it is queued; [`escape`] shows text from messages and
+//! the database in log lines, on terminals and in metrics labels with its control and
+//! invisible formatting characters escaped; [`conninfo`] reads a connection string's
+//! `target_session_attrs` as the programs need it; [`durability`] names the
+//! `synchronous_commit` levels a stage or the dispatcher may choose; [`signals`] is the
+//! three daemons' signal handling; [`random`] draws from the system's random source.
 //!
+//! # Layers
+//!
+//! The top-level modules form layers, each using only those below it (`tests/layout.rs`
+//! holds the order and fails on an import against it): `escape`, `exit`, `logging`,
+//! `cli`, `privilege`, `random`, `conninfo`, `durability`, `protocol`, `mailbox`,
+//! `signals`; then `db`; `intake`; `config`; `keeper`, `launcher`; `worker`, `stages`;
+//! `bouncer`, `ingress`; `check`; and the programs on top, `queue`, `dispatch`, `setup`.
+//!
+//! A `§N` in a comment names a section of `doc/design.md`, the design in the project's
+//! own words; `tests/layout.rs` checks that every one resolves.
+
 //! Exit codes are decided only in the binaries' `main`, from the values in [`exit`].
 //!
 //! # Where things are added
@@ -72,12 +85,13 @@
 //!   (their bytes are in the digest databases store); `src/db/schema.rs` says more.
 //! - **A built-in stage**: its file `src/stages/NAME.rs` (a type implementing
 //!   `worker::Stage`: loads, fusion default, its keys, its overridable keys,
-//!   `configure` and the body); in `src/stages/mod.rs` its `pub mod` and its entry in
+//!   `configure`, `runtime_warning` when it allows itself time of its own, and the
+//!   body: `pepsi-dispatch check` reads a stage's rules from there and names none); in `src/stages/mod.rs` its `pub mod` and its entry in
 //!   `BUILTINS`; its name in `BUILTIN_STAGES` of `src/config/program_path.rs` (what the
 //!   overlay may name; a unit test compares the two lists); its section in
 //!   `packaging/man/pepsi-stage.8` and its keys under BUILT-IN STAGE KEYS in
 //!   `packaging/man/pepsi.conf.5` (`tests/man.rs` checks both against the registry);
-//!   its line in the README's table of built-in stages. The package's
+//!   its name in the pepsi-stage-NAME row of the README's command table. The package's
 //!   `pepsi-stage-NAME` link, the worker runtime and the tests' stage links follow from
 //!   the registry; nothing else names it.
 //! - **A `pepsi-queue` command**: its file `src/queue/NAME.rs` (a `run` on the
@@ -87,9 +101,11 @@
 //!   command `match`; its statements as named constants in `src/db/sql.rs` (a stored
 //!   function it calls: the migration above); its item in `packaging/man/pepsi-queue.8`
 //!   (`tests/man.rs` checks every command, option and exit status of the help there);
-//!   its row in the README's command table.
+//!   its row in doc/operating.md's table of pepsi-queue commands and its name in the
+//!   README's command table.
 
 pub mod bouncer;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod conninfo;
@@ -99,6 +115,7 @@ pub mod durability;
 pub mod escape;
 pub mod exit;
 pub mod ingress;
+pub mod intake;
 pub mod keeper;
 pub mod launcher;
 pub mod logging;
@@ -106,6 +123,8 @@ pub mod mailbox;
 pub mod privilege;
 pub mod protocol;
 pub mod queue;
+pub mod random;
 pub mod setup;
+pub mod signals;
 pub mod stages;
 pub mod worker;

@@ -1,4 +1,4 @@
-//! Logging to stderr with `env_logger` (SPEC §11).
+//! Logging to stderr with `env_logger` (§11).
 //!
 //! The default level is info; `-L` sets it. Without `-v` only Pepsi's own modules log,
 //! so a chatty dependency does not flood the journal. Under systemd (`JOURNAL_STREAM`

@@ -1,6 +1,6 @@
 //! The one judge of an envelope address (RFC 5321 `Mailbox`, with RFC 6531's non-ASCII
 //! characters): `pepsi-queue inject` checks its `--from` and `--to` with it
-//! (`queue/message.rs`), and the bounce stage sends a delivery status notification
+//! (`intake.rs`), and the bounce stage sends a delivery status notification
 //! only to a sender it accepts. Pure: a string in, `Ok` or the reason out.
 //!
 //! The rules, exactly (the schema's SQL check states the same ones):

@@ -1,4 +1,4 @@
-//! Dropping root privileges to the `[pepsi] RUN_AS` account (SPEC §6, §13.1).
+//! Dropping root privileges to the `[pepsi] RUN_AS` account (§6, §13.1).
 //!
 //! `std` cannot change the process's credentials, so this uses libc: look the account
 //! up, then `initgroups`, `setgid`, `setuid`, and check that root cannot be regained.
@@ -166,7 +166,7 @@ pub fn drop_to(account: &str) -> Result<Option<Account>, Failure> {
     }))
 }
 
-/// The account the stage workers of a dispatcher started as root run as (SPEC §4
+/// The account the stage workers of a dispatcher started as root run as (§4
 /// "Containment"): `[pepsi] WORKER_AS`, which must exist and be neither root nor
 /// `RUN_AS` (nor share its user id). `Ok(None)`: they keep root, as everything does
 /// with `RUN_AS = root` (tests and containers); `WORKER_AS = root` is allowed only then.

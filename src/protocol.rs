@@ -1,11 +1,11 @@
-//! The worker protocol's lines (SPEC §5), shared by both ends: the dispatcher formats
+//! The worker protocol's lines (§5), shared by both ends: the dispatcher formats
 //! assignment lines and the worker parses them; the worker formats status lines and
 //! the dispatcher parses them.
 //!
 //! An assignment line is `ID TOKEN`: the message id and the claim token of the claim
 //! that took it, both decimal. The token is the worker's proof of the claim: the
 //! stage role cannot read it from the queue, and every write of an outcome takes it
-//! (SPEC §6 "Claim tokens", amended 2026-12-04).
+//! (§6 "Claim tokens", amended 2026-12-04).
 //!
 //! A status line is `STATUS` or `STATUS REPORT`: a decimal status, optionally a space
 //! and a JSON array `[["stage",microseconds],…]` of every stage run in that pass. Only

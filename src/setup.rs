@@ -1,12 +1,12 @@
-//! `pepsi-setup [GLOBAL] schema`: installs or upgrades the database schema (SPEC §3).
+//! `pepsi-setup [GLOBAL] schema`: installs or upgrades the database schema (§3).
 //!
 //! Started as root it switches to the `[pepsi] RUN_AS` account first, like every Pepsi
 //! program (so a `CONNECTION` using peer authentication connects as that account, the
 //! one that owns the schema), then connects with `[pepsi-postgres] CONNECTION` (never
 //! a program's own key: the schema belongs to the owner), applies the missing files
-//! and sets up the database roles (SPEC §4 "Least privilege"), every run; it says
+//! and sets up the database roles (§4 "Least privilege"), every run; it says
 //! which roles would need `pg_read_all_stats` to name who holds the database's oldest
-//! snapshot in full (issue 25), and grants it to none.
+//! snapshot in full, and grants it to none.
 
 use crate::cli::{Invocation, Program};
 use crate::config::Config;
@@ -62,7 +62,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Says what became of PUBLIC's right to create in the `public` schema (SPEC §4
+/// Says what became of PUBLIC's right to create in the `public` schema (§4
 /// "Containment").
 fn report_public_schema(public: schema::PublicSchema) {
     match public {
@@ -146,7 +146,7 @@ fn report_roles(roles: &[schema::RoleStatus]) {
         "database roles {} do not exist, and the role running pepsi-setup may not create \
          roles (it needs CREATEROLE), so their privileges are not granted; for separate \
          roles per program, have a superuser run {how} and run pepsi-setup schema again \
-         (README, \"Database roles\")",
+         (doc/roles-and-containment.md, \"Database roles\")",
         missing.join(", ")
     );
     if granted.is_empty() {
@@ -173,7 +173,7 @@ fn report_read_all_stats(client: &mut crate::db::Client) {
              warning and pepsi-queue status name such a holder by pid, application, role and \
              age in transactions only; for its state, client and age in time, have a superuser \
              run GRANT pg_read_all_stats TO {} (cluster-wide; it also shows every session's \
-             query text; README, \"The oldest snapshot\")",
+             query text; doc/operating.md, \"The oldest snapshot, and pg_dump\")",
             roles.join(", "),
             roles.join(", ")
         ),

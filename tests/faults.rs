@@ -41,7 +41,9 @@ use util::bouncer::Bouncer;
 use util::dispatcher::{Dispatcher, alive, fault_worker, session_name_of};
 use util::ingress::{self, Ingress};
 use util::scenario::programs;
-use util::{TempDir, TestDb, claim, inject, pg, row_at, stage, wait_until, write_config};
+use util::{
+    TempDir, TestDb, assert_has, claim, inject, pg, row_at, stage, wait_until, write_config,
+};
 
 /// Held by a test while it runs against this binary's cluster in a way another test's
 /// restart would break (or while it restarts it).
@@ -78,7 +80,7 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(180);
 /// How often the drain is watched (and a fault's moment checked).
 const TICK: Duration = Duration::from_millis(50);
 
-/// SPEC §6 "Outage" (amended): the dispatcher never exits because the database is
+/// §6 "Outage" (amended): the dispatcher never exits because the database is
 /// away. The full rule is not built on this branch (it exits 1 when it cannot re-take
 /// its lock within ~10 s), but the outages here are shorter than that (a fast restart
 /// is down well under 10 s; exhausted connections leave its own session alone), so the
@@ -452,6 +454,8 @@ struct Run {
     sessions_terminated: i64,
     connections_held: usize,
     connections_refused: usize,
+    /// How long the connections were held exhausted, in all.
+    exhausted: Duration,
 }
 
 /// What one scenario found.
@@ -619,6 +623,7 @@ fn scenario(fault: Fault, rng: Rng) -> Report {
         termination_rounds: 0,
         sessions_terminated: 0,
         connections_held: 0,
+        exhausted: Duration::ZERO,
         connections_refused: 0,
     };
     run.drain(started);
@@ -739,7 +744,8 @@ impl Run {
         // The monitor's own connection stays open: it is the test's.
         self.monitor.must("SELECT 1::int8");
         let mut held: Vec<Client> = Vec::new();
-        let until = Instant::now() + EXHAUSTION;
+        let started = Instant::now();
+        let until = started + EXHAUSTION;
         while Instant::now() < until {
             loop {
                 match Client::connect(&self.db.conninfo, NoTls) {
@@ -759,6 +765,8 @@ impl Run {
             self.workers.extend(self.d.children());
             std::thread::sleep(Duration::from_millis(100));
         }
+        drop(held);
+        self.exhausted += started.elapsed();
     }
 
     /// Rows per stage and status, for a failure message.
@@ -935,7 +943,10 @@ impl Run {
                 // per cooldown (a worker's own 75 gives back one id, and waits out its
                 // pool's checkout timeout first).
                 Fault::ExhaustConnections => {
-                    let episodes = 1 + (EXHAUSTION.as_secs() / COOLDOWN_FIRST.as_secs()) as i64;
+                    // Over the time the connections were in fact held, which a busy
+                    // machine makes longer than EXHAUSTION.
+                    let held = self.exhausted.as_secs_f64() / COOLDOWN_FIRST.as_secs_f64();
+                    let episodes = 1 + held.ceil() as i64;
                     CAPACITY * episodes
                 }
                 // Every claim of the poison at b crashed a worker holding at most
@@ -966,9 +977,9 @@ impl Run {
                 self.termination_rounds, self.sessions_terminated
             ),
             Fault::ExhaustConnections => format!(
-                "{} held {} s, {} refused",
+                "{} held {:.1} s, {} refused",
                 self.connections_held,
-                EXHAUSTION.as_secs(),
+                self.exhausted.as_secs_f64(),
                 self.connections_refused
             ),
             Fault::Poison => String::new(),
@@ -1095,6 +1106,12 @@ fn fail_one(c: &mut Client) -> i64 {
     id
 }
 
+/// How long a failed message may take to reach the bounce stage on its notification:
+/// it takes milliseconds; the margin is a busy machine's. Far below the minute after
+/// which the bouncer's safety-net sweep would move it anyway, so a message moved within
+/// it was moved on its notification.
+const NOTIFIED: Duration = Duration::from_secs(10);
+
 /// Waits until message `id` is pending at the bounce stage; returns how long it took.
 #[track_caller]
 fn bounced(c: &mut Client, id: i64, within: Duration, log: impl Fn() -> String) -> Duration {
@@ -1145,7 +1162,7 @@ fn the_failure_bouncer_rides_out_a_postgres_restart_and_sweeps_what_failed_meanw
     );
     let mut b = Bouncer::ready(&conf, &[]);
     let first = fail_one(&mut c);
-    bounced(&mut c, first, Duration::from_secs(1), || b.log());
+    bounced(&mut c, first, NOTIFIED, || b.log());
 
     // One failing just before the restart: moved before it or swept after it.
     let before = fail_one(&mut c);
@@ -1171,13 +1188,14 @@ fn the_failure_bouncer_rides_out_a_postgres_restart_and_sweeps_what_failed_meanw
     // notifications were lost.
     c.batch_execute(&format!("ALTER ROLE {BOUNCER_ROLE} LOGIN"))
         .unwrap();
-    bounced(&mut c, during, Duration::from_secs(10), || b.log());
-    bounced(&mut c, before, Duration::from_secs(1), || b.log());
+    bounced(&mut c, during, Duration::from_secs(30), || b.log());
+    bounced(&mut c, before, NOTIFIED, || b.log());
     b.wait_log("database connection re-established", Duration::from_secs(5));
 
-    // And it listens again: the next failure is moved within a second.
+    // And it listens again: the next failure is moved on its notification, long
+    // before the next sweep.
     let after = fail_one(&mut c);
-    let took = bounced(&mut c, after, Duration::from_secs(1), || b.log());
+    let took = bounced(&mut c, after, NOTIFIED, || b.log());
     println!("failure bouncer: moved {after} {took:?} after it failed, after the restart");
     assert_eq!(b.terminate().code(), Some(0), "{}", b.log());
     let log = b.log();
@@ -1267,6 +1285,6 @@ fn the_ingress_answers_451_while_postgres_is_stopped_and_250_again_once_it_is_ba
         .unwrap();
     assert_eq!((accepted, counted), (2, deferred as i64));
     let log = daemon.log();
-    assert!(log.contains("deferring mail (451)"), "{log}");
-    assert!(log.contains("the database is back"), "{log}");
+    assert_has!(log, "deferring mail (451)");
+    assert_has!(log, "the database is back");
 }

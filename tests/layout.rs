@@ -1,8 +1,11 @@
 //! The shape of `src/` that keeps the code readable, checked by reading the files (no
-//! database, no build of anything): no two files use each other's items, directly or
-//! through a chain (an import circle); the worker library, which any stage program
-//! links, never names the built-in stages (`crate::stages`); no file is over 700
-//! lines. Run alone with `cargo test --test layout`.
+//! database, no build of anything): the top-level modules form layers in the order
+//! [`LAYERS`] declares, each using only those below it; no two files use each other's
+//! items, directly or through a chain (an import circle); the worker library, which any
+//! stage program links, never names the built-in stages (`crate::stages`), and
+//! `check` names none of them either (it reads their rules from their declarations);
+//! no file is over 700 lines; every `§N` a comment cites is a heading of `doc/`. Run
+//! alone with `cargo test --test layout`.
 //!
 //! A file's references are the module paths it names in code or in `use` items:
 //! `crate::a::b`, `super::x`, `self::x`, and a bare `child::x` of a module it declares.
@@ -18,6 +21,38 @@ use std::path::{Path, PathBuf};
 
 /// The most lines a file of `src/` may have.
 const MAX_LINES: usize = 700;
+
+/// The top-level modules of `src/`, lowest first: a module may use only those before
+/// it. The small shared pieces first, then the database, the configuration, the
+/// keeper and launcher, the worker library and the stages built on it, the failure
+/// bouncer and the ingress, `check` above everything it checks, and the programs that
+/// run `check` on top. A new top-level module gets its place here.
+const LAYERS: &[&str] = &[
+    "escape",
+    "exit",
+    "logging",
+    "cli",
+    "privilege",
+    "random",
+    "conninfo",
+    "durability",
+    "protocol",
+    "mailbox",
+    "signals",
+    "db",
+    "intake",
+    "config",
+    "keeper",
+    "launcher",
+    "worker",
+    "stages",
+    "bouncer",
+    "ingress",
+    "check",
+    "queue",
+    "dispatch",
+    "setup",
+];
 
 /// `src/` of this package.
 fn src() -> PathBuf {
@@ -247,9 +282,16 @@ fn children_of(code: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// A file's module graph: by module path, the file and the modules it references.
+type Graph = BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)>;
+
+/// By module path, the file and the modules it references, each with the first path
+/// in the file that names it.
+type References = BTreeMap<Vec<String>, (PathBuf, BTreeMap<Vec<String>, String>)>;
+
 /// The library's files by module path, and each file's module references resolved to
-/// files.
-fn graph() -> BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)> {
+/// files, each with the first path in the file that names it.
+fn references() -> References {
     let lib: Vec<PathBuf> = files(&src())
         .into_iter()
         .filter(|f| !f.starts_with(src().join("bin")))
@@ -264,7 +306,7 @@ fn graph() -> BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)> {
         let is_module_file = file.ends_with("mod.rs")
             || file.ends_with("lib.rs")
             || file.with_extension("").is_dir();
-        let mut refs = BTreeSet::new();
+        let mut refs = BTreeMap::new();
         for path in paths_in(&code) {
             let segs: Vec<&str> = path.split("::").collect();
             let mut base: Vec<String>;
@@ -306,7 +348,7 @@ fn graph() -> BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)> {
                 let below =
                     t.len() > module.len() && t[..module.len()] == module[..] && is_module_file;
                 if t != *module && !below {
-                    refs.insert(t);
+                    refs.entry(t).or_insert(path);
                 }
             }
         }
@@ -315,10 +357,71 @@ fn graph() -> BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)> {
     out
 }
 
+/// The library's files by module path, and each file's module references resolved to
+/// files.
+fn graph() -> Graph {
+    references()
+        .into_iter()
+        .map(|(m, (f, refs))| (m, (f, refs.into_keys().collect())))
+        .collect()
+}
+
+/// The graph folded to the top-level modules (`src/x.rs` with `src/x/` is `x`); the
+/// crate root, which only composes them, left out.
+fn folded(g: &Graph) -> Graph {
+    let mut out: Graph = BTreeMap::new();
+    for (module, (_, refs)) in g {
+        let Some(top) = module.first() else { continue };
+        let entry = out
+            .entry(vec![top.clone()])
+            .or_insert_with(|| (PathBuf::from(top), BTreeSet::new()));
+        for t in refs {
+            if let Some(other) = t.first().filter(|o| *o != top) {
+                entry.1.insert(vec![other.clone()]);
+            }
+        }
+    }
+    out
+}
+
+/// Every reference from a top-level module to one at or above it in `layers`, or to
+/// or from one `layers` does not list: `file: path (from → to)` and why.
+fn against_layers(refs: &References, layers: &[&str]) -> Vec<String> {
+    let rank = |m: &str| layers.iter().position(|l| *l == m);
+    let mut out = Vec::new();
+    for (module, (file, targets)) in refs {
+        let Some(from) = module.first() else { continue };
+        let shown = file
+            .strip_prefix(src())
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let Some(from_rank) = rank(from) else {
+            out.push(format!("src/{shown}: module {from} has no place in LAYERS"));
+            continue;
+        };
+        for (target, path) in targets {
+            let Some(to) = target.first().filter(|t| *t != from) else {
+                continue;
+            };
+            match rank(to) {
+                None => out.push(format!(
+                    "src/{shown}: `{path}` ({from} → {to}): {to} has no place in LAYERS"
+                )),
+                Some(to_rank) if to_rank > from_rank => out.push(format!(
+                    "src/{shown}: `{path}` ({from} → {to}): {to} is above {from}"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    out
+}
+
 /// The strongly connected groups of more than one file (Tarjan).
-fn circles(g: &BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)>) -> Vec<Vec<PathBuf>> {
+fn circles(g: &Graph) -> Vec<Vec<PathBuf>> {
     struct T<'a> {
-        g: &'a BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)>,
+        g: &'a Graph,
         index: BTreeMap<&'a Vec<String>, usize>,
         low: BTreeMap<&'a Vec<String>, usize>,
         stack: Vec<&'a Vec<String>>,
@@ -380,6 +483,14 @@ fn circles(g: &BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)>) -> Vec<V
     t.out
 }
 
+fn shown_modules(modules: &[PathBuf]) -> String {
+    modules
+        .iter()
+        .map(|m| m.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ↔ ")
+}
+
 fn shown(files: &[PathBuf]) -> String {
     files
         .iter()
@@ -394,6 +505,94 @@ fn no_two_files_of_src_use_each_other_directly_or_through_a_chain() {
     assert!(g.len() > 50, "the library's files were read");
     let found: Vec<String> = circles(&g).iter().map(|c| shown(c)).collect();
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_top_level_modules_use_only_the_layers_below_them() {
+    let refs = references();
+    let tops: BTreeSet<&String> = refs.keys().filter_map(|m| m.first()).collect();
+    let unused: Vec<&&str> = LAYERS
+        .iter()
+        .filter(|l| !tops.iter().any(|t| t == *l))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "LAYERS names no module of src/: {unused:?}"
+    );
+    let found = against_layers(&refs, LAYERS);
+    assert!(
+        found.is_empty(),
+        "imports against the layer order (LAYERS in tests/layout.rs):\n{}",
+        found.join("\n")
+    );
+    let knots: Vec<String> = circles(&folded(&graph()))
+        .iter()
+        .map(|c| shown_modules(c))
+        .collect();
+    assert!(
+        knots.is_empty(),
+        "circles among top-level modules:\n{}",
+        knots.join("\n")
+    );
+}
+
+#[test]
+fn the_layer_check_finds_an_import_upwards_and_a_module_without_a_place() {
+    let file = src().join("db/mod.rs");
+    let refs: References = [(
+        vec!["db".to_string()],
+        (
+            file,
+            [
+                (
+                    vec!["config".to_string(), "graph".to_string()],
+                    "crate::config::graph::OverrideRow".to_string(),
+                ),
+                (
+                    vec!["escape".to_string()],
+                    "crate::escape::Visible".to_string(),
+                ),
+                (vec!["nowhere".to_string()], "crate::nowhere::X".to_string()),
+            ]
+            .into(),
+        ),
+    )]
+    .into();
+    let found = against_layers(&refs, &["escape", "db", "config"]);
+    assert_eq!(
+        found,
+        [
+            "src/db/mod.rs: `crate::config::graph::OverrideRow` (db → config): config is above db",
+            "src/db/mod.rs: `crate::nowhere::X` (db → nowhere): nowhere has no place in LAYERS",
+        ]
+    );
+    let mut g: Graph = BTreeMap::new();
+    let m = |a: &str, b: &str| vec![a.to_string(), b.to_string()];
+    g.insert(m("a", "x"), (PathBuf::from("a/x"), [m("b", "y")].into()));
+    g.insert(m("b", "y"), (PathBuf::from("b/y"), [m("a", "z")].into()));
+    g.insert(m("a", "z"), (PathBuf::from("a/z"), BTreeSet::new()));
+    assert!(circles(&g).is_empty(), "no circle between files");
+    assert_eq!(
+        circles(&folded(&g)),
+        [[PathBuf::from("a"), PathBuf::from("b")]],
+        "but one between their top-level modules"
+    );
+}
+
+#[test]
+fn check_names_no_built_in_stage() {
+    for (module, (file, targets)) in references() {
+        if module.first().is_none_or(|m| m != "check") {
+            continue;
+        }
+        for (target, path) in targets {
+            assert!(
+                !(target.len() > 1 && target[0] == "stages"),
+                "{}: `{path}` names a stage: its rules belong in its declaration (worker::Stage)",
+                file.display()
+            );
+        }
+    }
 }
 
 #[test]
@@ -449,7 +648,7 @@ fn the_circle_check_finds_a_circle_and_reads_paths_as_rust_does() {
             .any(|p| p.contains("nothing") || p.contains("quoted")),
         "{paths:?}"
     );
-    let mut g: BTreeMap<Vec<String>, (PathBuf, BTreeSet<Vec<String>>)> = BTreeMap::new();
+    let mut g: Graph = BTreeMap::new();
     let m = |s: &str| vec!["d".to_string(), s.to_string()];
     g.insert(m("a"), (PathBuf::from("a"), [m("b")].into()));
     g.insert(m("b"), (PathBuf::from("b"), [m("c")].into()));
@@ -460,5 +659,110 @@ fn the_circle_check_finds_a_circle_and_reads_paths_as_rust_does() {
     assert_eq!(
         found[0],
         [PathBuf::from("a"), PathBuf::from("b"), PathBuf::from("c")]
+    );
+}
+
+/// Every `§N` / `§N.M` in `text` that cites the design (not one following `RFC NNNN `,
+/// a section of that RFC), with its line number.
+fn design_references(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for (at, _) in line.match_indices('§') {
+            let number: String = line[at + '§'.len_utf8()..]
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            let number = number.trim_end_matches('.');
+            if number.is_empty() {
+                continue;
+            }
+            let before = line[..at].trim_end();
+            let rfc = before
+                .trim_end_matches(|c: char| c.is_ascii_digit())
+                .trim_end()
+                .ends_with("RFC")
+                && before.ends_with(|c: char| c.is_ascii_digit());
+            if !rfc {
+                out.push((n + 1, number.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The section numbers of `doc/`'s headings (`## §8.4 Lost database connection`).
+fn design_headings() -> BTreeSet<String> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("doc");
+    let mut out = BTreeSet::new();
+    for entry in std::fs::read_dir(&doc).expect("doc/ exists") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let Some(title) = line.strip_prefix('#') else {
+                continue;
+            };
+            let title = title.trim_start_matches('#').trim_start();
+            if let Some(rest) = title.strip_prefix('§') {
+                let number: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.')
+                    .collect();
+                out.insert(number.trim_end_matches('.').to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_section_a_comment_cites_is_a_heading_of_doc() {
+    let headings = design_headings();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cited = BTreeSet::new();
+    let mut missing = Vec::new();
+    let mut read = files(&src());
+    read.extend(
+        std::fs::read_dir(root.join("schema"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "sql")),
+    );
+    for file in read {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, number) in design_references(&text) {
+            if !headings.contains(&number) {
+                missing.push(format!(
+                    "{}:{line}: §{number}",
+                    file.strip_prefix(root).unwrap().display()
+                ));
+            }
+            cited.insert(number);
+        }
+    }
+    assert!(cited.len() > 20, "the citations were read: {cited:?}");
+    assert!(
+        missing.is_empty(),
+        "sections cited that no heading of doc/ has:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_section_after_an_rfc_is_the_rfcs() {
+    let found = design_references(
+        "// (RFC 5321 §4.5.3.2) and §8.4 \"A server that hangs\"; RFC5321 §2, §12.3.\n\
+         // SPEC-less § alone, §6–§11",
+    );
+    assert_eq!(
+        found,
+        [
+            (1, "8.4".to_string()),
+            (1, "12.3".to_string()),
+            (2, "6".to_string()),
+            (2, "11".to_string())
+        ]
     );
 }

@@ -530,6 +530,31 @@ fn the_package_installs_runs_and_purges_cleanly() {
         let path = format!("/usr/share/doc/pepsi/{doc}");
         assert_eq!(stat(&path), (0, 0, 0o644), "{path}");
     }
+    // The guides the README links to (doc/NAME.md), each compressed beside it, and
+    // nothing else in that folder.
+    let guides: Vec<String> = files_of("doc")
+        .iter()
+        .filter_map(|f| {
+            f.file_name()?
+                .to_str()?
+                .strip_suffix(".md")
+                .map(str::to_string)
+        })
+        .collect();
+    assert!(guides.contains(&"install".to_string()), "{guides:?}");
+    let mut installed: Vec<String> = std::fs::read_dir("/usr/share/doc/pepsi/doc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    installed.sort();
+    let expected: Vec<String> = guides.iter().map(|g| format!("{g}.md.gz")).collect();
+    assert_eq!(installed, expected, "/usr/share/doc/pepsi/doc");
+    for name in &installed {
+        let path = format!("/usr/share/doc/pepsi/doc/{name}");
+        assert_eq!(stat(&path), (0, 0, 0o644), "{path}");
+        succeed(Command::new("gzip").args(["-t", &path]));
+    }
     assert_eq!(
         std::fs::read_to_string("/usr/share/lintian/overrides/pepsi").unwrap(),
         std::fs::read_to_string(source("packaging/lintian-overrides")).unwrap()

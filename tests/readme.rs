@@ -1,10 +1,15 @@
-//! The Postfix lines the README gives (and the manual pages that repeat them), checked
-//! against the code, so that a reader who copies them gets a working setup: the
-//! `content_filter` names the address `pepsi-ingress` listens on by default
-//! (`[pepsi-ingress] LISTEN`, from the key table), and every `pipe(8)` transport that
-//! runs `pepsi-queue inject` keeps the null sender null (`null_sender=`: without it
-//! Postfix passes `MAILER-DAEMON`, which `inject` refuses). Reads files only: no
-//! database, no program run. `cargo test --test readme`.
+//! The Postfix lines the README and its Postfix guide, doc/postfix.md, give (and the
+//! manual pages that repeat them), checked against the code, so that a reader who
+//! copies them gets a working setup: the `content_filter` names the address
+//! `pepsi-ingress` listens on by default (`[pepsi-ingress] LISTEN`, from the key
+//! table), and every `pipe(8)` transport that runs `pepsi-queue inject` keeps the null
+//! sender null (`null_sender=`: without it Postfix passes `MAILER-DAEMON`, which
+//! `inject` refuses). The README's quick start is checked against the package and its
+//! delivery script run. And the documentation holds together: the README stays short
+//! (at most 300 lines, the rest in the guides under doc/), and every relative link of
+//! the README and the guides reaches a file that exists and, for a `#anchor` into a
+//! Markdown file, one of its headings. Reads files only (the delivery script aside): no
+//! database. `cargo test --test readme`.
 
 use std::path::Path;
 
@@ -20,9 +25,11 @@ fn lines(relative: &str) -> Vec<String> {
         .collect()
 }
 
-/// The files that give the Postfix recipe.
-const FILES: [&str; 3] = [
+/// The files that give the Postfix recipe, or lines of it: the README (the quick start
+/// names the `content_filter`), the guide with the whole recipe, and the manual pages.
+const FILES: [&str; 4] = [
     "README.md",
+    "doc/postfix.md",
     "packaging/man/pepsi-ingress.8",
     "packaging/man/pepsi-queue.8",
 ];
@@ -82,14 +89,14 @@ fn the_content_filter_names_the_address_pepsi_ingress_listens_on_by_default() {
     }
     assert!(
         seen >= 3,
-        "the README and pepsi-ingress(8) give a content_filter line ({seen} found)"
+        "the README, doc/postfix.md and pepsi-ingress(8) give a content_filter line ({seen} found)"
     );
-    let readme = lines("README.md");
+    let guide = lines("doc/postfix.md");
     assert!(
-        readme
+        guide
             .iter()
             .any(|l| l.trim() == format!("content_filter = lmtp:inet:{address}")),
-        "the README's main.cf line is content_filter = lmtp:inet:{address}"
+        "the recipe's main.cf line (doc/postfix.md) is content_filter = lmtp:inet:{address}"
     );
 }
 
@@ -119,11 +126,12 @@ fn every_pipe_transport_running_pepsi_queue_inject_keeps_the_null_sender_null() 
     }
     assert!(
         seen >= 2,
-        "the README and pepsi-queue(8) show the pipe(8) transport ({seen} found)"
+        "doc/postfix.md and pepsi-queue(8) show the pipe(8) transport ({seen} found)"
     );
 }
 
-/// The quick start: the README up to its next top-level section.
+/// The quick start: the README from its quick start heading up to its next section of
+/// that level (the quick start stays whole in the README; the guides hold the rest).
 fn quick_start() -> Vec<String> {
     let readme = lines("README.md");
     let start = readme
@@ -256,4 +264,205 @@ fn the_delivery_script_takes_a_recipient_that_looks_like_a_pattern_as_an_address
     assert_eq!(refused, Some(67), "a pattern is no folder");
     assert_eq!(delivered, Some(0));
     assert_eq!(bob, ["7.eml"], "bob got only his own message");
+}
+
+#[test]
+fn the_readme_is_at_most_300_lines() {
+    let count = lines("README.md").len();
+    assert!(
+        count <= 300,
+        "README.md has {count} lines, more than 300: the detail belongs in a guide under doc/"
+    );
+}
+
+/// The Markdown files whose links are checked: the README and every file of doc/.
+fn markdown_files() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("doc");
+    let mut guides: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.ends_with(".md").then(|| format!("doc/{name}"))
+        })
+        .collect();
+    guides.sort();
+    assert!(
+        guides.contains(&"doc/README.md".to_string()),
+        "doc/ has its index, doc/README.md"
+    );
+    let mut files = vec!["README.md".to_string()];
+    files.extend(guides);
+    files
+}
+
+/// The lines of a Markdown text outside its fenced code blocks, each with its number
+/// (from 1). Indented code blocks are kept: none of them holds a heading (a `#` in the
+/// first column) or a `](`.
+fn prose(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut kept = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            kept.push((n + 1, line));
+        }
+    }
+    kept
+}
+
+/// GitHub's anchor of a heading's text: lower case, every character dropped but
+/// letters, digits, `_`, `-` and spaces, each space a `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings; a repeated one gets `-1`, `-2` … as on
+/// GitHub.
+fn anchors(text: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    for (_, line) in prose(text) {
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        let heading = heading.trim_start_matches('#');
+        if !heading.starts_with(' ') {
+            continue;
+        }
+        let base = anchor(heading);
+        let mut name = base.clone();
+        let mut repeat = 0;
+        while found.contains(&name) {
+            repeat += 1;
+            name = format!("{base}-{repeat}");
+        }
+        found.push(name);
+    }
+    found
+}
+
+/// The targets of a Markdown text's inline links (`[text](TARGET)`), with their line
+/// numbers.
+fn link_targets(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in prose(text) {
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let end = after.find(')').unwrap_or(after.len());
+            found.push((n, after[..end].to_string()));
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_the_guides_reaches_a_file_and_heading_that_exist() {
+    let top = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in markdown_files() {
+        let path = top.join(&file);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for (n, target) in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            if target.is_empty() || target.contains(char::is_whitespace) {
+                broken.push(format!("{file}:{n}: ({target}) is no link target"));
+                continue;
+            }
+            let (relative, fragment) = match target.split_once('#') {
+                Some((relative, fragment)) => (relative, Some(fragment)),
+                None => (target.as_str(), None),
+            };
+            let linked = if relative.is_empty() {
+                path.clone()
+            } else {
+                path.parent().unwrap().join(relative)
+            };
+            if !linked.exists() {
+                broken.push(format!(
+                    "{file}:{n}: {target}: no file {}",
+                    linked.display()
+                ));
+                continue;
+            }
+            if let Some(fragment) = fragment {
+                if linked.extension().and_then(|e| e.to_str()) != Some("md") {
+                    broken.push(format!(
+                        "{file}:{n}: {target}: an anchor into no Markdown file"
+                    ));
+                    continue;
+                }
+                let linked_text = std::fs::read_to_string(&linked).unwrap();
+                let headings = anchors(&linked_text);
+                if !headings.iter().any(|h| h == fragment) {
+                    broken.push(format!(
+                        "{file}:{n}: {target}: no heading with the anchor #{fragment} in {}",
+                        linked.display()
+                    ));
+                    continue;
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    assert!(
+        checked >= 20,
+        "the README and the guides link to each other ({checked} links)"
+    );
+}
+
+#[test]
+fn the_index_of_doc_lists_every_guide_and_the_readme_links_to_it() {
+    let index =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("doc/README.md"))
+            .unwrap();
+    let listed: Vec<String> = link_targets(&index).into_iter().map(|(_, t)| t).collect();
+    for file in markdown_files() {
+        let Some(name) = file.strip_prefix("doc/") else {
+            continue;
+        };
+        if name != "README.md" {
+            assert!(
+                listed.iter().any(|t| t == name),
+                "doc/README.md lists {file} ({listed:?})"
+            );
+        }
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    assert!(
+        link_targets(&readme)
+            .iter()
+            .any(|(_, t)| t == "doc/README.md"),
+        "the README links to the index of the guides"
+    );
+}
+
+#[test]
+fn headings_get_github_anchors() {
+    assert_eq!(
+        anchor(" Operating the queue: `pepsi-queue`"),
+        "operating-the-queue-pepsi-queue"
+    );
+    assert_eq!(
+        anchor(" The oldest snapshot, and `pg_dump`"),
+        "the-oldest-snapshot-and-pg_dump"
+    );
+    assert_eq!(
+        anchors("# A\n```\n# not a heading\n```\n## A\n#nope\n"),
+        ["a", "a-1"]
+    );
 }

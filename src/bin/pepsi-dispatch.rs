@@ -6,7 +6,7 @@ fn main() -> ExitCode {
     let result = pepsi::cli::start(&pepsi::dispatch::PROGRAM).and_then(|inv| match inv {
         None => Ok(()),
         Some(inv) if inv.rest.first().is_some_and(|s| s == "check") => {
-            pepsi::config::check::run(&pepsi::dispatch::PROGRAM, inv)
+            pepsi::check::run(&pepsi::dispatch::PROGRAM, inv)
         }
         Some(inv) => pepsi::dispatch::run(inv),
     });

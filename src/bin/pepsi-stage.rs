@@ -14,7 +14,7 @@ use pepsi::worker::{PROGRAM_PREFIX, Stage, runtime};
 fn main() -> ExitCode {
     // Not dumpable, dying with the dispatcher, before anything is read.
     runtime::harden();
-    // First thing: started by a worker of this binary as its keeper (SPEC §4
+    // First thing: started by a worker of this binary as its keeper (§4
     // "Containment"), not as a stage, it serves and exits with the keeper's status.
     if let Some(code) = pepsi::keeper::client::serve_if_asked() {
         return ExitCode::from(code.clamp(0, 255) as u8);

@@ -1,4 +1,4 @@
-//! `pepsi-failure-bouncer serve` (SPEC §13.1): one thread that LISTENs on
+//! `pepsi-failure-bouncer serve` (§13.1): one thread that LISTENs on
 //! `workqueue_failed` and sweeps at start, at every notification, once a minute and
 //! after every reconnect; rides out database outages and stops on SIGINT or SIGTERM
 //! once the call in progress has finished. The moves themselves are

@@ -1,4 +1,4 @@
-//! The keys of the fixed sections of `pepsi.conf` (SPEC §4), one line each in
+//! The keys of the fixed sections of `pepsi.conf` (§4), one line each in
 //! the `fixed_keys!` table: section, name, kind (how its value is read) and default,
 //! under a doc line. Everything else about a fixed key comes from that line: the typed
 //! [`Key`] constant `Config::from_sections` reads it through, the list of known keys
@@ -7,7 +7,7 @@
 //!
 //! Pure: it reads [`Section`]s and records problems in [`Problems`], with the messages
 //! of [`Section`]'s own readers. Called by `config/mod.rs` (the options), `keys.rs`
-//! (the unknown keys) and `check.rs`; it knows nothing of stages or the database.
+//! (the unknown keys) and `crate::check`; it knows nothing of stages or the database.
 
 use std::ops::RangeInclusive;
 use std::time::Duration;

@@ -1,11 +1,11 @@
 //! The stage graph: the file's `[stage-*]` sections with `pepsi.config_override` laid
 //! over them ([`super::overlay`]), each checked ([`StageSection::check`]), then as a
-//! whole (SPEC §4): valid when every section has a `PROGRAM`, every number, duration
+//! whole (§4): valid when every section has a `PROGRAM`, every number, duration
 //! and boolean parses, and every stage reference (`NEXT` and any key ending in
 //! `_STAGE`) names an existing section.
 //!
 //! Used by the dispatcher (routing, pool sizes), by workers (their own options), by
-//! `pepsi-queue` and by `check.rs`. Pure: it reads sections and overlay rows it is
+//! `pepsi-queue` and by `crate::check`. Pure: it reads sections and overlay rows it is
 //! given, never a file or the database. Its cycles (a warning, never an error) are
 //! [`super::cycles`]'s, the unknown keys of stage sections [`super::keys`]'s, and what
 //! an overlay may run [`super::program_path`]'s. The items of [`super::overlay`],
@@ -32,7 +32,7 @@ pub use super::keys::STAGE_KEYS;
 
 /// Why `FUSION = yes` is refused on a stage that sets `COMMAND`: fused into another
 /// stage's pass, its command would run through that worker's keeper instead of its own
-/// stage's (SPEC §4 "Containment").
+/// stage's (§4 "Containment").
 pub const NO_FUSION_INTO_A_COMMAND: &str = "a stage that runs a COMMAND is never fused into: \
      its command runs only through its own stage's keeper, as its USER (remove FUSION or set it to no)";
 

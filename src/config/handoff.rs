@@ -1,4 +1,4 @@
-//! What a stage worker is handed of the configuration (SPEC §4 "Containment"): workers
+//! What a stage worker is handed of the configuration (§4 "Containment"): workers
 //! run under an account of their own that cannot read `pepsi.conf`, so the dispatcher
 //! gives each one the file's text with everything a worker does not need blanked out —
 //! every line outside `[pepsi]` and the `[stage-*]` sections, every comment, and of

@@ -1,4 +1,4 @@
-//! `[pepsi-ingress]` (SPEC §16): where `pepsi-ingress` listens (`LISTEN`), the stage
+//! `[pepsi-ingress]` (§16): where `pepsi-ingress` listens (`LISTEN`), the stage
 //! mail enters at, its limits, and whose XFORWARD it believes — read from the file's
 //! fixed keys ([`super::fixed`]) into checked values, each problem naming file, line
 //! and key. Pure; called by `config/mod.rs`. It binds nothing.

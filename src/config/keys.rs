@@ -1,4 +1,4 @@
-//! Unknown keys (SPEC §4 "Strictness"): an unknown key is a warning naming where it is
+//! Unknown keys (§4 "Strictness"): an unknown key is a warning naming where it is
 //! and the nearest known key, never an error — an operator's typo must not stop mail,
 //! but it must not pass silently either.
 //!
@@ -11,7 +11,7 @@ use super::fixed::SECTIONS;
 use super::raw::STAGE_PREFIX;
 use super::raw::{ConfigError, Section};
 
-/// The keys every stage section may set, whatever its program (SPEC §4).
+/// The keys every stage section may set, whatever its program (§4).
 pub const STAGE_KEYS: &[&str] = &[
     "PROGRAM",
     "NEXT",

@@ -1,4 +1,4 @@
-//! `pepsi.conf` (SPEC §4): the fixed sections checked into typed options, and the raw
+//! `pepsi.conf` (§4): the fixed sections checked into typed options, and the raw
 //! `[stage-*]` sections that [`graph`] turns into the stage graph together with the
 //! `pepsi.config_override` overlay.
 //!
@@ -18,18 +18,16 @@
 //! - [`graph`]: a stage section checked, and the stage graph; [`cycles`]: its cycles.
 //! - [`keys`]: unknown sections and keys, with the nearest known name.
 //! - this file: [`Config`], the typed options read through [`fixed`]'s keys.
-//! - [`account`]: what the `RUN_AS` account may read and execute.
 //! - [`handoff`]: the text of the file a stage worker is handed (its sections and its
 //!   own connection, nothing else).
-//! - [`check`]: `pepsi-dispatch check` and the checks the dispatcher's start and
-//!   reload and `pepsi-queue config` share with it. On top of the rest: it also uses
-//!   the stages and the database, and no other file here uses it.
 //!
-//! Every program reads its configuration here ([`Config::load_or_fail`]). Apart from
-//! [`check`], nothing here touches the database, a stage or another program's state.
+//! `pepsi-dispatch check` and the checks the dispatcher's start and reload share with
+//! it are [`crate::check`], a module above this one.
+//!
+//! Every program reads its configuration here ([`Config::load_or_fail`]). Nothing here
+//! touches the database, a stage or another program's state; the one thing it takes
+//! from the database module is the type of an overlay row, [`crate::db::OverrideRow`].
 
-pub mod account;
-pub mod check;
 pub mod cycles;
 pub mod fixed;
 pub mod graph;
@@ -62,23 +60,23 @@ pub struct PepsiOptions {
     pub share_telemetry: bool,
     /// The account a program started as root switches to; `root` keeps root.
     pub run_as: String,
-    /// The account the stage workers of a dispatcher started as root run as (SPEC §4
+    /// The account the stage workers of a dispatcher started as root run as (§4
     /// "Containment"): one of their own, which reaches only the stage role and cannot
     /// read this file; `root` keeps root.
     pub worker_as: String,
     /// The system's mail host name (`MAILER-DAEMON@` it, the Reporting-MTA of a
     /// delivery status notification); default: the host's name.
     pub hostname: String,
-    /// The directories an overlay `PROGRAM` may name a program under (SPEC §4 "Least
+    /// The directories an overlay `PROGRAM` may name a program under (§4 "Least
     /// privilege"); the file's own only, never the overlay's.
     pub program_path: ProgramPath,
-    /// `INJECT_STAGES`: the stages an injecting role may inject into (SPEC §4
+    /// `INJECT_STAGES`: the stages an injecting role may inject into (§4
     /// "Containment"), with where it is set; `None` for the default, the graph's entry
     /// stages.
     pub inject_stages: Option<(Vec<String>, Origin)>,
 }
 
-/// The kinds of program that connect with a database role of their own (SPEC §4
+/// The kinds of program that connect with a database role of their own (§4
 /// "Least privilege"), each through its own `[pepsi-postgres]` key, which falls back to
 /// `CONNECTION`. `pepsi-setup` always uses `CONNECTION`: the schema's owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,7 +425,7 @@ impl Config {
         errors
     }
 
-    /// The stages an injecting role may inject into with `graph` (SPEC §4
+    /// The stages an injecting role may inject into with `graph` (§4
     /// "Containment"): `[pepsi] INJECT_STAGES`, else the graph's entry stages but the
     /// failure bouncer's `BOUNCE_STAGE` (a notification is made there, never injected).
     pub fn inject_stages(&self, graph: &StageGraph) -> Vec<String> {

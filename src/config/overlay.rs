@@ -1,9 +1,9 @@
 //! Laying `pepsi.config_override` over the file's stage sections, in one place,
 //! [`lay_over`]: the first phase of [`super::StageGraph::build`], and what
-//! `Config::lay_over`, the failure bouncer and `check.rs` call for the sections
+//! `Config::lay_over`, the failure bouncer and `crate::check` call for the sections
 //! without the graph.
 //!
-//! It also applies the one rule about what an overlay may run (SPEC §4 "Least
+//! It also applies the one rule about what an overlay may run (§4 "Least
 //! privilege" and "Containment", the rule itself in `program_path.rs`): an overlay may
 //! never set `COMMAND` or `USER`, and an overlay `PROGRAM` must be a built-in stage
 //! program or an absolute path under `[pepsi] PROGRAM_PATH` ([`ProgramPath`]), unless a
@@ -17,17 +17,7 @@ use std::collections::BTreeMap;
 
 use super::program_path::{ProgramPath, overlay_refusal};
 use super::raw::{ConfigError, Origin, STAGE_NAME_RULE, STAGE_PREFIX, Section, valid_stage_name};
-
-/// One row of `pepsi.config_override`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OverrideRow {
-    /// The section, e.g. `stage-if`.
-    pub section: String,
-    /// The key.
-    pub key: String,
-    /// The value; empty unsets the file's key.
-    pub value: String,
-}
+pub use crate::db::OverrideRow;
 
 /// The stage sections with the overlay laid over them, before their values are checked.
 #[derive(Clone, Debug, Default)]

@@ -1,4 +1,4 @@
-//! `[pepsi] PROGRAM_PATH` and the one rule about what an overlay may run (SPEC §4
+//! `[pepsi] PROGRAM_PATH` and the one rule about what an overlay may run (§4
 //! "Least privilege" and "Containment"): an overlay `PROGRAM` must be a built-in stage
 //! program or an absolute path under one of its directories, unless a stage section of
 //! the file names that very program; and the overlay may never set the keys that say
@@ -26,7 +26,7 @@ pub const BUILTIN_STAGES: &[&str] = &["pass", "if", "discard", "exec", "bounce",
 /// The file-name prefix of a stage program (`pepsi-stage-NAME`).
 pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";
 
-/// The keys an overlay row may never set, whatever the stage (SPEC §4 "Containment"):
+/// The keys an overlay row may never set, whatever the stage (§4 "Containment"):
 /// what an exec stage runs and the account it runs as. The file alone says those.
 pub const FILE_ONLY_KEYS: &[&str] = &["COMMAND", "USER"];
 
@@ -191,7 +191,7 @@ pub fn is_builtin_program(program: &str) -> bool {
     builtin && placed
 }
 
-/// Why the overlay may not set `key` to `value`, or `None` when it may (SPEC §4
+/// Why the overlay may not set `key` to `value`, or `None` when it may (§4
 /// "Least privilege", "Containment"): never a [`FILE_ONLY_KEYS`] key (unsetting one
 /// included: the file's value stays what runs); a `PROGRAM` only when empty (which
 /// unsets it; the graph check decides about the section), a program a stage section of

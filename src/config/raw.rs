@@ -5,7 +5,7 @@
 //! [`super::graph`] the stage sections. It knows one thing about section names: a
 //! stage's is `stage-NAME` ([`STAGE_PREFIX`], [`valid_stage_name`]).
 //!
-//! A leaf of the configuration: `Config::load` and `check.rs` read the file with
+//! A leaf of the configuration: `Config::load` and `crate::check` read the file with
 //! [`search`] and [`read`], every other file of `config` reads through [`Section`], and
 //! this one uses none of them (only `crate::escape`, to show values in messages).
 

@@ -1,4 +1,4 @@
-//! The two claim statements (SPEC §6, §7), as named constants: the oldest-first claim
+//! The two claim statements (§6, §7), as named constants: the oldest-first claim
 //! and the fair claim, each one call of its function (schema 13) with its parameters,
 //! re-exported by [`super::sql`] where every other statement lives. Only the
 //! coordinator runs them, on its one session; the tests and benchmarks call them too.

@@ -2,7 +2,7 @@
 //! with each call that waits for the server marked as waiting for the watchdog
 //! ([`super::watch`]), which abandons the session when the server does not answer
 //! within its `statement_timeout` and the grace, or when its host stops answering
-//! (SPEC §8.4 "A server that hangs"). The methods are the client library's, by the same
+//! (§8.4 "A server that hangs"). The methods are the client library's, by the same
 //! names; a session abandoned so fails its call as a lost connection (`is_closed`).
 //!
 //! Made by `hosts.rs` (a connection it watches) or from a client made elsewhere

@@ -1,4 +1,4 @@
-//! Connecting (SPEC §12.2, §8.4): the hosts of a conninfo are tried in order, as the
+//! Connecting (§12.2, §8.4): the hosts of a conninfo are tried in order, as the
 //! client library does (in a random order with `load_balance_hosts=random`), one at a
 //! time, each attempt bounded as a whole — socket, startup and authentication — by
 //! `connect_timeout` and watched by [`super::watch`], which ends it early when the
@@ -35,7 +35,7 @@ pub fn connect_any(config: &Config) -> Result<Client, ConnectError> {
     }
     let mut order: Vec<usize> = (0..hosts).collect();
     if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
-        let seed = u64::from_str_radix(&crate::stages::dsn::random_hex(8), 16).unwrap_or(0);
+        let seed = u64::from_str_radix(&crate::random::hex(8), 16).unwrap_or(0);
         let offset = (seed % hosts as u64) as usize;
         order.rotate_left(offset);
     }

@@ -22,7 +22,6 @@ use postgres::error::SqlState;
 
 pub use client::{Client, Queries, Transaction};
 
-use crate::config::graph::OverrideRow;
 use crate::escape::Visible;
 
 /// How a database error should be handled.
@@ -111,7 +110,7 @@ const KEEPALIVES_RETRIES: u32 = 3;
 const SERVER_KEEPALIVES: &str =
     "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3";
 
-/// Every program session's `search_path` (SPEC §4 "Containment"): names resolve through
+/// Every program session's `search_path` (§4 "Containment"): names resolve through
 /// the system catalog alone, so an operator or function another role created in a
 /// writable schema (`public` on PostgreSQL 14) is never found; the programs' SQL names
 /// the schema of everything else. Set after `CONNECTION`'s own options, so it wins.
@@ -120,7 +119,7 @@ pub const SEARCH_PATH_OPTION: &str = "-c search_path=pg_catalog,pg_temp";
 /// Every session's `statement_timeout` unless its program or `CONNECTION`'s options
 /// set another: the server ends a statement that runs longer, and the watchdog
 /// abandons a session whose statement gets no answer for that long and the grace
-/// (SPEC §8.4, [`watch`]).
+/// (§8.4, [`watch`]).
 pub const DEFAULT_STATEMENT_TIMEOUT_OPTION: &str = "-c statement_timeout=60s";
 /// `pepsi-setup`'s, unless `CONNECTION`'s options set another: a schema upgrade of a
 /// large queue may rewrite it.
@@ -229,6 +228,17 @@ pub fn write_inject_stages(
     stages: &[String],
 ) -> Result<bool, postgres::Error> {
     Ok(client.query_one(sql::SET_INJECT_STAGES, &[&stages])?.get(0))
+}
+
+/// One row of `pepsi.config_override`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverrideRow {
+    /// The section, e.g. `stage-if`.
+    pub section: String,
+    /// The key.
+    pub key: String,
+    /// The value; empty unsets the file's key.
+    pub value: String,
 }
 
 /// Reads `pepsi.config_override`.

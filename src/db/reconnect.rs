@@ -1,5 +1,5 @@
 //! The waits between attempts to reach the database again after a session was lost
-//! (SPEC §8.4): every [`FAST`] for the first [`FAST_FOR`] of an outage — a failover
+//! (§8.4): every [`FAST`] for the first [`FAST_FOR`] of an outage — a failover
 //! manager's promotion, or a restart, is over within that, and the first attempt after
 //! it should come at once — then doubling from twice [`FAST`] up to a cap of the
 //! program's, so that a long outage costs the server little.

@@ -1,16 +1,16 @@
 //! The schema files embedded at build time, this release's version and digest, the
 //! start-up check every program runs, and the installer behind `pepsi-setup schema`
-//! (SPEC §3).
+//! (§3).
 //!
 //! The version is the number of the last file; the digest of version `n` is a SHA-256
 //! over the names and bytes of files `1..=n`, so an older database can be checked
 //! against the prefix of this release's files before it is upgraded.
 //!
-//! The installer also sets up the database roles (SPEC §4 "Least privilege") on every
+//! The installer also sets up the database roles (§4 "Least privilege") on every
 //! run, after the files: roles are cluster-wide and may be created by an administrator
 //! after the schema, so that step is not a file applied once but `pepsi.setup_roles()`
 //! (schema 7), called each time in the same transaction; so is the revocation of
-//! PUBLIC's right to create in the `public` schema (SPEC §4 "Containment").
+//! PUBLIC's right to create in the `public` schema (§4 "Containment").
 //!
 //! Called by `pepsi-setup` ([`install`]) and by every program at start ([`check`]);
 //! it runs the embedded files and the statements of [`super::sql`], and knows nothing
@@ -26,7 +26,7 @@
 //!
 //! - declares it with `SET search_path = pg_catalog, pg_temp` and writes every name in
 //!   it schema-qualified (`pepsi.workqueue`), as every function of the schema does (a
-//!   test checks them all, SPEC §4 "Containment");
+//!   test checks them all, §4 "Containment");
 //! - grants it by inserting rows into `pepsi.role_grants`, e.g. `INSERT INTO
 //!   pepsi.role_grants (role, privilege, object) VALUES ('pepsi_admin', 'EXECUTE',
 //!   'FUNCTION pepsi.f(bigint)');` — never a `GRANT` of its own: `pepsi.setup_roles()`,
@@ -333,7 +333,7 @@ pub fn install(client: &mut Client) -> Result<Setup, SchemaError> {
             status: r.get(1),
         })
         .collect();
-    // No role may create where every session would find its objects (SPEC §4
+    // No role may create where every session would find its objects (§4
     // "Containment"). A REVOKE the session has no right to is only a warning of the
     // server's, so the state is read again afterwards.
     let public_schema = if tx.query_one(sql::PUBLIC_SCHEMA_OPEN, &[])?.get(0) {

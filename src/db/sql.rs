@@ -31,7 +31,7 @@ pub const SETUP_ROLES: &str = "SELECT r.role, r.status FROM pepsi.setup_roles() 
 /// parameters. Returns one boolean.
 pub const PUBLIC_SCHEMA_OPEN: &str = "SELECT pepsi.public_schema_open()";
 
-/// Takes PUBLIC's right to create in the `public` schema (SPEC §4 "Containment"). No
+/// Takes PUBLIC's right to create in the `public` schema (§4 "Containment"). No
 /// parameters. Without the right to (another role owns the schema) the server only
 /// warns; [`PUBLIC_SCHEMA_OPEN`] tells.
 pub const CLOSE_PUBLIC_SCHEMA: &str = "REVOKE CREATE ON SCHEMA public FROM PUBLIC";
@@ -365,7 +365,7 @@ pub const UNKNOWN_STAGES: &str = "WITH RECURSIVE s AS ( \
                        WHERE q.status = 'pending' AND q.stage = s.stage)::int8 \
        FROM s WHERE s.stage IS NOT NULL AND s.stage <> ALL ($1::text[])";
 
-// `pepsi-queue` (SPEC §14). The repair statements are one stored-function call each:
+// `pepsi-queue` (§14). The repair statements are one stored-function call each:
 // one round trip, one NOTIFY on `workqueue` when anything changed.
 
 /// The bound of `pepsi-queue`'s session: a row locked elsewhere (a claim in progress,
@@ -462,7 +462,7 @@ pub const QUEUE_SHOW: &str = "SELECT q.workqueue_id, q.stage, q.status::text, \
 pub const INJECT: &str = "SELECT pepsi.workqueue_inject($1::text, $2::text, $3::text[], $4::bytea, \
             $5::bytea, $6::text, $7::text::inet, $8::text, $9::text, $10::text::jsonb)";
 
-/// `pepsi-ingress`'s group commit (SPEC §16): many messages queued in one call of
+/// `pepsi-ingress`'s group commit (§16): many messages queued in one call of
 /// `pepsi.workqueue_inject_many`, and so in one transaction with one folded `NOTIFY
 /// workqueue`, each held to the checks of `pepsi.workqueue_inject` (one that fails them
 /// fails the call). $1 the stage (text), then one array element per message: $2

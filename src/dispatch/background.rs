@@ -38,7 +38,7 @@ pub enum Job {
     /// Write the stages an injecting role may inject into (`[pepsi] INJECT_STAGES` of
     /// the current graph).
     InjectStages(Vec<String>),
-    /// Read who holds the database's oldest snapshot (issue 25).
+    /// Read who holds the database's oldest snapshot.
     Horizon,
 }
 

@@ -60,7 +60,6 @@ use super::horizon::Notice;
 use super::housekeeping::Housekeeping;
 use super::pools::Pools;
 use super::process::Handoff;
-use super::signals::{self, Signals};
 use super::timers::{self, Clocks, Due};
 use super::verdict::End;
 use crate::config::{Config, DispatchOptions, StageGraph};
@@ -68,6 +67,7 @@ use crate::db::sql;
 use crate::escape::Visible;
 use crate::exit::{self, Failure};
 use crate::launcher::Launcher;
+use crate::signals::{self, Signals};
 
 /// Token of the shutdown-signal socket.
 pub const SHUTDOWN_TOKEN: Token = Token(0);

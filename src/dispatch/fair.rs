@@ -1,4 +1,4 @@
-//! Fair scheduling between senders (SPEC §7), the dispatcher's half: per stage, each
+//! Fair scheduling between senders (§7), the dispatcher's half: per stage, each
 //! sender's **lead** in microseconds of worker time, the stage's average time per
 //! message, the credit of slots kept for the oldest rows and the cursor of the sender
 //! window — and from them each claim's [`FairRequest`]. The ranking itself (lead + k ×

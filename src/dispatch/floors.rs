@@ -1,4 +1,4 @@
-//! The claim floors (issue 25): per stage, the lowest id the next claim's pick needs to
+//! The claim floors (§6 "Floors and held snapshots"): per stage, the lowest id the next claim's pick needs to
 //! read, so that a snapshot held open elsewhere — which keeps the pending indexes'
 //! entries of every row claimed since — does not make each claim walk them all again.
 //! Pure (no I/O); owned by the claim [`Ledger`](super::ledger::Ledger), which tells it

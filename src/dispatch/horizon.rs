@@ -1,4 +1,4 @@
-//! The holder named (issue 25): what the dispatcher says about the database's oldest
+//! The holder named: what the dispatcher says about the database's oldest
 //! snapshot. While a snapshot older than `[pepsi-dispatch] SNAPSHOT_WARNING` holds the
 //! horizon (a `pg_dump`, an analyst's REPEATABLE READ transaction, a psql idle in
 //! transaction, a slot, a standby's feedback, a prepared transaction), VACUUM cannot

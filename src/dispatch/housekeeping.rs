@@ -185,7 +185,7 @@ impl Housekeeping {
         self.send(Job::InjectStages(stages));
     }
 
-    // ---- the oldest snapshot (issue 25) --------------------------------------------
+    // ---- the oldest snapshot --------------------------------------------------
 
     /// Reads who holds the oldest snapshot.
     pub fn check_horizon(&mut self, now: Instant) {

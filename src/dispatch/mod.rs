@@ -1,5 +1,5 @@
 //! `pepsi-dispatch serve`: the one long-running process per system that claims pending
-//! messages and hands their ids to elastic pools of worker processes (SPEC §6–§11).
+//! messages and hands their ids to elastic pools of worker processes (§6–§11).
 //!
 //! Threads, each owning its state and talking over crossbeam channels:
 //! - the loop thread ([`event_loop`]) owns every mutable thing of the loop in one
@@ -7,7 +7,7 @@
 //!   [`pools`] (the stage pools and the worker processes), [`claim_side`] (the claim
 //!   gate, the paused clock, the rows deferred for 74 and the claim [`ledger`]) and
 //!   [`housekeeping`] (the thread pool's chores). It polls the child pipes, the signal
-//!   sockets ([`signals`]) and a `mio::Waker`;
+//!   sockets ([`crate::signals`]) and a `mio::Waker`;
 //! - the coordinator ([`coordinator`], its statements in [`statements`]) owns the
 //!   claiming connection and the advisory lock ([`session`]) and performs every queue
 //!   write, serially;
@@ -35,7 +35,7 @@
 //!
 //! Dependencies go one way: handlers use the loop and the owners; the loop uses the
 //! owners; owners use the decisions, the mechanism and the vocabulary; no two files use
-//! each other, directly or through a chain. `pepsi-dispatch check` is `config::check`.
+//! each other, directly or through a chain. `pepsi-dispatch check` is [`crate::check`].
 
 pub mod background;
 pub mod claim;
@@ -57,7 +57,6 @@ pub mod reload;
 pub mod scheduler;
 pub mod session;
 pub mod shutdown;
-pub mod signals;
 pub mod statements;
 pub mod stats;
 pub mod timers;
@@ -69,12 +68,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use crate::check;
 use crate::cli::{Invocation, Program};
-use crate::config::check;
 use crate::config::raw::join_errors;
 use crate::config::{Config, DbRole};
 use crate::db::{self, pool::Pool};
 use crate::exit::Failure;
+use crate::signals;
 
 /// The program's description.
 pub const PROGRAM: Program = Program {
@@ -102,7 +102,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     invocation.expect_only(&PROGRAM, &["serve"])?;
     let config = Config::load_or_fail(invocation.globals.config.as_deref())?;
     // The launcher starts and kills the workers; started as root, it keeps root to run
-    // them as WORKER_AS and exec commands as their stages' USER (SPEC §4
+    // them as WORKER_AS and exec commands as their stages' USER (§4
     // "Containment"). It must be forked now, while this process has one thread and,
     // when root, before it drops its privileges; nothing else keeps root.
     // SAFETY: geteuid has no preconditions.

@@ -53,7 +53,7 @@ pub struct Launch<'a> {
     /// `PROGRAM`.
     pub program: &'a str,
     /// The configuration the worker is handed: its descriptor and the file it was made
-    /// from (SPEC §4 "Containment"; [`crate::config::handoff`]).
+    /// from (§4 "Containment"; [`crate::config::handoff`]).
     pub handoff: &'a Handoff,
     /// Does its stage run a `COMMAND` (a keeper of the launcher's, started as root)?
     pub keeper: bool,
@@ -225,7 +225,7 @@ impl WorkerProc {
             (protocol::SESSION_NAME_ENV.to_string(), session.to_string()),
         ];
         // The database hosts this dispatcher found unresponsive: a new worker does not
-        // spend its first seconds on one (SPEC §8.4).
+        // spend its first seconds on one (§8.4).
         let unresponsive = crate::db::watch::hint();
         if !unresponsive.is_empty() {
             env.push((crate::db::watch::HINT_ENV.to_string(), unresponsive));

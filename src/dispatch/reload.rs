@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::event_loop::Dispatcher;
 use super::events::{ReloadFile, ReloadInput};
-use crate::config::check;
+use crate::check;
 use crate::config::raw::join_errors;
 use crate::config::{Config, StageGraph};
 use crate::exit::Failure;

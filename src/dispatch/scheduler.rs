@@ -9,7 +9,7 @@
 //! ended, how many senders each stage served) and every claimed row's life (claimed,
 //! ran for so long, requeued without running, killed at MAX_RUNTIME) from the claim
 //! ledger (`ledger.rs`), so a policy that charges senders for worker time (the fair
-//! policy of `fair.rs`, SPEC §7) plugs in without reshaping the loop. The ledger
+//! policy of `fair.rs`, §7) plugs in without reshaping the loop. The ledger
 //! builds the policy the configuration asks for; `FAIR_SCHEDULING = no` keeps
 //! [`OldestFirst`].
 

@@ -181,7 +181,7 @@ impl Terminated {
     pub fn warn_refused(&self) {
         if self.refused > 0 {
             log::warn!(
-                "{} worker sessions could not be terminated: the owner of pepsi.terminate_worker_sessions may not signal them (make it a member of pg_signal_backend or of the workers' login roles; see README, \"Database roles\")",
+                "{} worker sessions could not be terminated: the owner of pepsi.terminate_worker_sessions may not signal them (make it a member of pg_signal_backend or of the workers' login roles; see doc/roles-and-containment.md, \"Database roles\")",
                 self.refused
             );
         }

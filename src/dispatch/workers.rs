@@ -377,7 +377,7 @@ impl Dispatcher {
         let program = section.program.clone();
         let runs_command = section.section.get("COMMAND").is_some();
         // A stage that runs a command gets a keeper of the launcher's, which runs it as
-        // the stage's USER (SPEC §4 "Containment"), when started as root; otherwise
+        // the stage's USER (§4 "Containment"), when started as root; otherwise
         // the worker starts a keeper of its own.
         let launch = Launch {
             program: &program,

@@ -1,4 +1,4 @@
-//! Who gets a session of `pepsi-ingress` (SPEC §16; issue 29's session exhaustion): at
+//! Who gets a session of `pepsi-ingress` (§16, and what exhausting its sessions would cost): at
 //! most `MAX_SESSIONS` in all, of which `TRUSTED_SESSIONS` only for the clients of
 //! `XFORWARD_FROM` (the MTA in front), and at most `MAX_CLIENT_SESSIONS` of one other
 //! client — an IPv4 address, an IPv6 /64 network, the user of a Unix socket's client.

@@ -1,4 +1,4 @@
-//! The group commit of `pepsi-ingress` (SPEC §16): one thread owning the database
+//! The group commit of `pepsi-ingress` (§16): one thread owning the database
 //! session, to which every session hands the messages it accepted and waits for the
 //! answer. It takes whatever has arrived since its last commit, queues it all in one
 //! statement (`sql::INJECT_MANY`: `pepsi.workqueue_inject_many`, the checks of

@@ -1,4 +1,4 @@
-//! `pepsi-ingress`'s counters (SPEC §10's way): kept in memory by the sessions and the
+//! `pepsi-ingress`'s counters (§10's way): kept in memory by the sessions and the
 //! committer, taken as deltas by the committer, which adds them to
 //! `pepsi.ingress_stats` every few seconds in one statement. Best effort: deltas not
 //! yet written die with the process. A leaf, shared by `session.rs` and `commit.rs`.

@@ -1,4 +1,4 @@
-//! `pepsi-ingress [GLOBAL] serve` (SPEC §16): the persistent front end that puts mail
+//! `pepsi-ingress [GLOBAL] serve` (§16): the persistent front end that puts mail
 //! into the queue, for an MTA's `content_filter` or transport (LMTP) or a client of its
 //! own (SMTP).
 //!
@@ -68,7 +68,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         Failure::general(format!("{}: {e}", config.postgres.key_for(DbRole::Inject)))
     })?;
     check_at_start(&config, &pg, &stage)?;
-    let mut signals = crate::dispatch::signals::install()?;
+    let mut signals = crate::signals::install()?;
     let counters = Arc::new(counters::Counters::default());
     let (committer, committer_thread) =
         commit::spawn(pg, stage.clone(), counters.clone(), STATS_EVERY)
@@ -100,7 +100,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         "pepsi-ingress {} accepting mail for stage {stage}",
         env!("CARGO_PKG_VERSION")
     );
-    while !crate::dispatch::signals::wait_for(&mut signals.shutdown, Duration::from_secs(3600)) {}
+    while !crate::signals::wait_for(&mut signals.shutdown, Duration::from_secs(3600)) {}
     log::info!("shutdown requested by signal");
     stopping.store(true, Ordering::SeqCst);
     for acceptor in acceptors {

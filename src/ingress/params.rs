@@ -1,6 +1,6 @@
-//! The arguments of `MAIL FROM`, `RCPT TO` and `XFORWARD` (RFC 5321 §4.1.1, §4.1.2;
+//! The arguments of `MAIL FROM`, `RCPT TO` and `XFORWARD` (RFC 5321 §4.1.1 and RFC 5321 §4.1.2;
 //! RFC 1870 SIZE, RFC 6152 8BITMIME, RFC 6531 SMTPUTF8, RFC 3461 DSN; Postfix's
-//! XFORWARD), and the `state.dsn` object the bounce stage reads (SPEC §13.2).
+//! XFORWARD), and the `state.dsn` object the bounce stage reads (§13.2).
 //!
 //! Pure: a command's argument text in, the parsed path and parameters or the reply that
 //! refuses them out. Called by `session.rs`; it knows nothing of sockets or the
@@ -342,7 +342,7 @@ pub fn forwarded_address(value: &str) -> Option<std::net::IpAddr> {
     v.parse().ok()
 }
 
-/// The `state.dsn` object of a message (SPEC §13.2): `ret`, `envid`, and per recipient
+/// The `state.dsn` object of a message (§13.2): `ret`, `envid`, and per recipient
 /// its `notify` and `orcpt`, each only when given; `None` when nothing was given.
 pub fn dsn_state(mail: &MailFrom, rcpts: &[RcptTo]) -> Option<Value> {
     let mut dsn = Map::new();

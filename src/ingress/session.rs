@@ -32,7 +32,7 @@ use super::counters::Counters;
 use super::params::{self, MailFrom, RcptTo};
 use super::reply::Reply;
 use crate::config::ingress::Protocol;
-use crate::queue::message;
+use crate::intake;
 
 /// The longest command line read whole (RFC 5321 §4.5.3.1.4 says 512 octets; the
 /// extensions' parameters need more).
@@ -258,8 +258,8 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     }
 
     /// The end of the client's input: its own close, or the daemon's shutdown ending
-    /// the wait (the read side shut down), which the client is told with a 421 (RFC
-    /// 5321 §3.8); a message whose data had not ended is then sent again later.
+    /// the wait (the read side shut down), which the client is told with a 421
+    /// (RFC 5321 §3.8); a message whose data had not ended is then sent again later.
     fn closed(&mut self) -> End {
         if self.settings.stopping.load(Ordering::Relaxed) {
             self.shutting_down()
@@ -630,7 +630,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     /// that says why not.
     fn queue(&self, tx: &Transaction, forwarded: Forwarded, data: Vec<u8>) -> Result<i64, Reply> {
         let mail = tx.mail.as_ref().expect("DATA needs MAIL");
-        let parsed = message::read_owned(data).map_err(|why| {
+        let parsed = intake::read_owned(data).map_err(|why| {
             Reply::new(
                 554,
                 "5.6.0",

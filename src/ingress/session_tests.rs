@@ -210,3 +210,135 @@ fn the_data_gets_a_second_more_per_min_data_rate_bytes() {
         "{left:?}"
     );
 }
+
+/// The last line of each reply (`250-` continuation lines left out): one per command.
+fn finals(said: &str) -> Vec<&str> {
+    said.lines()
+        .filter(|l| l.as_bytes().get(3) != Some(&b'-'))
+        .collect()
+}
+
+#[test]
+fn each_command_out_of_order_is_refused_and_the_session_goes_on() {
+    // Five refusals: one more would end the session (max_errors).
+    let input = b"MAIL FROM:<a@x.example>\r\nEHLO c\r\nRCPT TO:<b@y.example>\r\n\
+                  MAIL FROM:<a@x.example>\r\nMAIL FROM:<a@x.example>\r\nDATA\r\n\
+                  RCPT TO:<b@y.example>\r\nRSET\r\nRCPT TO:<b@y.example>\r\n\
+                  MAIL FROM:<a@x.example>\r\nRCPT TO:<b@y.example>\r\nDATA\r\n\
+                  Subject: s\r\n\r\nbody\r\n.\r\nQUIT\r\n";
+    let (said, queued) = session_of(Protocol::Smtp, input);
+    assert_eq!(
+        finals(&said),
+        [
+            "220 mx.test ESMTP Pepsi",
+            "503 5.5.1 Error: send EHLO or LHLO first",
+            "250 DSN",
+            "503 5.5.1 Error: need MAIL command",
+            "250 2.1.0 Ok",
+            "503 5.5.1 Error: nested MAIL command",
+            "554 5.5.1 Error: no valid recipients",
+            "250 2.1.5 Ok",
+            "250 2.0.0 Ok",
+            "503 5.5.1 Error: need MAIL command",
+            "250 2.1.0 Ok",
+            "250 2.1.5 Ok",
+            "354 End data with <CR><LF>.<CR><LF>",
+            "250 2.0.0 Ok: queued as 7",
+            "221 2.0.0 Bye",
+        ],
+        "{said}"
+    );
+    assert_eq!(queued.len(), 1, "only the transaction that got its DATA");
+}
+
+#[test]
+fn a_new_hello_ends_the_transaction_and_the_wrong_hello_is_refused() {
+    let input = b"LHLO c\r\nEHLO c\r\nHELO c\r\nEHLO c\r\nMAIL FROM:<a@x.example>\r\n\
+                  EHLO again\r\nRCPT TO:<b@y.example>\r\nQUIT\r\n";
+    let (said, queued) = session_of(Protocol::Smtp, input);
+    assert_eq!(
+        finals(&said),
+        [
+            "220 mx.test ESMTP Pepsi",
+            "500 5.5.1 This is SMTP: say EHLO or HELO",
+            "250 DSN",
+            "250 mx.test",
+            "250 DSN",
+            "250 2.1.0 Ok",
+            "250 DSN",
+            "503 5.5.1 Error: need MAIL command",
+            "221 2.0.0 Bye",
+        ],
+        "{said}"
+    );
+    assert!(queued.is_empty());
+    let (said, _) = session_of(Protocol::Lmtp, b"EHLO c\r\nHELO c\r\nLHLO c\r\nQUIT\r\n");
+    assert_eq!(
+        finals(&said)[1..],
+        [
+            "500 5.5.1 This is LMTP: say LHLO",
+            "500 5.5.1 This is LMTP: say LHLO",
+            "250 DSN",
+            "221 2.0.0 Bye",
+        ],
+        "{said}"
+    );
+}
+
+#[test]
+fn lmtp_answers_the_data_once_per_recipient_and_smtp_once() {
+    let tx = |hello: &str| {
+        format!(
+            "{hello} c\r\nMAIL FROM:<a@x.example>\r\nRCPT TO:<b@y.example>\r\n\
+             RCPT TO:<c@y.example>\r\nRCPT TO:<d@y.example>\r\nDATA\r\n\
+             Subject: s\r\n\r\nbody\r\n.\r\nQUIT\r\n"
+        )
+    };
+    let (said, queued) = session_of(Protocol::Lmtp, tx("LHLO").as_bytes());
+    assert_eq!(
+        said.matches("250 2.1.5 Ok: queued as 7").count(),
+        3,
+        "{said}"
+    );
+    assert_eq!(queued.len(), 1, "one message for three recipients");
+    assert_eq!(queued[0].rcpt_to.len(), 3);
+    let (said, queued) = session_of(Protocol::Smtp, tx("EHLO").as_bytes());
+    assert_eq!(said.matches("queued as 7").count(), 1, "{said}");
+    assert_eq!(queued[0].rcpt_to.len(), 3);
+}
+
+#[test]
+fn recipients_past_the_limit_are_deferred_and_the_rest_go_on() {
+    let mut input = String::from("EHLO c\r\nMAIL FROM:<a@x.example>\r\n");
+    for i in 0..12 {
+        input.push_str(&format!("RCPT TO:<r{i}@y.example>\r\n"));
+    }
+    input.push_str("DATA\r\nSubject: s\r\n\r\nbody\r\n.\r\nQUIT\r\n");
+    let (said, queued) = session_of(Protocol::Smtp, input.as_bytes());
+    assert_eq!(said.matches("250 2.1.5 Ok").count(), 10, "{said}");
+    assert_eq!(
+        said.matches("452 4.5.3 Error: too many recipients").count(),
+        2,
+        "{said}"
+    );
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].rcpt_to.len(), 10, "the ten taken, in order");
+}
+
+#[test]
+fn too_many_errors_close_the_session_with_421() {
+    // max_errors is 5: the sixth 5xx ends the session, and nothing after it is read.
+    let input = b"EHLO c\r\nBOGUS\r\nBOGUS\r\nBOGUS\r\nBOGUS\r\nBOGUS\r\nBOGUS\r\nNOOP\r\n";
+    let (said, _) = session_of(Protocol::Smtp, input);
+    let lines = finals(&said);
+    assert_eq!(
+        lines[lines.len() - 2..],
+        [
+            "500 5.5.2 Error: command not recognized",
+            "421 4.7.0 Too many errors, closing the connection"
+        ],
+        "{said}"
+    );
+    assert_eq!(said.matches("500 5.5.2").count(), 6, "{said}");
+    assert!(!said.contains("250 2.0.0 Ok"), "NOOP after the end: {said}");
+}

@@ -1,5 +1,5 @@
 //! The keeper: how an exec stage's command runs apart from the worker that handles the
-//! message (SPEC §4 "Containment", §12.7), as Postfix's `pipe(8)` runs its command as
+//! message (§4 "Containment", §12.7), as Postfix's `pipe(8)` runs its command as
 //! the `user=` of `master.cf`.
 //!
 //! A worker never starts its command itself. It asks its keeper, over a Unix socket,

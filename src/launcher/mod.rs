@@ -1,5 +1,5 @@
 //! The launcher: the one process of `pepsi-dispatch serve` that starts and kills stage
-//! workers (SPEC §4 "Containment", §6, §8), as Postfix's `master` starts its daemons.
+//! workers (§4 "Containment", §6, §8), as Postfix's `master` starts its daemons.
 //!
 //! The dispatcher forks it at start, while it has one thread and, when started as root,
 //! before it drops its privileges: the launcher keeps root for one purpose, to start

@@ -1,4 +1,4 @@
-//! The oldest snapshot in `pepsi-queue status` and `metrics` (issue 25, "the holder
+//! The oldest snapshot in `pepsi-queue status` and `metrics` ("the holder
 //! named"): who holds the database's MVCC horizon, so VACUUM cannot remove the queue's
 //! dead rows, read with the rest of the status snapshot ([`super::status`]) through
 //! [`crate::db::horizon::read`].

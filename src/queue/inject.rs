@@ -8,10 +8,10 @@ use std::io::Read;
 use serde_json::Value;
 
 use super::args::{Inject, Input};
-use super::message::{self, Message};
 use super::{Session, db_failure, emit};
 use crate::db::sql;
 use crate::exit::{EX_DATAERR, EX_NOINPUT, EX_TEMPFAIL, Failure};
+use crate::intake::{self, Message};
 
 /// A message ready to be queued.
 #[derive(Debug)]
@@ -32,13 +32,13 @@ fn refused(why: String) -> Failure {
 
 /// Checks the envelope and reads and checks the message. Touches no database.
 pub fn prepare(what: &Inject) -> Result<Prepared, Failure> {
-    let mail_from = message::envelope_address(&what.from, true)
+    let mail_from = intake::envelope_address(&what.from, true)
         .map_err(|why| refused(format!("sender {:?}: {why}", what.from)))?;
     let rcpt_to = what
         .to
         .iter()
         .map(|r| {
-            message::envelope_address(r, false)
+            intake::envelope_address(r, false)
                 .map_err(|why| refused(format!("recipient {r:?}: {why}")))
         })
         .collect::<Result<Vec<String>, Failure>>()?;
@@ -63,7 +63,7 @@ pub fn prepare(what: &Inject) -> Result<Prepared, Failure> {
             (path.display().to_string(), bytes)
         }
     };
-    let message = message::read(&bytes).map_err(|why| refused(format!("{name}: {why}")))?;
+    let message = intake::read(&bytes).map_err(|why| refused(format!("{name}: {why}")))?;
     let mut state = what.state.clone().unwrap_or_default();
     if what.local {
         state.insert("local_origin".into(), Value::Bool(true));

@@ -1,4 +1,4 @@
-//! `pepsi-queue [GLOBAL] COMMAND`: the operator's tool (SPEC §14) — look at the queue,
+//! `pepsi-queue [GLOBAL] COMMAND`: the operator's tool (§14) — look at the queue,
 //! inject mail, repair messages, export metrics and change the stage overlay, without
 //! writing SQL.
 //!
@@ -23,7 +23,6 @@ pub mod format;
 pub mod horizon;
 pub mod inject;
 pub mod list;
-pub mod message;
 pub mod metrics;
 pub mod overlay;
 pub mod repair;
@@ -200,7 +199,7 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
         // Exactly `pepsi-dispatch check`: it reports a file that does not even parse,
         // so it needs no session.
         Command::ConfigCheck { json } => {
-            crate::config::check::check(globals.config.as_deref(), Vec::new(), json)
+            crate::check::check(globals.config.as_deref(), Vec::new(), json)
         }
         Command::Inject(what) => {
             // The message is read and checked before anything is connected: a message

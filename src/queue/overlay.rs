@@ -1,6 +1,6 @@
 //! `pepsi-queue config set SECTION KEY VALUE` and `config unset SECTION KEY`: change
 //! `pepsi.config_override` only after the stage graph it would give has passed the
-//! dispatcher's own checks (`config::check::dispatchable_graph`: the graph, then
+//! dispatcher's own checks (`check::dispatchable_graph`: the graph, then
 //! every built-in stage's section as its workers check it).
 //!
 //! One transaction: lock the overlay against other writers, read it, lay the change
@@ -15,10 +15,10 @@
 //! `config::graph::lay_over`, which the dispatcher applies too) is refused the same
 //! way. The written change also rewrites the stages an injecting role may inject into
 //! (`[pepsi] INJECT_STAGES`), which may follow the graph.
-//! `config check` is `config::check::check` itself.
+//! `config check` is `check::check` itself.
 
 use crate::bouncer;
-use crate::config::check;
+use crate::check;
 use crate::config::graph::{self, OverrideRow};
 use crate::config::raw::join_errors;
 use crate::config::{Config, ConfigError, Origin};

@@ -1,4 +1,4 @@
-//! `pepsi-stage-bounce` (SPEC §13.2): turns a failed message into one delivery status
+//! `pepsi-stage-bounce` (§13.2): turns a failed message into one delivery status
 //! notification to its sender, or discards it. Loads headers and body; not fusable by
 //! default. `NEXT` (required) is where the notification goes; `BOUNCE_SIZE_LIMIT`
 //! (bytes, default 50,000) is the largest original attached whole when the sender gave
@@ -122,7 +122,7 @@ impl Configured for ConfiguredBounce {
         }
         // The message id and random digits: no claim token (a secret of the claim, spent
         // now but never shown) reaches the report.
-        let unique = format!("{id}.{}", dsn::random_hex(8));
+        let unique = format!("{id}.{}", crate::random::hex(8));
         let written = dsn::write(&Report {
             hostname: &cx.pepsi.hostname,
             sender: message.mail_from(),
@@ -263,7 +263,7 @@ fn status(message: &Message, address: &str) -> String {
     status_of_class(message.state_text("failure_class").as_deref()).to_string()
 }
 
-/// The status of a failure class (SPEC §13.2).
+/// The status of a failure class (§13.2).
 pub fn status_of_class(class: Option<&str>) -> &'static str {
     match class {
         Some("retries-exhausted") => "4.4.7",

@@ -150,7 +150,7 @@ pub fn write(report: &Report<'_>) -> Written {
     .into_iter()
     .flatten()
     .collect();
-    let boundary = boundary(&parts, || random_hex(16));
+    let boundary = boundary(&parts, || crate::random::hex(16));
 
     let from = format!("MAILER-DAEMON@{}", report.hostname);
     let mut h = Lines::default();
@@ -468,7 +468,7 @@ fn original_part(original: &Original, attached: Attached) -> Option<Vec<u8>> {
 }
 
 /// A MIME boundary that occurs in none of the parts: `=_pepsi-report-` and 128 random
-/// bits from `draw` (the system's random source: [`random_hex`]). Nobody can plant it
+/// bits from `draw` (the system's random source: [`crate::random::hex`]). Nobody can plant it
 /// in a message beforehand, so the first drawn is nearly always free and the parts are
 /// scanned once; one that occurs is drawn again.
 fn boundary(parts: &[&[u8]], mut draw: impl FnMut() -> String) -> String {
@@ -483,31 +483,6 @@ fn boundary(parts: &[&[u8]], mut draw: impl FnMut() -> String) -> String {
             return candidate;
         }
     }
-}
-
-/// `bytes` random bytes from the system's random source (`getrandom`), in hex.
-pub fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    let mut filled = 0;
-    while filled < buf.len() {
-        // SAFETY: getrandom writes at most the given length into our buffer.
-        let n =
-            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            // No random source at all: the time, which is all there is.
-            let t = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos();
-            for (i, b) in buf.iter_mut().enumerate().skip(filled) {
-                *b = (t >> ((i % 16) * 8)) as u8;
-            }
-            break;
-        }
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The form of [`date`]: RFC 5322's `date-time` in UTC, the day in two digits (jiff's
@@ -679,10 +654,6 @@ mod tests {
             boundary(&[&taken], || draws.next().unwrap()),
             "=_pepsi-report-bb"
         );
-        let one = random_hex(16);
-        assert_eq!(one.len(), 32);
-        assert!(one.bytes().all(|b| b.is_ascii_hexdigit()), "{one}");
-        assert_ne!(one, random_hex(16), "drawn, not made");
         // Whatever a sender put in the message (a report's id, its claim), the
         // boundary is none of it.
         let a = report_of(b"Subject: x\r\n", b"--=_pepsi-report-1.2-0\r\n", Ret::Full);

@@ -38,7 +38,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::sysexits;
-use crate::config::{Config, ConfigError, StageSection};
+use crate::config::raw::show_duration;
+use crate::config::{Config, ConfigError, Section, StageSection};
 use crate::escape::Visible;
 use crate::keeper::Reserved;
 use crate::keeper::client::{Keeper, RunError};
@@ -116,6 +117,21 @@ impl Stage for Exec {
 
     fn overridable(&self) -> &'static [&'static str] {
         &["TIMEOUT"]
+    }
+
+    /// A command allowed as long as MAX_RUNTIME would never get to its own `TIMEOUT`.
+    fn runtime_warning(&self, section: &Section, max_runtime: Duration) -> Option<ConfigError> {
+        let timeout = section.duration("TIMEOUT", DEFAULT_TIMEOUT).ok()?;
+        (timeout >= max_runtime).then(|| {
+            section.error(
+                "TIMEOUT",
+                format!(
+                    "{} is not below [pepsi-dispatch] MAX_RUNTIME ({}): a command still running at MAX_RUNTIME has its worker killed and its message struck, before TIMEOUT would make it a host error",
+                    show_duration(timeout),
+                    show_duration(max_runtime)
+                ),
+            )
+        })
     }
 
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {

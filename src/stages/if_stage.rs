@@ -7,13 +7,13 @@
 //! `header-from`, `subject` or `state.KEY`; OP is `is`, `is-not`, `ends-with` or
 //! `contains`; VALUE is one word or a double-quoted string (`\"` and `\\` escape inside
 //! it). Any other word after a VALUE is an error naming it: a MATCH is understood whole
-//! or refused (SPEC §4 "Strictness"). Addresses, domains and sender keys compare
+//! or refused (§4 "Strictness"). Addresses, domains and sender keys compare
 //! case-insensitively; subject and state values exactly.
 //!
 //! A `MATCH` with a `recipient-domain` condition is judged for each recipient (its
 //! other conditions alike for all): when it holds for some recipients and not for the
 //! others, the message is split at this stage (one round trip, the lazy split of
-//! SPEC §12.5), each part then all one way, so mail for other domains never follows
+//! §12.5), each part then all one way, so mail for other domains never follows
 //! the recipients the condition holds for.
 //!
 //! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start

@@ -1,4 +1,4 @@
-//! The built-in stages (SPEC §12.7), compiled into the one unified `pepsi-stage`
+//! The built-in stages (§12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
 //! reports `bounce.rs` sends; `sysexits.rs` reads what an `exec.rs` command's exit
 //! tells the sender; `relay/` is one stage in a folder of its files); [`BUILTINS`]
@@ -7,7 +7,7 @@
 //! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
 //! its stage, [`for_program`] a `PROGRAM`, and [`check_section`] checks a section with
 //! its built-in's own `configure` — the one check the dispatcher (at start, at a
-//! reload, in `pepsi-dispatch check`) and the worker share (SPEC §4 "Strictness").
+//! reload, in `pepsi-dispatch check`) and the worker share (§4 "Strictness").
 //!
 //! Used by `pepsi-stage`, `pepsi-dispatch` (its checks) and `pepsi-queue`. The stages
 //! use the worker library (each implements its `Stage`); the worker library never uses

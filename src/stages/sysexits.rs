@@ -1,4 +1,4 @@
-//! What the sender of a message an exec command refused reads (SPEC §12.7, §13.2): the
+//! What the sender of a message an exec command refused reads (§12.7, §13.2): the
 //! RFC 3463 status of a permanent exit status, as Postfix's `pipe(8)` maps the
 //! sendmail-compatible exit statuses of `<sysexits.h>`, and the status and diagnostic a
 //! command gives on the first line of its stderr (`5.1.1 user unknown`).

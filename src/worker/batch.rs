@@ -1,4 +1,4 @@
-//! The serve loop and one batch (SPEC §5, §12.2, §12.3): read a batch of ids from stdin
+//! The serve loop and one batch (§5, §12.2, §12.3): read a batch of ids from stdin
 //! (greedy for metadata-only stages, one at a time otherwise), load their rows with one
 //! SELECT, turn every running row into a [`Message`] and its chain into a [`Plan`],
 //! commit the plans, and answer one status line per id, in input order.

@@ -1,4 +1,4 @@
-//! One message's pass (SPEC §12.5, §12.6): the claimed stage, then every successor that
+//! One message's pass (§12.5, §12.6): the claimed stage, then every successor that
 //! may be fused into the same pass, each configured with the message's per-address
 //! overrides; the per-address rows no stage lets a correspondent set, dropped with a
 //! warning before anything else reads them; the lazy per-address split before a stage
@@ -159,7 +159,7 @@ impl Runner {
     }
 
     /// Drops the message's per-address rows that their stage does not let a
-    /// correspondent override (SPEC §4 "Least privilege"), before they can apply or
+    /// correspondent override (§4 "Least privilege"), before they can apply or
     /// split the message. Each dropped row is a warning naming it, once per worker
     /// process (rows are judged by the stage graph this worker read at start).
     pub(super) fn drop_refused_settings(&mut self, message: &mut Message) {
@@ -438,7 +438,7 @@ fn split_recipients(
 
 /// Does `section`, a stage of this binary, let a predecessor's pass fuse into it? Its
 /// `FUSION` (else the program's default) says so, and never a stage that runs a
-/// `COMMAND`: that command runs only through its own stage's keeper (SPEC §4
+/// `COMMAND`: that command runs only through its own stage's keeper (§4
 /// "Containment"; the graph refuses `FUSION = yes` on such a stage, this holds even
 /// without it).
 fn fuses_into(section: &StageSection, builtin: &dyn Stage) -> bool {

@@ -1,4 +1,4 @@
-//! The stage error model (SPEC §12.4): what a failed stage's message becomes. A
+//! The stage error model (§12.4): what a failed stage's message becomes. A
 //! permanent error fails the row at once; a host error pauses it at the failing stage
 //! with a backoff of 1, 2, 4 … minutes up to an hour, until the stage's `MAX_LIFETIME`
 //! is spent, then moves it to `BOUNCE_STAGE` or fails it (a mailing-list copy is never

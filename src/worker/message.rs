@@ -59,7 +59,7 @@ pub struct Message {
     pub id: i64,
     /// The stage the row was claimed at (every write is guarded by it).
     pub claimed_stage: String,
-    /// The claim token the dispatcher stamped on the row when it claimed it (SPEC §6
+    /// The claim token the dispatcher stamped on the row when it claimed it (§6
     /// "Claim tokens"), read with the row: every write is guarded by it too, so a
     /// write left over from an earlier claim never lands on a later one.
     pub claim: i64,

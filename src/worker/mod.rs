@@ -1,5 +1,5 @@
 //! The worker library: everything a stage program needs to speak the worker protocol
-//! correctly (SPEC §5, §12). A stage implements [`Stage`] (what it loads, its fusion
+//! correctly (§5, §12). A stage implements [`Stage`] (what it loads, its fusion
 //! default, how it checks its section) and the [`Configured`] body it returns; the
 //! program's `main` hands [`runtime::run`] the [`Registry`] of the stages it implements
 //! and the one it was started as; the runtime does the rest: start-up checks, `ready`,

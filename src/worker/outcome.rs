@@ -1,4 +1,4 @@
-//! What a stage body returns (SPEC §12.4, §13.2): its [`Outcome`] (advance, finish,
+//! What a stage body returns (§12.4, §13.2): its [`Outcome`] (advance, finish,
 //! pause, split, bounce), the [`Notification`] a bounce carries, and its
 //! [`StageError`] with the [`ErrorClass`] that says how the runtime handles it and the
 //! [`DsnReason`] the sender reads should the row fail with it.
@@ -35,7 +35,7 @@ pub enum Outcome {
     /// new pending row (§13.2); both in one write.
     Bounce(Box<Notification>),
     /// Each recipient has its own result (done, deferred, failed): recipients that
-    /// differ are split apart so each group gets its own outcome (SPEC §12.5, §17).
+    /// differ are split apart so each group gets its own outcome (§12.5, §17).
     Recipients(RecipientOutcomes),
 }
 
@@ -77,7 +77,7 @@ pub struct StageError {
     pub class: ErrorClass,
     /// What happened (goes to `state.last_error` and the log).
     pub message: String,
-    /// What the sender reads when the row fails with this error (SPEC §13.2), as the
+    /// What the sender reads when the row fails with this error (§13.2), as the
     /// stage chose it; `None` leaves the status to the failure class.
     pub dsn: Option<DsnReason>,
 }

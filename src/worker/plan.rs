@@ -1,4 +1,4 @@
-//! The worker's write plan (SPEC §12.2, §6 "Claim tokens"): for each id of a batch,
+//! The worker's write plan (§12.2, §6 "Claim tokens"): for each id of a batch,
 //! what to write ([`Write`]), under which guard (claimed stage and claim token), and
 //! which status to answer ([`Plan`]); and the JSON element of an update-shaped outcome
 //! ([`update_row`]).

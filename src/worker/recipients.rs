@@ -1,4 +1,4 @@
-//! Per-recipient outcomes (SPEC §12.5, §17): a stage that gives each recipient its own
+//! Per-recipient outcomes (§12.5, §17): a stage that gives each recipient its own
 //! result ([`Outcome::Recipients`]: done, deferred, failed) gets one outcome per group
 //! of recipients that share a result, through the lazy split.
 //!

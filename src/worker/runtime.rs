@@ -1,8 +1,8 @@
-//! The worker runtime's entry point (SPEC §5, §12.1): [`run`], which a stage program's
+//! The worker runtime's entry point (§5, §12.1): [`run`], which a stage program's
 //! `main` calls with the [`Registry`] of the stages it implements and the one it was
 //! started as. Worker start, then the serve loop: load the configuration, open the
 //! small pool whose sessions carry the worker's name, check the schema and the worker's
-//! own stage section (SPEC §4 "Strictness": one bad section stops only its own stage),
+//! own stage section (§4 "Strictness": one bad section stops only its own stage),
 //! prepare each own stage, print `ready`, then hand stdin to the serve loop.
 //!
 //! Called by `src/bin/pepsi-stage.rs` (with the built-ins' registry) and by any other
@@ -75,7 +75,7 @@ fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
     protocol::own_session_name(stage.unwrap_or(own.name()))
 }
 
-/// The first thing a stage program does, before it reads anything (SPEC §4
+/// The first thing a stage program does, before it reads anything (§4
 /// "Containment"): it makes itself not dumpable, so that no other process of its
 /// account — a sibling worker — can attach to it or take its descriptors (the launcher
 /// starts it so from its exec when it switches accounts; this holds for a worker

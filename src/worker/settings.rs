@@ -1,11 +1,11 @@
-//! Per-address settings (SPEC §12.5): the overrides from `pepsi.settings` that came
+//! Per-address settings (§12.5): the overrides from `pepsi.settings` that came
 //! with the row, grouped by the effective override set of each recipient for a stage,
 //! and laid over the stage's section.
 //!
 //! The correspondent is the envelope sender for a `state.local_origin` message, else
 //! each recipient. Pure: no database access here.
 //!
-//! Also here, the one rule of what a per-address setting may override (SPEC §4 "Least
+//! Also here, the one rule of what a per-address setting may override (§4 "Least
 //! privilege"): [`refusal`]. A stage kind declares its overridable keys
 //! (`Stage::overridable`), every stage allows [`ALWAYS_OVERRIDABLE`], a program that
 //! is not a stage of the [`Registry`] allows nothing else, and [`NEVER_OVERRIDABLE`]
@@ -44,7 +44,7 @@ pub const NEVER_OVERRIDABLE: &[&str] = &[
 /// Keys a per-address setting may override at every stage, whatever its program.
 pub const ALWAYS_OVERRIDABLE: &[&str] = &["MAX_LIFETIME"];
 
-/// Is `key` refused to every per-address setting (SPEC §4 "Least privilege")?
+/// Is `key` refused to every per-address setting (§4 "Least privilege")?
 pub fn never_overridable(key: &str) -> bool {
     NEVER_OVERRIDABLE.contains(&key) || key.ends_with("_STAGE")
 }

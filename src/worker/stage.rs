@@ -9,7 +9,9 @@
 
 use super::message::Message;
 use super::outcome::{Outcome, StageError};
-use crate::config::{Config, ConfigError, PepsiOptions, StageSection};
+use std::time::Duration;
+
+use crate::config::{Config, ConfigError, PepsiOptions, Section, StageSection};
 
 /// What a stage needs loaded besides the row's metadata (envelope, From:, Subject:,
 /// state). Ordered: a stage may run on a row loaded with at least what it needs.
@@ -43,11 +45,11 @@ pub trait Stage: Sync {
     /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
     /// "unknown key" warning.
     fn keys(&self) -> &'static [&'static str];
-    /// The keys of its section a per-address setting (`pepsi.settings`, SPEC §12.5) may
+    /// The keys of its section a per-address setting (`pepsi.settings`, §12.5) may
     /// override for a correspondent, besides `MAX_LIFETIME`, which every stage allows.
     /// Whatever a stage declares, the keys of `settings::NEVER_OVERRIDABLE` and every
     /// `*_STAGE` key stay the section's: a correspondent never chooses what runs or
-    /// where mail goes (SPEC §4 "Least privilege"). A row naming any other key is
+    /// where mail goes (§4 "Least privilege"). A row naming any other key is
     /// ignored.
     fn overridable(&self) -> &'static [&'static str];
     /// Checks a section of this program and returns the body configured by it: the one
@@ -55,6 +57,16 @@ pub trait Stage: Sync {
     /// by `pepsi-dispatch check`) and by the worker (its own section at start, a
     /// successor before fusing into it, a section with per-address overrides).
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError>;
+    /// What `[pepsi-dispatch] MAX_RUNTIME` (`max_runtime`) does to a section of this
+    /// program: a warning when the time the stage allows itself on one message (a
+    /// command's `TIMEOUT`, a relay's timeouts summed) is not below it, so a worker
+    /// killed at MAX_RUNTIME strikes the message before the stage's own timeout would
+    /// make it a host error. `pepsi-dispatch check` asks for the file's sections and for
+    /// a section with an address's settings laid over; a bad value is `configure`'s to
+    /// report, not this. Most stages allow themselves no time of their own.
+    fn runtime_warning(&self, _section: &Section, _max_runtime: Duration) -> Option<ConfigError> {
+        None
+    }
     /// Prepares this process to run `section`, a stage it was started for, once: after
     /// the section is checked and before `ready`. An error refuses to run (exit 78,
     /// with the error as the cause). Most stages need nothing.

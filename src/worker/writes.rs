@@ -1,4 +1,4 @@
-//! The worker's writes (SPEC §12.2, §12.3, §6 "Claim tokens"): committing a batch's
+//! The worker's writes (§12.2, §12.3, §6 "Claim tokens"): committing a batch's
 //! [`Plan`]s in one call of `pepsi.workqueue_write` and one of `pepsi.workqueue_finish`
 //! (failures in place, splits and bounces one by one), the lazy split's
 //! `workqueue_split` call, and what happens when a write fails or matches nothing.

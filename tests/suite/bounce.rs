@@ -1,4 +1,4 @@
-//! The bounce stage (SPEC §13.2): failed messages driven through `pepsi-stage-bounce`
+//! The bounce stage (§13.2): failed messages driven through `pepsi-stage-bounce`
 //! as the dispatcher drives it, every delivery status notification read back from the
 //! database and parsed by an independent MIME parser (`mail-parser`, which the program
 //! does not use).
@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use crate::util::rows::queue_len;
 use crate::util::scenario::{Builder, Scenario};
 use crate::util::worker::{Worker, code};
-use crate::util::{TempDir, TestDb, claim, row_at, stage, state_of, write_config};
+use crate::util::{
+    TempDir, TestDb, assert_has, assert_lacks, claim, row_at, stage, state_of, write_config,
+};
 
 const HOST: &str = "mx.test.example";
 
@@ -400,13 +402,10 @@ fn a_report_has_every_field_and_replaces_the_failed_message() {
         "permission denied",
         "relay",
     ] {
-        assert!(
-            !human.contains(secret),
-            "the human part names {secret:?}: {human}"
-        );
-        assert!(
-            !String::from_utf8_lossy(&dsn.raw[..dsn.raw.len() - p.parts[2].2.len()])
-                .contains(secret),
+        assert_lacks!(human, secret, "the human part names {secret:?}");
+        assert_lacks!(
+            String::from_utf8_lossy(&dsn.raw[..dsn.raw.len() - p.parts[2].2.len()]),
+            secret,
             "the report names {secret:?}"
         );
     }
@@ -596,9 +595,10 @@ fn a_sender_that_is_not_one_valid_mailbox_gets_no_report_and_its_row_is_deleted(
     ] {
         assert!(log.contains(shown), "{shown} in:\n{log}");
     }
-    assert!(
-        !log.contains(['\r', '\u{1b}', '\u{202e}', '\u{2028}']),
-        "the log shows the senders escaped:\n{log}"
+    assert_lacks!(
+        log,
+        ['\r', '\u{1b}', '\u{202e}', '\u{2028}'],
+        "the log shows the senders escaped"
     );
     assert!(
         !log.lines().any(|l| l.starts_with("Bcc:")),
@@ -639,8 +639,9 @@ fn a_header_block_without_its_last_line_end_keeps_the_body_out_of_the_attached_h
                 .map(|(n, _)| n.to_string())
                 .collect::<Vec<_>>()
         } else {
-            assert!(
-                !String::from_utf8_lossy(attached).contains("evil"),
+            assert_lacks!(
+                String::from_utf8_lossy(attached),
+                "evil",
                 "no body in the header part"
             );
             fields_of(attached).into_iter().map(|(n, _)| n).collect()
@@ -981,10 +982,7 @@ fn a_bounce_stage_without_next_or_with_a_bad_limit_does_not_start() {
         let mut w = Worker::start(&stage("bounce"), &conf);
         let (status, stderr) = w.finish();
         assert_eq!(status.code(), Some(78), "{stderr}");
-        assert!(
-            stderr.contains(&format!("[stage-bounce] {named}")),
-            "{stderr}"
-        );
+        assert_has!(stderr, &format!("[stage-bounce] {named}"));
     }
 }
 
@@ -1113,10 +1111,10 @@ fn end_to_end_a_refused_domain_is_reported_to_its_senders_and_nothing_else() {
         ],
         "one report per failed message with a sender, naming exactly its refused recipients"
     );
-    assert!(
-        b.log().contains(&format!("message {failed_dsn} ")),
-        "the failed notification went through the bouncer: {}",
-        b.log()
+    assert_has!(
+        b.log(),
+        &format!("message {failed_dsn} "),
+        "the failed notification went through the bouncer"
     );
 }
 

@@ -1,4 +1,4 @@
-//! `pepsi-failure-bouncer` (SPEC §13.1): failed and timed-out rows moved to the bounce
+//! `pepsi-failure-bouncer` (§13.1): failed and timed-out rows moved to the bounce
 //! stage as they fail (`serve`, by LISTEN) and in sweeps, scoped by
 //! `--failed-only`/`--timeout-only`, one NOTIFY per batch, never a row twice, the bounce
 //! stage's own failures left alone; its refusals (exit 64, 78) and its shutdown; and
@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::Type;
@@ -19,8 +19,8 @@ use pepsi::db::sql;
 use crate::util::bouncer::Bouncer;
 use crate::util::scenario::{Builder, Scenario, programs};
 use crate::util::{
-    TempDir, TestDb, bin, claim, inject, row_at, run, stage, state_of, stderr, wait_until,
-    write_config,
+    TempDir, TestDb, assert_has, assert_lacks, bin, claim, inject, row_at, run, stage, state_of,
+    stderr, wait_until, write_config,
 };
 
 /// The pipeline: `a` → `b`, failures to `bounce`, whose DSNs go on to `dsn`.
@@ -131,31 +131,29 @@ fn notifications(listener: &mut postgres::Client, quiet: Duration) -> usize {
     n
 }
 
+/// How long a row that failed under `serve` may take to reach the bounce stage: it
+/// takes milliseconds; the margin is for a busy machine. Five such waits in a row stay
+/// below the minute after which the safety-net sweep would move a row anyway, so a
+/// row moved within it was moved on its notification.
+const NOTIFIED: Duration = Duration::from_secs(10);
+
 #[test]
-fn a_row_failing_while_serve_runs_is_at_the_bounce_stage_within_a_second() {
+fn a_row_failing_while_serve_runs_is_moved_on_its_notification_before_the_next_sweep() {
     let (s, mut c) = scenario("fb-listen").connect();
     let mut b = Bouncer::ready(&s.conf, &[]);
     // Several in a row: each is the notification's doing (the next safety-net sweep is
-    // a minute away), not a lucky sweep.
+    // a minute away, more than five waits of NOTIFIED), not a lucky sweep.
     for (i, status) in ["failed", "timeout", "failed", "failed", "timeout"]
         .iter()
         .enumerate()
     {
         let id = inject(&mut c, "a", "s@x.example", &["r@y.example"]);
-        let failed = Instant::now();
         fail(&mut c, id, status, "{}");
-        loop {
-            if row_at(&mut c, id) == at("bounce", "pending") {
-                break;
-            }
-            assert!(
-                failed.elapsed() < Duration::from_secs(1),
-                "message {id} ({status}) not at the bounce stage a second after it failed: {:?}; log:\n{}",
-                row_at(&mut c, id),
-                b.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            NOTIFIED,
+            &format!("message {id} ({status}) is at the bounce stage"),
+            || row_at(&mut c, id) == at("bounce", "pending"),
+        );
         b.wait_log(
             &format!("message {id} (failed at stage a, {status}) moved to bounce stage bounce"),
             Duration::from_secs(5),
@@ -191,11 +189,9 @@ fn rows_that_failed_while_the_bouncer_was_down_are_swept_when_serve_starts() {
     assert_eq!(row_at(&mut c, paused), at("a", "paused"));
     assert_eq!(b.terminate().code(), Some(0));
     let log = b.log();
-    assert!(
-        log.contains(&format!(
-            "message {t1} (failed at stage b, timeout) moved to bounce stage bounce"
-        )),
-        "{log}"
+    assert_has!(
+        log,
+        &format!("message {t1} (failed at stage b, timeout) moved to bounce stage bounce")
     );
     assert_eq!(
         moved_ids(&log).keys().copied().collect::<Vec<_>>(),
@@ -216,9 +212,9 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
     assert_eq!(row_at(&mut c, t2), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f1), at("a", "failed"), "{log}");
     assert_eq!(row_at(&mut c, f2), at("b", "failed"), "{log}");
-    assert!(
-        log.contains("moved 2 messages to bounce stage bounce (0 failed, 2 timeout)"),
-        "{log}"
+    assert_has!(
+        log,
+        "moved 2 messages to bounce stage bounce (0 failed, 2 timeout)"
     );
 
     let t3 = failed_at(&mut c, "a", "timeout");
@@ -226,18 +222,18 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
     assert_eq!(row_at(&mut c, f1), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f2), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, t3), at("a", "timeout"), "{log}");
-    assert!(
-        log.contains("moved 2 messages to bounce stage bounce (2 failed, 0 timeout)"),
-        "{log}"
+    assert_has!(
+        log,
+        "moved 2 messages to bounce stage bounce (2 failed, 0 timeout)"
     );
 
     let f3 = failed_at(&mut c, "b", "failed");
     let log = sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, t3), at("bounce", "pending"), "{log}");
     assert_eq!(row_at(&mut c, f3), at("bounce", "pending"), "{log}");
-    assert!(
-        log.contains("moved 2 messages to bounce stage bounce (1 failed, 1 timeout)"),
-        "{log}"
+    assert_has!(
+        log,
+        "moved 2 messages to bounce stage bounce (1 failed, 1 timeout)"
     );
     assert_eq!(
         moved_ids(&log).keys().copied().collect::<Vec<_>>(),
@@ -245,10 +241,7 @@ fn sweep_moves_only_the_states_it_is_told_and_both_by_default() {
     );
 
     let log = sweep(&s.conf, &[]);
-    assert!(
-        log.contains("nothing to move to bounce stage bounce"),
-        "{log}"
-    );
+    assert_has!(log, "nothing to move to bounce stage bounce");
 }
 
 #[test]
@@ -265,16 +258,13 @@ fn the_move_line_shows_the_rows_stage_escaped() {
     .unwrap();
     let log = sweep(&s.conf, &[]);
     assert_eq!(row_at(&mut c, id), at("bounce", "pending"), "{log}");
-    assert!(
-        log.contains(&format!(
+    assert_has!(
+        log,
+        &format!(
             "message {id} (failed at stage a\\u{{1b}}[2J\\r\\n2026-12-03 INFO forged\\u{{202e}}x\\u{{2028}}y, failed) moved to bounce stage bounce"
-        )),
-        "{log}"
+        )
     );
-    assert!(
-        !log.contains(['\u{1b}', '\r', '\u{202e}', '\u{2028}']),
-        "{log:?}"
-    );
+    assert_lacks!(log, ['\u{1b}', '\r', '\u{202e}', '\u{2028}']);
     assert!(
         !log.lines().any(|l| l.starts_with("2026-12-03 INFO forged")),
         "{log}"
@@ -357,11 +347,9 @@ fn the_bounce_stages_own_failures_stay_and_an_undeliverable_dsn_goes_back_to_it(
         "{log}"
     );
     assert_eq!(row_at(&mut c, dsn), at("bounce", "pending"), "{log}");
-    assert!(
-        log.contains(&format!(
-            "message {dsn} (failed at stage dsn, failed) moved to bounce stage bounce"
-        )),
-        "{log}"
+    assert_has!(
+        log,
+        &format!("message {dsn} (failed at stage dsn, failed) moved to bounce stage bounce")
     );
     assert_eq!(moved_ids(&log).keys().copied().collect::<Vec<_>>(), [dsn]);
     // And again: still left alone.
@@ -581,15 +569,12 @@ fn sigterm_and_sigint_stop_serve_promptly_with_exit_0() {
     let s = scenario("fb-signal").build();
     for signal in [libc::SIGTERM, libc::SIGINT] {
         let mut b = Bouncer::ready(&s.conf, &[]);
-        let sent = Instant::now();
         b.signal(signal);
-        let status = b.wait(Duration::from_secs(5));
+        // It looks at the stop flag at least every half second; the bound is
+        // generous for a busy machine, and still far below the minute of a sweep's
+        // wait or systemd's 30 s stop timeout.
+        let status = b.wait(Duration::from_secs(10));
         assert_eq!(status.code(), Some(0), "signal {signal}: {}", b.log());
-        assert!(
-            sent.elapsed() < Duration::from_secs(2),
-            "signal {signal}: took {:?}",
-            sent.elapsed()
-        );
         assert!(b.log().contains("stopping on signal"), "{}", b.log());
     }
 }
@@ -616,11 +601,7 @@ fn serve_waits_for_an_unreachable_database_and_a_signal_ends_the_wait() {
     // A sweep cannot wait: it says why and exits 1.
     let out = bouncer(&conf, &["sweep"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cannot connect to socket"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "cannot connect to socket");
 }
 
 #[test]
@@ -630,9 +611,9 @@ fn a_missing_bounce_stage_exits_78_naming_the_key_and_the_file() {
         let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let text = stderr(&out);
-        assert!(
-            text.contains("[pepsi-failure-bouncer] BOUNCE_STAGE is required but not set"),
-            "{text}"
+        assert_has!(
+            text,
+            "[pepsi-failure-bouncer] BOUNCE_STAGE is required but not set"
         );
         assert!(text.contains(s.conf.to_str().unwrap()), "{text}");
     }
@@ -646,13 +627,13 @@ fn a_bounce_stage_naming_no_section_exits_78_unless_the_overlay_has_it() {
         let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let text = stderr(&out);
-        assert!(
-            text.contains(&format!(
+        assert_has!(
+            text,
+            &format!(
                 "{}:{}: [pepsi-failure-bouncer] BOUNCE_STAGE: names stage \"bounces\", which has no [stage-bounces] section",
                 s.conf.display(),
                 line_of(&s.conf, "BOUNCE_STAGE")
-            )),
-            "{text}"
+            )
         );
     }
     assert_eq!(row_at(&mut c, id), at("a", "failed"), "nothing moved");
@@ -696,11 +677,7 @@ fn a_schema_mismatch_exits_78() {
     for args in [&["sweep"][..], &["serve"][..]] {
         let out = bouncer(&s.conf, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("run pepsi-setup schema"),
-            "{}",
-            stderr(&out)
-        );
+        assert_has!(stderr(&out), "run pepsi-setup schema");
     }
 }
 
@@ -720,13 +697,13 @@ fn dispatch_check_reports_a_bounce_stage_without_a_section_at_its_line() {
     let conf = config_with(&s.dir, &s.db, "\nBOUNCE_STAGE = bounces\n", STAGES);
     let (code, text) = check(&conf, &[]);
     assert_eq!(code, Some(78), "{text}");
-    assert!(
-        text.contains(&format!(
+    assert_has!(
+        text,
+        &format!(
             "error: {}:{}: [pepsi-failure-bouncer] BOUNCE_STAGE: names stage \"bounces\", which has no [stage-bounces] section",
             conf.display(),
             line_of(&conf, "BOUNCE_STAGE")
-        )),
-        "{text}"
+        )
     );
     // As if the overlay gave it a section.
     let discard = stage("discard");

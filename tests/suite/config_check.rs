@@ -1,4 +1,4 @@
-//! Operator-proof configuration (SPEC §4 "Strictness"): `pepsi-dispatch check`, a bad
+//! Operator-proof configuration (§4 "Strictness"): `pepsi-dispatch check`, a bad
 //! built-in section refused at start and at reload but stopping only its own stage's
 //! workers, unknown keys and cycles as warnings.
 
@@ -11,7 +11,10 @@ use pepsi::protocol::WORKER_STAGE_ENV;
 
 use crate::util::scenario::{Builder, Scenario, programs};
 use crate::util::worker::{Worker, code, report_stages};
-use crate::util::{TempDir, TestDb, bin, inject_claimed, row_at, run, stage, stderr, write_config};
+use crate::util::{
+    TempDir, TestDb, assert_has, assert_lacks, bin, inject_claimed, row_at, run, stage, stderr,
+    write_config,
+};
 
 /// A scenario with `[pepsi-dispatch] POLL_INTERVAL` and `WORKER_IDLE_TIMEOUT` at 1s;
 /// its stages, given with [`Builder::stages`], may write `{pass}`, `{if}`, `{discard}`
@@ -121,8 +124,9 @@ fn check_passes_a_good_configuration() {
     let s = scenario("c-good").stages(GOOD).build();
     let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    assert!(
-        stdout(&out).contains("configuration OK (0 warnings)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (0 warnings)",
         "{}",
         both(&out)
     );
@@ -193,10 +197,8 @@ fn one_bad_if_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
     let (first, status, err) = worker_for(&stage("pass"), &s.conf, "in");
     assert_eq!(first.as_deref(), Some("ready"), "{status:?} {err}");
     assert!(status.success(), "{err}");
-    assert!(
-        err.contains(&named) && err.contains("messages will not be fused into stage filter"),
-        "{err}"
-    );
+    assert_has!(err, &named);
+    assert_has!(err, "messages will not be fused into stage filter");
     // The bad stage's worker refuses to run, naming its section.
     let (first, status, err) = worker_for(&stage("if"), &s.conf, "filter");
     assert_eq!(first, None, "{err}");
@@ -246,8 +248,9 @@ fn a_bad_exec_section_stops_the_dispatcher_at_start_but_only_its_own_workers() {
         assert!(stderr(&out).contains(&named), "{named}\n{}", both(&out));
         let out = check(&conf, &[]);
         assert_eq!(out.status.code(), Some(78), "{}", both(&out));
-        assert!(
-            stdout(&out).contains(&format!("error: {named}")),
+        assert_has!(
+            stdout(&out),
+            &format!("error: {named}"),
             "{named}\n{}",
             both(&out)
         );
@@ -272,13 +275,15 @@ fn a_misspelt_key_is_a_warning_naming_the_nearest_key_in_the_file_and_the_overla
     );
     let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    assert!(
-        stdout(&out).contains(&format!("warning: {in_file}")),
+    assert_has!(
+        stdout(&out),
+        &format!("warning: {in_file}"),
         "{in_file}\n{}",
         both(&out)
     );
-    assert!(
-        stdout(&out).contains("configuration OK (1 warning)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (1 warning)",
         "{}",
         both(&out)
     );
@@ -336,9 +341,9 @@ fn check_names_a_program_that_is_missing_or_not_executable() {
         plain.display()
     );
     assert!(text.contains(&b), "{b}\n{text}");
-    assert!(
-        text.contains("[stage-c] PROGRAM: pepsi-no-such-program-anywhere is not found on PATH"),
-        "{text}"
+    assert_has!(
+        text,
+        "[stage-c] PROGRAM: pepsi-no-such-program-anywhere is not found on PATH"
     );
     assert_eq!(text.matches("error: ").count(), 3, "{text}");
 }
@@ -351,10 +356,9 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
         &["--overlay", "stage-filter", "MATCH", "sender is"],
     );
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
-    assert!(
-        stdout(&out).contains(
-            "error: pepsi.config_override: [stage-filter] MATCH: the condition on \"sender\" lacks a value"
-        ),
+    assert_has!(
+        stdout(&out),
+        "error: pepsi.config_override: [stage-filter] MATCH: the condition on \"sender\" lacks a value",
         "{}",
         both(&out)
     );
@@ -377,8 +381,9 @@ fn check_with_an_overlay_row_checks_it_without_writing_it() {
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let out = check(&s.conf, &["--overlay", "stage-filter", "ELSE_STAGE", ""]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
-    assert!(
-        stdout(&out).contains("[stage-filter] ELSE_STAGE: is required but not set"),
+    assert_has!(
+        stdout(&out),
+        "[stage-filter] ELSE_STAGE: is required but not set",
         "{}",
         both(&out)
     );
@@ -395,11 +400,12 @@ fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row()
     let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     let line = line_of(&s.conf, "[stage-re lay]");
-    assert!(
-        stdout(&out).contains(&format!(
+    assert_has!(
+        stdout(&out),
+        &format!(
             "error: {}:{line}: section name \"stage-re lay\" is not valid",
             s.conf.display()
-        )),
+        ),
         "{}",
         both(&out)
     );
@@ -423,11 +429,12 @@ fn a_stage_name_of_other_characters_is_an_error_naming_its_line_or_overlay_row()
         ("stage-ev\\u{1b}[2Jil", "\"ev\\u{1b}[2Jil\""),
         ("stage-a\\r\\nfake", "\"a\\r\\nfake\""),
     ] {
-        assert!(
-            text.contains(&format!(
+        assert_has!(
+            text,
+            &format!(
                 "error: pepsi.config_override: [{section}] PROGRAM: the stage name {name} is not \
                  valid (a stage name is one or more ASCII letters, digits, '.', '_' and '-')"
-            )),
+            ),
             "{section}: {}",
             both(&out)
         );
@@ -450,12 +457,9 @@ fn an_overlay_row_breaking_a_built_in_section_at_reload_exits_78() {
         .unwrap();
     let status = d.wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(78), "{}", d.log());
-    assert!(
-        d.log().contains(
-            "pepsi.config_override: [stage-filter] MATCH: unexpected \"garbage\" after the value \"x\""
-        ),
-        "{}",
-        d.log()
+    assert_has!(
+        d.log(),
+        "pepsi.config_override: [stage-filter] MATCH: unexpected \"garbage\" after the value \"x\""
     );
 }
 
@@ -499,8 +503,9 @@ fn check_lists_the_per_address_rows_the_workers_ignore_as_warnings() {
     ] {
         assert!(text.contains(line), "{line}\n{}", both(&out));
     }
-    assert!(
-        text.contains("configuration OK (6 warnings)"),
+    assert_has!(
+        text,
+        "configuration OK (6 warnings)",
         "the allowed rows, and a stage without a section's TIMEOUT, are not reported: {}",
         both(&out)
     );
@@ -534,8 +539,9 @@ fn check_refuses_a_per_address_value_that_breaks_its_section_naming_the_address(
             "{line}"
         );
     }
-    assert!(
-        !text.contains("r@y.example"),
+    assert_lacks!(
+        text,
+        "r@y.example",
         "a good row is not reported: {}",
         both(&out)
     );
@@ -559,21 +565,17 @@ fn a_hostile_per_address_row_reaches_checks_output_escaped() {
     );
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     let text = stdout(&out);
-    assert!(
-        !text.contains('\u{202e}') && !text.contains('\u{7}') && !text.contains('\r'),
-        "{text:?}"
-    );
+    assert_lacks!(text, '\u{202e}');
+    assert_lacks!(text, '\u{7}');
+    assert_lacks!(text, '\r');
     assert!(
         !text.lines().any(|l| l.starts_with("error: all is well")),
         "a value cannot print a line of its own: {text}"
     );
-    assert!(
-        text.contains("pepsi.settings for x\\u{202e}@y.example"),
-        "{text}"
-    );
-    assert!(
-        text.contains("pepsi.settings for z@y.example: [stage-filter] MAX_LIFETIME"),
-        "{text}"
+    assert_has!(text, "pepsi.settings for x\\u{202e}@y.example");
+    assert_has!(
+        text,
+        "pepsi.settings for z@y.example: [stage-filter] MAX_LIFETIME"
     );
 }
 
@@ -584,8 +586,9 @@ fn check_reports_an_overlay_program_outside_program_path_as_an_error() {
     let out = check(&s.conf, &["--overlay", "stage-out", "PROGRAM", "/tmp/x"]);
     assert_eq!(out.status.code(), Some(78), "{}", both(&out));
     assert!(stdout(&out).contains(refused), "{}", both(&out));
-    assert!(
-        stdout(&out).contains("; the dispatcher ignores this row"),
+    assert_has!(
+        stdout(&out),
+        "; the dispatcher ignores this row",
         "{}",
         both(&out)
     );
@@ -632,12 +635,9 @@ fn a_reload_ignores_an_overlay_program_outside_program_path_and_applies_the_rest
         "stage configuration reloaded: 3 stages",
         Duration::from_secs(20),
     );
-    assert!(
-        d.log().contains(
-            "pepsi.config_override: [pepsi] PROGRAM_PATH: only [stage-*] sections can be overridden; ignored"
-        ),
-        "{}",
-        d.log()
+    assert_has!(
+        d.log(),
+        "pepsi.config_override: [pepsi] PROGRAM_PATH: only [stage-*] sections can be overridden; ignored"
     );
     // A program under PROGRAM_PATH that the file does not name: a new stage that runs.
     c.execute(
@@ -658,11 +658,7 @@ fn a_reload_ignores_an_overlay_program_outside_program_path_and_applies_the_rest
         row_at(&mut c, matched).is_none() && row_at(&mut c, other).is_none()
     });
     assert!(d.terminate().success(), "{}", d.log());
-    assert!(
-        !d.log().contains("cannot start PROGRAM /tmp/x"),
-        "{}",
-        d.log()
-    );
+    assert_lacks!(d.log(), "cannot start PROGRAM /tmp/x");
     let passes = |c: &mut postgres::Client, stage: &str| -> i64 {
         c.query_opt(
             "SELECT passes FROM pepsi.stage_stats WHERE stage = $1",
@@ -687,8 +683,9 @@ fn a_cycle_is_a_warning_of_check_and_at_start() {
     );
     let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    assert!(
-        stdout(&out).contains(&format!("warning: {warning}")),
+    assert_has!(
+        stdout(&out),
+        &format!("warning: {warning}"),
         "{warning}\n{}",
         both(&out)
     );
@@ -713,8 +710,9 @@ fn check_wants_the_ingress_stage_to_be_an_entry_stage_and_names_its_line() {
     let conf = with_stage("in");
     let out = check(&conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    assert!(
-        stdout(&out).contains("configuration OK (0 warnings)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (0 warnings)",
         "{}",
         both(&out)
     );
@@ -877,8 +875,9 @@ fn an_exec_timeout_not_below_max_runtime_is_a_warning() {
     // The default TIMEOUT (60s) is below the default MAX_RUNTIME (5m).
     let s = scenario("c-timeout-ok").stages(&stages("")).build();
     let out = check(&s.conf, &[]);
-    assert!(
-        stdout(&out).contains("configuration OK (0 warnings)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (0 warnings)",
         "{}",
         both(&out)
     );
@@ -903,8 +902,9 @@ fn a_per_address_timeout_not_below_max_runtime_is_a_warning_naming_the_address()
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let expect = "warning: pepsi.settings for slow@y.example: [stage-in] TIMEOUT: 20m is not below [pepsi-dispatch] MAX_RUNTIME (5m)";
     assert!(stdout(&out).contains(expect), "{expect}\n{}", both(&out));
-    assert!(
-        !stdout(&out).contains("quick@y.example"),
+    assert_lacks!(
+        stdout(&out),
+        "quick@y.example",
         "a TIMEOUT below MAX_RUNTIME is not reported: {}",
         both(&out)
     );
@@ -930,8 +930,9 @@ fn relay_timeouts_summing_to_max_runtime_or_more_are_a_warning() {
     // The defaults (30s + 60s + 60s + 90s = 4m) are below the default MAX_RUNTIME.
     let s = scenario("c-relay-timeout-ok").stages(&stages("")).build();
     let out = check(&s.conf, &[]);
-    assert!(
-        stdout(&out).contains("configuration OK (0 warnings)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (0 warnings)",
         "{}",
         both(&out)
     );
@@ -988,8 +989,9 @@ fn a_byte_order_mark_at_the_start_of_the_file_is_ignored() {
     std::fs::write(&s.conf, text).unwrap();
     let out = check(&s.conf, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    assert!(
-        stdout(&out).contains("configuration OK (0 warnings)"),
+    assert_has!(
+        stdout(&out),
+        "configuration OK (0 warnings)",
         "{}",
         both(&out)
     );
@@ -1019,8 +1021,9 @@ fn check_without_a_database_still_checks_the_file() {
 fn the_usage_names_check() {
     let out = run(&bin("pepsi-dispatch"), &["-h"]);
     assert!(out.status.success());
-    assert!(
-        stdout(&out).contains("serve | check [--overlay SECTION KEY VALUE]"),
+    assert_has!(
+        stdout(&out),
+        "serve | check [--overlay SECTION KEY VALUE]",
         "{}",
         both(&out)
     );
@@ -1034,10 +1037,8 @@ fn a_worker_started_for_a_stage_without_a_section_exits_78() {
     let (first, status, err) = worker_for(&stage("pass"), &s.conf, "gone");
     assert_eq!(first, None, "{err}");
     assert_eq!(status.code(), Some(78), "{err}");
-    assert!(
-        err.contains(
-            "started for stage \"gone\" (PEPSI_WORKER_STAGE), which has no [stage-gone] section"
-        ),
-        "{err}"
+    assert_has!(
+        err,
+        "started for stage \"gone\" (PEPSI_WORKER_STAGE), which has no [stage-gone] section"
     );
 }

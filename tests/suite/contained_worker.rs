@@ -1,4 +1,4 @@
-//! A compromised stage worker (SPEC §4 "Containment", amended 2026-12-04): what an
+//! A compromised stage worker (§4 "Containment", amended 2026-12-04): what an
 //! administrator's overlay cannot do to take an exec command out of its keeper, and
 //! what a worker program written by an attacker cannot reach.
 
@@ -8,7 +8,7 @@ use std::process::Output;
 use serde_json::json;
 
 use crate::util::scenario::conf;
-use crate::util::{TempDir, TestDb, bin, run, stderr, stdout};
+use crate::util::{TempDir, TestDb, assert_has, assert_lacks, bin, run, stderr, stdout};
 
 /// `PROGRAM -c conf ARGS…`.
 fn program(name: &str, conf: &Path, args: &[&str]) -> Output {
@@ -62,11 +62,9 @@ fn a_stage_that_runs_a_command_is_never_fused_into_by_file_overlay_or_check() {
         &["config", "set", "stage-archive", "FUSION", "yes"],
     );
     assert_ne!(set.status.code(), Some(0), "{}", stdout(&set));
-    assert!(
-        stderr(&set)
-            .contains("[stage-archive] FUSION: a stage that runs a COMMAND is never fused into"),
-        "{}",
-        stderr(&set)
+    assert_has!(
+        stderr(&set),
+        "[stage-archive] FUSION: a stage that runs a COMMAND is never fused into"
     );
     let mut c = db.client();
     let rows: i64 = c
@@ -80,12 +78,9 @@ fn a_stage_that_runs_a_command_is_never_fused_into_by_file_overlay_or_check() {
         &["check", "--overlay", "stage-archive", "FUSION", "yes"],
     );
     assert_eq!(dry.status.code(), Some(78), "{}", stdout(&dry));
-    assert!(
-        stdout(&dry).contains(
-            "pepsi.config_override: [stage-archive] FUSION: a stage that runs a COMMAND is never fused into"
-        ),
-        "{}",
-        stdout(&dry)
+    assert_has!(
+        stdout(&dry),
+        "pepsi.config_override: [stage-archive] FUSION: a stage that runs a COMMAND is never fused into"
     );
     c.execute(
         "INSERT INTO pepsi.config_override VALUES ('stage-archive', 'FUSION', 'yes')",
@@ -94,12 +89,9 @@ fn a_stage_that_runs_a_command_is_never_fused_into_by_file_overlay_or_check() {
     .unwrap();
     let checked = program("pepsi-dispatch", &conf, &["check"]);
     assert_eq!(checked.status.code(), Some(78), "{}", stdout(&checked));
-    assert!(
-        stdout(&checked).contains(
-            "pepsi.config_override: [stage-archive] FUSION: a stage that runs a COMMAND is never fused into"
-        ),
-        "{}",
-        stdout(&checked)
+    assert_has!(
+        stdout(&checked),
+        "pepsi.config_override: [stage-archive] FUSION: a stage that runs a COMMAND is never fused into"
     );
 }
 
@@ -229,7 +221,7 @@ fn a_compromised_worker_reaches_no_other_role_no_secret_no_sibling_and_no_row_it
         "pepsi_t_admin",
         "pepsi_t_mta",
     ];
-    // The README's map: one account, one role.
+    // The map of doc/roles-and-containment.md: one account, one role.
     let pg = PeerCluster::start(&[(&run_as, &run_as), (&worker, &worker)]).unwrap();
     let mut admin = pg.admin("postgres");
     admin
@@ -359,25 +351,23 @@ fn a_compromised_worker_reaches_no_other_role_no_secret_no_sibling_and_no_row_it
     // its sections, nothing of the owner's or the administrators'.
     assert_eq!(report["read_file"], json!(libc::EACCES), "{report}");
     let handed = report["handed"].as_str().unwrap();
-    assert!(
-        handed.contains(&format!("WORKER_CONNECTION = {}", connection(&worker))),
-        "{handed}"
+    assert_has!(
+        handed,
+        &format!("WORKER_CONNECTION = {}", connection(&worker))
     );
     for secret in [
         "admin-secret",
         &format!("CONNECTION = {}", connection(&run_as)),
         "[pepsi-dispatch]",
     ] {
-        assert!(
-            !handed.contains(secret),
-            "{secret} reached the worker:\n{handed}"
-        );
+        assert_lacks!(handed, secret, "{secret} reached the worker");
     }
     // No other role: every login but its own is refused by the map.
     for role in others {
         let said = report["logins"][role].as_str().unwrap_or_default();
-        assert!(
-            said.contains("Peer authentication failed"),
+        assert_has!(
+            said,
+            "Peer authentication failed",
             "{role}: {said}\n{}",
             pg.log()
         );
@@ -482,11 +472,7 @@ fn workers_run_under_an_account_of_their_own_or_the_dispatcher_refuses_to_start(
             "{worker_as}: {}",
             stderr(&serve)
         );
-        assert!(
-            stderr(&serve).contains(says),
-            "{worker_as}: {}",
-            stderr(&serve)
-        );
+        assert_has!(stderr(&serve), says, "{worker_as}");
         let checked = program("pepsi-dispatch", &path, &["check"]);
         assert_eq!(
             checked.status.code(),
@@ -494,22 +480,17 @@ fn workers_run_under_an_account_of_their_own_or_the_dispatcher_refuses_to_start(
             "{worker_as}: {}",
             stdout(&checked)
         );
-        assert!(
-            stdout(&checked).contains(says),
-            "{worker_as}: {}",
-            stdout(&checked)
-        );
+        assert_has!(stdout(&checked), says, "{worker_as}");
     }
     // A file the workers' account can read: its connection strings would reach a
     // compromised worker.
     let open = with("open.conf", &worker);
     let checked = program("pepsi-dispatch", &open, &["check"]);
-    assert!(
-        stdout(&checked).contains(&format!(
+    assert_has!(
+        stdout(&checked),
+        &format!(
             "can be read by WORKER_AS {worker}: every connection string it holds reaches a compromised stage program"
-        )),
-        "{}",
-        stdout(&checked)
+        )
     );
 }
 
@@ -546,13 +527,13 @@ fn the_orphans_a_running_command_leaves_are_reaped_while_it_runs() {
     let out = dir.path("out");
     crate::util::shared_dir(&out);
     // 300 processes orphaned at once (each subshell exits, its sleep lives on for a
-    // moment and ends), then the command stays a while.
+    // moment and ends), then the command runs on until the test lets it end.
     let command = dir.write(
         "orphans",
         &format!(
             "#!/bin/sh\ncat >/dev/null\ni=0\nwhile [ $i -lt 300 ]; do (sleep 0.01 &); i=$((i+1)); done\n\
-             touch {}/forked\nexec sleep 4\n",
-            out.display()
+             touch {out}/forked\nwhile [ ! -e {out}/done ]; do sleep 0.1; done\n",
+            out = out.display()
         ),
     );
     std::fs::set_permissions(
@@ -580,17 +561,23 @@ fn the_orphans_a_running_command_leaves_are_reaped_while_it_runs() {
     // The keeper: the launcher's child when the dispatcher runs as root, else the
     // worker's.
     let keeper = wait_keeper(&d);
-    std::thread::sleep(Duration::from_millis(1000));
-    let kids = children_states(keeper);
-    let zombies = kids.iter().filter(|(_, z)| *z).count();
-    assert!(
-        zombies < 50,
-        "{zombies} zombies held by the keeper while the command runs"
+    // Reaped while the command runs (it runs until told to end): without the keeper's
+    // reaping the orphans would stay zombies, hundreds of them, until it ends. The
+    // keeper reaps every 200 ms; the deadline is a busy machine's.
+    let mut kids = Vec::new();
+    wait_until(
+        Duration::from_secs(30),
+        "fewer than 50 zombies held by the keeper while the command runs",
+        || {
+            kids = children_states(keeper);
+            kids.iter().filter(|(_, z)| *z).count() < 50
+        },
     );
     assert!(
         kids.iter().any(|(_, z)| !z),
         "the command itself still runs: {kids:?}"
     );
+    std::fs::write(out.join("done"), "").unwrap();
     assert!(d.terminate().success(), "{}", d.log());
 
     /// The keeper process, found by its name among the dispatcher's descendants.
@@ -691,11 +678,8 @@ fn an_exec_user_in_the_group_that_reads_the_configuration_is_refused() {
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o644)).unwrap();
     let checked = program("pepsi-dispatch", &base, &["check"]);
     assert_eq!(checked.status.code(), Some(78), "{}", stdout(&checked));
-    assert!(
-        stdout(&checked).contains(&format!(
-            "USER {member} is refused: it is in the group of [pepsi] RUN_AS nobody"
-        )),
-        "{}",
-        stdout(&checked)
+    assert_has!(
+        stdout(&checked),
+        &format!("USER {member} is refused: it is in the group of [pepsi] RUN_AS nobody")
     );
 }

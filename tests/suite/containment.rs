@@ -1,4 +1,4 @@
-//! Containment (SPEC §4 "Containment", §12.7 exec): what the overlay, a planted object,
+//! Containment (§4 "Containment", §12.7 exec): what the overlay, a planted object,
 //! an exec command, a worker's role and an injector's role cannot do, each tried as an
 //! attacker would. The foreign worker's sessions (`guarantees.rs`) and the small cases
 //! of escaping and notifications (`bounce.rs`, `queue.rs`, `config_check.rs`) have
@@ -19,7 +19,8 @@ use crate::util::dispatcher::Dispatcher;
 use crate::util::rows::queue_len;
 use crate::util::scenario::conf;
 use crate::util::{
-    TempDir, TestDb, bin, is_root, row_at, run, shared_dir, stage, stderr, wait_until, write_config,
+    TempDir, TestDb, assert_has, bin, is_root, row_at, run, shared_dir, stage, stderr, wait_until,
+    write_config,
 };
 
 /// `pepsi-queue -c conf ARGS…`.
@@ -131,15 +132,11 @@ fn the_overlay_cannot_set_a_command_or_a_user_nor_add_a_stage_that_runs_one() {
     );
     let printed = String::from_utf8_lossy(&check.stdout).into_owned();
     assert_eq!(check.status.code(), Some(78), "{printed}");
-    assert!(
-        printed
-            .contains("error: pepsi.config_override: [stage-deliver] COMMAND: COMMAND is refused"),
-        "{printed}"
+    assert_has!(
+        printed,
+        "error: pepsi.config_override: [stage-deliver] COMMAND: COMMAND is refused"
     );
-    assert!(
-        printed.contains("[stage-deliver] USER: USER is refused"),
-        "{printed}"
-    );
+    assert_has!(printed, "[stage-deliver] USER: USER is refused");
     let mut d = Dispatcher::start(&conf, &[]);
     let id = crate::util::inject(&mut c, "in", "a@x.example", &["r@y.example"]);
     wait_until(Duration::from_secs(30), "the message is delivered", || {
@@ -148,12 +145,7 @@ fn the_overlay_cannot_set_a_command_or_a_user_nor_add_a_stage_that_runs_one() {
     assert!(d.terminate().success(), "{}", d.log());
     assert!(out.join(format!("file.{id}")).exists(), "{}", d.log());
     assert!(!out.join(format!("overlay.{id}")).exists(), "{}", d.log());
-    assert!(
-        d.log()
-            .contains("[stage-deliver] COMMAND: COMMAND is refused"),
-        "{}",
-        d.log()
-    );
+    assert_has!(d.log(), "[stage-deliver] COMMAND: COMMAND is refused");
 }
 
 #[test]
@@ -277,26 +269,17 @@ fn pepsi_setup_closes_public_and_check_reports_a_schema_other_roles_may_create_i
     let out = check(&conf);
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(78), "{printed}");
-    assert!(
-        printed.contains(
-            "error: database: role pepsi_inject may create objects in schema public, which sessions resolve names through"
-        ),
-        "{printed}"
+    assert_has!(
+        printed,
+        "error: database: role pepsi_inject may create objects in schema public, which sessions resolve names through"
     );
-    assert!(
-        printed.contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC"),
-        "{printed}"
-    );
+    assert_has!(printed, "REVOKE CREATE ON SCHEMA public FROM PUBLIC");
     let out = run(
         &bin("pepsi-setup"),
         &["-c", conf.to_str().unwrap(), "schema"],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("revoked CREATE on schema public from PUBLIC"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "revoked CREATE on schema public from PUBLIC");
     assert!(!open(&mut su));
     let out = check(&conf);
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -306,14 +289,11 @@ fn pepsi_setup_closes_public_and_check_reports_a_schema_other_roles_may_create_i
         .unwrap();
     let out = check(&conf);
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        printed.contains("role pepsi_worker may create objects in schema pepsi"),
-        "{printed}"
+    assert_has!(
+        printed,
+        "role pepsi_worker may create objects in schema pepsi"
     );
-    assert!(
-        printed.contains("REVOKE CREATE ON SCHEMA pepsi FROM pepsi_worker"),
-        "{printed}"
-    );
+    assert_has!(printed, "REVOKE CREATE ON SCHEMA pepsi FROM pepsi_worker");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use crate::util::rows::{count, inject_many, wait_empty};
 use crate::util::{Scenario, TestDb, row_at, wait_until};
 
 #[test]
-fn a_paused_row_is_retried_within_about_a_second_of_its_due_time() {
+fn a_paused_row_is_retried_at_its_due_time_not_at_the_next_heartbeat() {
     let (s, mut c) = Scenario::new("d-due")
         .timers("POLL_INTERVAL = 60s\nWORKER_IDLE_TIMEOUT = 60s")
         .stages("[stage-s]\nPROGRAM = {pass}\nNEXT = end\n\n[stage-end]\nPROGRAM = {discard}\n")
@@ -39,12 +39,15 @@ fn a_paused_row_is_retried_within_about_a_second_of_its_due_time() {
             .unwrap()
             .get::<_, f64>(0),
     );
-    wait_until(Duration::from_secs(10), "the paused row completes", || {
+    wait_until(Duration::from_secs(30), "the paused row completes", || {
         row_at(&mut c, paused).is_none()
     });
+    // Retried about a second after its due time; the bound leaves a busy machine
+    // several seconds and is still far below POLL_INTERVAL (60 s), when the heartbeat's
+    // claim would have taken it anyway.
     let late = Instant::now().saturating_duration_since(due);
     assert!(
-        late < Duration::from_millis(2500),
+        late < Duration::from_secs(10),
         "retried {late:?} after its due time"
     );
     assert!(d.terminate().success());

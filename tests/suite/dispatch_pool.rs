@@ -12,7 +12,7 @@ use postgres::Client;
 use crate::util::rows::{
     count, inject_fault, inject_many, queue_len, wait_count, wait_empty, wait_status,
 };
-use crate::util::{Scenario, row_at, stage, stage_dir, state_of, wait_until};
+use crate::util::{Scenario, assert_has, row_at, stage, stage_dir, state_of, wait_until};
 
 #[test]
 fn a_pipeline_drains_1000_messages_and_every_row_ends_where_its_stages_say() {
@@ -245,19 +245,17 @@ fn status_75_requeues_the_message_and_halves_the_biggest_stage() {
         "stage big runs the most workers (4); its PARALLELISM is capped at 2",
         Duration::from_secs(20),
     );
-    assert!(
-        d.log()
-            .contains("raise PostgreSQL max_connections or lower PARALLELISM")
+    assert_has!(
+        d.log(),
+        "raise PostgreSQL max_connections or lower PARALLELISM"
     );
     // Back to pending, then run again (the fault cleared itself) to completion.
     wait_until(Duration::from_secs(20), "the 75 message completes", || {
         row_at(&mut c, id).is_none()
     });
-    assert!(
-        d.log()
-            .contains(&format!("small: message {id}: the database refused")),
-        "{}",
-        d.log()
+    assert_has!(
+        d.log(),
+        &format!("small: message {id}: the database refused")
     );
     // The cap holds: big shrinks to at most 2 workers.
     wait_until(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::dispatcher::alive;
 use crate::util::rows::{count, inject_fault, inject_many, wait_empty, wait_status};
-use crate::util::{Scenario, row_at, wait_until};
+use crate::util::{Scenario, assert_has, row_at, wait_until};
 
 #[test]
 fn a_second_dispatcher_exits_1_after_about_10_seconds_and_touches_nothing() {
@@ -26,12 +26,9 @@ fn a_second_dispatcher_exits_1_after_about_10_seconds_and_touches_nothing() {
         started.elapsed() >= Duration::from_secs(9),
         "it waited for the lock"
     );
-    assert!(
-        second
-            .log()
-            .contains("another pepsi-dispatch holds the dispatcher lock"),
-        "{}",
-        second.log()
+    assert_has!(
+        second.log(),
+        "another pepsi-dispatch holds the dispatcher lock"
     );
     assert_eq!(
         row_at(&mut c, held),

@@ -10,7 +10,7 @@ use crate::util::rows::{
     count, due_now, inject_fault, inject_many, pauses_of, record_pauses, wait_count, wait_empty,
     wait_status,
 };
-use crate::util::{Scenario, row_at, state_of, wait_until};
+use crate::util::{Scenario, assert_has, row_at, state_of, wait_until};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -27,11 +27,9 @@ fn a_crash_strikes_the_front_message_and_requeues_its_siblings() {
     let st = state_of(&mut c, poison);
     assert_eq!(st["strikes"], 1);
     assert_eq!(st["strike_stage"], "s");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("exited with status 3"),
+    assert_has!(
+        st["last_error"].as_str().unwrap(),
+        "exited with status 3",
         "{st}"
     );
     for id in &siblings {
@@ -114,11 +112,9 @@ fn a_hang_is_killed_at_max_runtime_and_the_third_times_out() {
     let sibling = inject_many(&mut c, "s", "a@x.example", 1)[0];
     let mut d = s.start();
     wait_status(&mut c, hang, ("s", "paused"), Duration::from_secs(20));
-    assert!(
-        state_of(&mut c, hang)["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("MAX_RUNTIME")
+    assert_has!(
+        state_of(&mut c, hang)["last_error"].as_str().unwrap(),
+        "MAX_RUNTIME"
     );
     wait_until(Duration::from_secs(20), "the sibling completes", || {
         row_at(&mut c, sibling).is_none()
@@ -157,11 +153,9 @@ fn a_garbage_status_line_tears_the_worker_down_as_a_crash() {
     wait_status(&mut c, bad, ("s", "paused"), Duration::from_secs(20));
     let st = state_of(&mut c, bad);
     assert_eq!(st["strikes"], 1);
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("unreadable status line"),
+    assert_has!(
+        st["last_error"].as_str().unwrap(),
+        "unreadable status line",
         "{st}"
     );
     drop(d);

@@ -1,4 +1,4 @@
-//! `SYNCHRONOUS_COMMIT` (SPEC §12.2): each stage's outcomes commit at its level, a
+//! `SYNCHRONOUS_COMMIT` (§12.2): each stage's outcomes commit at its level, a
 //! worker that may fuse into a stage commits at the strongest level of the stages it
 //! runs, and the dispatcher's own queue writes at `[pepsi-dispatch]`'s. Seen from the
 //! database: a trigger records, with every queue write, the `synchronous_commit` of the

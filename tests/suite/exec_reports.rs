@@ -1,5 +1,5 @@
 //! What an exec stage's command tells the sender and how its recipients reach it
-//! (SPEC §12.7): a refusing exit status read as Postfix's `pipe(8)` reads it, the
+//! (§12.7): a refusing exit status read as Postfix's `pipe(8)` reads it, the
 //! status and diagnostic of the command's first stderr line, `RECIPIENT_LIMIT` (one
 //! invocation and one outcome per group) and a recipient list far beyond what one
 //! environment variable holds. Real commands, real workers, the reports parsed by the
@@ -19,7 +19,7 @@ use crate::util::bouncer::Bouncer;
 use crate::util::rows::queue_len;
 use crate::util::scenario::Scenario;
 use crate::util::worker::{Worker, code};
-use crate::util::{claim, row_at, shared_dir, stage, state_of, wait_until};
+use crate::util::{assert_lacks, claim, row_at, shared_dir, stage, state_of, wait_until};
 
 /// A shell script in `dir`, executable by every account.
 fn script(dir: &crate::util::TempDir, name: &str, text: &str) -> PathBuf {
@@ -99,10 +99,8 @@ fn a_refusing_exit_reaches_the_sender_as_postfix_pipe_reports_it() {
     let report = |c: &mut Client, id: i64| {
         let raw = dsn_of(c, id).expect("a report").raw;
         let text = String::from_utf8_lossy(&raw).into_owned();
-        assert!(
-            !text.contains("/etc/pepsi") && !text.contains("/var/mail"),
-            "{text}"
-        );
+        assert_lacks!(text, "/etc/pepsi");
+        assert_lacks!(text, "/var/mail");
         let p = parse(&raw);
         assert_eq!(p.per_recipient.len(), 1);
         let r = &p.per_recipient[0];

@@ -1,4 +1,4 @@
-//! The fair claim at the SQL level (SPEC §7): `pepsi.workqueue_claim_fair` called
+//! The fair claim at the SQL level (§7): `pepsi.workqueue_claim_fair` called
 //! through [`sql::CLAIM_FAIR`] with typed parameters, against a real PostgreSQL. The
 //! fence, the ranking by lead, the FIFO reserve, the rotating window of senders, rows
 //! another session holds, the properties shared with the oldest-first claim (one token,
@@ -15,7 +15,7 @@ use postgres::{Client, GenericClient};
 
 use pepsi::db::sql;
 
-use crate::util::{TempDir, TestDb, pg, write_config};
+use crate::util::{TempDir, TestDb, assert_lacks, pg, write_config};
 
 /// MAX_HOPS for the calls that do not test it.
 const MAX_HOPS: i32 = 100;
@@ -786,10 +786,7 @@ pub(super) fn assert_reads_at_most(plans: &str, most: f64, pages: f64, when: &st
                 "{when}: a node touched {touched} buffers, more than {pages}: {line}\n{plans}"
             );
         }
-        assert!(
-            !line.contains("Seq Scan on workqueue"),
-            "{when}: {line}\n{plans}"
-        );
+        assert_lacks!(line, "Seq Scan on workqueue", "{when}: {line}\n{plans}");
     }
     assert!(nodes > 0, "{when}: no plan was logged:\n{plans}");
 }

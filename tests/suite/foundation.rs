@@ -4,7 +4,7 @@
 use postgres::Client;
 
 use crate::util::notify::{listen, notified};
-use crate::util::{TempDir, TestDb, bin, run, stderr, write_config};
+use crate::util::{TempDir, TestDb, assert_has, bin, run, stderr, write_config};
 
 fn sender_key(
     c: &mut Client,
@@ -451,10 +451,7 @@ fn split_keeps_group_one_and_clones_the_rest_pending_at_the_same_stage() {
         )
         .unwrap_err();
     let err = pepsi::db::describe(&err);
-    assert!(
-        err.contains("the claimed stage and the claim token are required"),
-        "{err}"
-    );
+    assert_has!(err, "the claimed stage and the claim token are required");
 }
 
 fn setup(dir: &TempDir, db: &TestDb) -> std::process::Output {
@@ -471,13 +468,12 @@ fn pepsi_setup_installs_once_then_is_a_no_op() {
     let dir = TempDir::new("setup");
     let out = setup(&dir, &db);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!(
+    assert_has!(
+        stderr(&out),
+        &format!(
             "schema installed at version {}",
             pepsi::db::schema::version()
-        )),
-        "{}",
-        stderr(&out)
+        )
     );
     let mut c = db.client();
     let (v, d): (i32, String) = c
@@ -488,11 +484,7 @@ fn pepsi_setup_installs_once_then_is_a_no_op() {
     assert_eq!(d, pepsi::db::schema::digest(v));
     let out = setup(&dir, &db);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("schema is up to date"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "schema is up to date");
     pepsi::db::schema::check(&mut c).unwrap();
 }
 
@@ -507,11 +499,8 @@ fn each_schema_mismatch_exits_78_with_its_own_message() {
         .unwrap();
     let out = setup(&dir, &db);
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("newer") && stderr(&out).contains("this binary is older"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "newer");
+    assert_has!(stderr(&out), "this binary is older");
 
     c.execute(
         "UPDATE pepsi.schema_version SET version = $1, digest = 'feedface'",
@@ -520,11 +509,7 @@ fn each_schema_mismatch_exits_78_with_its_own_message() {
     .unwrap();
     let out = setup(&dir, &db);
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("built from other files"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "built from other files");
 
     // Older: the library check every program runs names the remedy.
     c.execute(
@@ -533,28 +518,20 @@ fn each_schema_mismatch_exits_78_with_its_own_message() {
     )
     .unwrap();
     let err = pepsi::db::schema::check(&mut c).unwrap_err();
-    assert!(
-        err.to_string().contains("older") && err.to_string().contains("run pepsi-setup schema"),
-        "{err}"
-    );
+    assert_has!(err.to_string(), "older", "{err}");
+    assert_has!(err.to_string(), "run pepsi-setup schema", "{err}");
     // Not installed at all reads as the same remedy.
     let empty = TestDb::empty();
     let err = pepsi::db::schema::check(&mut empty.client()).unwrap_err();
-    assert!(
-        err.to_string().contains("not installed")
-            && err.to_string().contains("run pepsi-setup schema")
-    );
+    assert_has!(err.to_string(), "not installed");
+    assert_has!(err.to_string(), "run pepsi-setup schema");
 }
 
 #[test]
 fn a_trailing_global_flag_exits_64() {
     let out = run(&bin("pepsi-setup"), &["schema", "-v"]);
     assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("must come before the subcommand"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "must come before the subcommand");
     let out = run(&bin("pepsi-setup"), &["frobnicate"]);
     assert_eq!(out.status.code(), Some(64));
     let out = run(&bin("pepsi-setup"), &["-V"]);
@@ -583,11 +560,7 @@ fn a_configuration_only_root_can_read_stops_the_dispatcher_at_start() {
         &["-c", conf.to_str().unwrap(), "serve"],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cannot be read as RUN_AS nobody"),
-        "{}",
-        stderr(&out)
-    );
+    assert_has!(stderr(&out), "cannot be read as RUN_AS nobody");
 }
 
 #[test]

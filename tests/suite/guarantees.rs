@@ -1,4 +1,4 @@
-//! The guarantees that close the holes of SPEC §6 "Claim tokens" and §8.2 "Bounded
+//! The guarantees that close the holes of §6 "Claim tokens" and §8.2 "Bounded
 //! waits" and "Batches": a stale write never lands on a later claim, one locked row
 //! stalls nothing else, a killed worker (one written in Python on libpq too) takes its
 //! database sessions and its helpers with it, a dead helper thread stops the
@@ -206,10 +206,11 @@ fn a_hung_worker_inside_a_statement_is_killed_and_its_session_terminated() {
     wait_status(&mut c, id, ("s", "paused"), Duration::from_secs(60));
     let st = state_of(&mut c, id);
     assert_eq!(st["strikes"], 1, "{st}");
-    // The server would run the sleeping statement for an hour: the dispatcher ends it.
+    // The server would run the sleeping statement for an hour: the dispatcher ends it
+    // (at once; the deadline is a busy machine's).
     let pattern = session_pattern(&session);
     wait_until(
-        Duration::from_secs(1),
+        Duration::from_secs(10),
         "no session of the killed worker remains",
         || {
             c.query_one(
@@ -322,9 +323,10 @@ fn a_python_worker_killed_at_max_runtime_leaves_no_database_session_behind() {
             .is_some_and(|e| e.contains("MAX_RUNTIME")),
         "{st}"
     );
-    // The server would run the statement for an hour: the dispatcher ends it too.
+    // The server would run the statement for an hour: the dispatcher ends it too (at
+    // once; the deadline is a busy machine's).
     wait_until(
-        Duration::from_secs(2),
+        Duration::from_secs(10),
         &format!("no session of the killed worker remains (it was named {session:?})"),
         || c.query(sleeping, &[]).unwrap().is_empty(),
     );

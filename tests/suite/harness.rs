@@ -1,10 +1,13 @@
 //! The test harness on a server that outlives the run (`DATABASE_URL`,
 //! `tests/util/pg.rs`): a run leaves no database behind, also when it panics, and
-//! drops what an earlier run that was killed left.
+//! drops what an earlier run that was killed left. And the harness's text assertions
+//! (`tests/util/asserts.rs`): what they report when they fail.
 
+use std::panic::catch_unwind;
 use std::process::Command;
 
 use crate::util::pg::{self, TestDb};
+use crate::util::{assert_has, assert_lacks};
 
 /// Set in the child run of [`a_run_on_an_external_server_leaves_no_database_behind`]:
 /// the test binary run again, as a run against an external server that fails.
@@ -82,4 +85,38 @@ fn a_run_on_an_external_server_leaves_no_database_behind() {
         left.is_empty(),
         "databases of the child run and of the killed one are dropped: {left:?}"
     );
+}
+
+/// What a failed [`assert_has!`] or [`assert_lacks!`] said.
+fn failure(check: impl FnOnce() + std::panic::UnwindSafe) -> String {
+    let payload = catch_unwind(check).expect_err("the assertion fails");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .expect("a formatted message")
+}
+
+#[test]
+fn a_failed_text_assertion_names_the_needle_the_context_and_the_whole_text_escaped() {
+    let text = "first line\nforged\u{202e}line\r\n";
+    // Holding, and lacking: no panic.
+    assert_has!(text, "first line");
+    assert_lacks!(text, "absent", "context {}", 1);
+
+    let said = failure(|| assert_has!(text, "absent", "context {}", 7));
+    assert_has!(said, "lacks \"absent\"");
+    assert_has!(said, "\ncontext 7\n");
+    // A right-to-left override or a carriage return reaches no terminal as it is.
+    assert_has!(said, r#""first line\nforged\u{202e}line\r\n""#);
+    assert_lacks!(said, ['\u{202e}', '\r']);
+
+    // Plain text is shown as it is; a list item is looked for in the list.
+    let said = failure(|| assert_lacks!("one\ntwo", "two"));
+    assert_has!(
+        said,
+        "holds \"two\"\n--- the text ---\none\ntwo\n--- end ---"
+    );
+    let said = failure(|| assert_has!(vec!["a".to_string()], &"b".to_string()));
+    assert_has!(said, "lacks \"b\"");
+    assert_has!(said, "\"a\"");
 }

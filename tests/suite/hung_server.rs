@@ -1,4 +1,4 @@
-//! A database server that stops answering (SPEC §8.4 "A server that hangs"): each
+//! A database server that stops answering (§8.4 "A server that hangs"): each
 //! program's connection to a server that accepts and never says a word ends within
 //! `connect_timeout`, naming the host, and a statement whose server process is stopped
 //! is abandoned within its `statement_timeout` and the grace. Without the watchdog

@@ -1,4 +1,4 @@
-//! `pepsi-ingress` (SPEC §16) from the outside: a real daemon on loopback ports or a
+//! `pepsi-ingress` (§16) from the outside: a real daemon on loopback ports or a
 //! Unix socket, driven by Python's `smtplib` (an implementation of LMTP and SMTP that is
 //! not ours) or by raw bytes where no library would send them, and judged by the rows
 //! it leaves at its entry stage `in` (no dispatcher runs, so they stay pending there).
@@ -24,7 +24,7 @@ use crate::util::ingress::{
 };
 use crate::util::rows::{count, queue_len};
 use crate::util::scenario::Builder;
-use crate::util::{Scenario, wait_until};
+use crate::util::{Scenario, assert_has, assert_lacks, wait_until};
 
 const SEC: Duration = Duration::from_secs(1);
 /// The longest a client script may run.
@@ -546,10 +546,13 @@ fn a_garbage_command_and_a_100_kb_line_get_500_and_the_session_still_works() {
 #[test]
 fn a_client_that_stops_mid_data_gets_421_after_the_timeout_while_another_is_served() {
     let port = free_port();
+    // Long enough that the other client is served before it ends, however busy the
+    // machine: that it is served meanwhile is what is checked.
+    let timeout = 8 * SEC;
     let mut t = open(
         Scenario::new("i-stall"),
         &format!("lmtp:127.0.0.1:{port}"),
-        "TIMEOUT = 2s\n",
+        &format!("TIMEOUT = {}s\n", timeout.as_secs()),
     );
     let mut stuck = Raw::connect(port, 30 * SEC);
     assert_eq!(stuck.command("LHLO stuck.example").0, 250);
@@ -568,11 +571,11 @@ fn a_client_that_stops_mid_data_gets_421_after_the_timeout_while_another_is_serv
     other.send(b"From: b@x.example\r\nSubject: other\r\n\r\nServed.\r\n.\r\n");
     let (code, text) = other.reply();
     assert_eq!(code, 250, "{text}");
-    assert!(
-        !t.daemon.log().contains("timed out"),
-        "served while the stalled session waited ({:?} in):\n{}",
-        stalled.elapsed(),
-        t.daemon.log()
+    assert_lacks!(
+        t.daemon.log(),
+        "timed out",
+        "served while the stalled session waited ({:?} in)",
+        stalled.elapsed()
     );
     assert_eq!(other.command("QUIT").0, 221);
 
@@ -581,9 +584,11 @@ fn a_client_that_stops_mid_data_gets_421_after_the_timeout_while_another_is_serv
         .unwrap_or_else(|e| panic!("no reply to the stalled client: {e}"));
     let waited = stalled.elapsed();
     assert_eq!((code, &text[..5]), (421, "4.4.2"), "{text}");
+    // Not before the timeout (less what the data took to send); after it, with a
+    // margin of several seconds for a busy machine.
     assert!(
-        (1500..10_000).contains(&waited.as_millis()),
-        "421 after {waited:?}, TIMEOUT is 2 s"
+        waited >= timeout - SEC && waited < timeout + 10 * SEC,
+        "421 after {waited:?}, TIMEOUT is {timeout:?}"
     );
     assert!(stuck.closed(), "the connection is closed after the 421");
     let rows = rows(&mut t.c);
@@ -783,19 +788,15 @@ print(json.dumps(out))
             "one reply after the data: {out}"
         );
     }
-    assert!(
-        trusted["features"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("xforward")),
+    assert_has!(
+        trusted["features"].as_array().unwrap(),
+        &json!("xforward"),
         "{trusted}"
     );
     assert_eq!(reply(&trusted["xforward"]).0, 250, "{trusted}");
-    assert!(
-        !untrusted["features"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("xforward")),
+    assert_lacks!(
+        untrusted["features"].as_array().unwrap(),
+        &json!("xforward"),
         "{untrusted}"
     );
     let (code, text) = reply(&untrusted["xforward"]);

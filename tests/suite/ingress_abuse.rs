@@ -1,4 +1,4 @@
-//! `pepsi-ingress` against hostile clients (issue 29): a message smuggled behind a
+//! `pepsi-ingress` against hostile clients: a message smuggled behind a
 //! bare line feed, and clients that hold sessions open — idle, or dripping a byte now
 //! and then — to lock the MTA in front out.
 

@@ -7,7 +7,7 @@ use postgres::Client;
 
 use crate::util::scenario::{Builder, Scenario};
 use crate::util::worker::{Worker, code};
-use crate::util::{TestDb, claim, due_in_secs, inject, row_at, stage, state_of};
+use crate::util::{TestDb, assert_has, claim, due_in_secs, inject, row_at, stage, state_of};
 
 /// `pass` at `p` advancing to `q` (a discard), unfused, batches of up to 8.
 const PASS_TO_Q: &str = "[stage-p]\nPROGRAM = {pass}\nNEXT = q\nQUEUE_LIMIT = 8\n\n\
@@ -258,11 +258,9 @@ fn a_row_that_cannot_be_loaded_fails_alone_as_unreadable_and_its_batch_runs() {
         let st = state_of(&mut c, id);
         assert_eq!(st["failure_class"], "unreadable", "{st}");
         assert_eq!(st["failed_stage"], "p", "{st}");
-        assert!(
-            st["last_error"]
-                .as_str()
-                .unwrap()
-                .contains("row is poisoned"),
+        assert_has!(
+            st["last_error"].as_str().unwrap(),
+            "row is poisoned",
             "{st}"
         );
         let kept: bool = c
@@ -312,8 +310,9 @@ fn an_outcome_the_database_always_refuses_fails_as_unwritable_after_5_attempts()
         };
         let st = state_of(&mut c, bad);
         assert_eq!(st["unwritten"], attempt, "attempt {attempt}: {st}");
-        assert!(
-            st["last_error"].as_str().unwrap().contains("refuse_q"),
+        assert_has!(
+            st["last_error"].as_str().unwrap(),
+            "refuse_q",
             "attempt {attempt}: {st}"
         );
         assert_eq!(st["list_copy"], true, "{st}");
@@ -344,11 +343,7 @@ fn an_outcome_the_database_always_refuses_fails_as_unwritable_after_5_attempts()
             assert_eq!(st["failed_stage"], "p", "{st}");
         }
     }
-    assert!(
-        state_text(&mut c, bad).contains("123456789012345678901234567890"),
-        "{}",
-        state_text(&mut c, bad)
-    );
+    assert_has!(state_text(&mut c, bad), "123456789012345678901234567890");
 }
 
 #[test]

@@ -1,10 +1,10 @@
-//! The README's Postfix recipe, run for real: a private Postfix (`util::postfix`)
+//! The Postfix recipe of doc/postfix.md, run for real: a private Postfix (`util::postfix`)
 //! takes mail over SMTP, hands it to `pepsi-ingress` through `content_filter =
 //! lmtp:inet:…`, a dispatcher runs it through a pipeline (`filter`, an `if` stage that
-//! drops mail from `spam.test`, then the README's `reinject` stage), and
+//! drops mail from `spam.test`, then the recipe's `reinject` stage), and
 //! `pepsi-stage-relay` gives it back to Postfix's second `smtpd`, which delivers it
-//! into maildirs the test reads. Every Postfix and Pepsi line of the loop is the README's
-//! own (`Recipe::from_readme`), moved to free loopback ports.
+//! into maildirs the test reads. Every Postfix and Pepsi line of the loop is the recipe's
+//! own (`Recipe::from_guide`), moved to free loopback ports.
 //!
 //! What the loop must do: a message for two local recipients arrives once in each
 //! mailbox, byte for byte as sent; a bounce from outside (the null sender) is
@@ -13,8 +13,8 @@
 //! `smtpd` refuses one of two recipients (550 5.1.1), the other gets the message and
 //! the sender a notification from the bounce stage, where the failure bouncer moves
 //! the refused recipient. Needs root and Postfix (`apt-get install postfix`);
-//! elsewhere each test says why and passes, unless `CI` is set. On every machine, the README must still give each piece of the recipe in
-//! the shape the loop reads it, and `pepsi-ingress(8)` the same lines as the README.
+//! elsewhere each test says why and passes, unless `CI` is set. On every machine, doc/postfix.md must still give each piece of the recipe in
+//! the shape the loop reads it, and `pepsi-ingress(8)` the same lines as doc/postfix.md.
 
 use std::time::{Duration, Instant};
 
@@ -25,9 +25,9 @@ use crate::util::dispatcher::Dispatcher;
 use crate::util::ingress::{Ingress, free_port, python};
 use crate::util::postfix::{self, DOMAIN, HOSTNAME, POSTMASTER, Postfix, Recipe};
 use crate::util::rows::queue_len;
-use crate::util::{Scenario, stage};
+use crate::util::{Scenario, assert_has, assert_lacks, stage};
 
-/// The pipeline before the README's `[stage-reinject]`: `filter` (the recipe's entry
+/// The pipeline before the recipe's `[stage-reinject]`: `filter` (the recipe's entry
 /// stage) drops mail from `spam.test` and passes the rest on to `reinject`; the bounce
 /// stage, where the failure bouncer moves failed mail, hands its notifications to
 /// `reinject` too.
@@ -61,7 +61,7 @@ struct Loop {
     _s: Scenario,
 }
 
-/// Wires the README's recipe on free ports (see the module's paragraph) with the
+/// Wires the recipe of doc/postfix.md on free ports (see the module's paragraph) with the
 /// maildirs `mailboxes` of `local.test`, or says why it cannot run here (None).
 fn open(tag: &str, mailboxes: &[&str]) -> Option<Loop> {
     open_with(tag, mailboxes, "", "")
@@ -74,7 +74,7 @@ fn open_with(tag: &str, mailboxes: &[&str], main: &str, master: &str) -> Option<
     if !postfix::available(tag) {
         return None;
     }
-    let recipe = Recipe::from_readme().on_ports(free_port(), free_port(), &stage("relay"));
+    let recipe = Recipe::from_guide().on_ports(free_port(), free_port(), &stage("relay"));
     let (s, c) = Scenario::new(tag)
         .pepsi(&recipe.pepsi)
         .timers("")
@@ -283,9 +283,15 @@ fn a_message_for_two_local_recipients_goes_round_the_loop_and_arrives_once_in_ea
     // The message went to pepsi-ingress over LMTP and came back through the reinjection
     // smtpd: Postfix says so in its log.
     let log = l.postfix.maillog();
-    assert!(
-        log.contains("postfix/lmtp[") && log.contains("status=sent (250 2.1.5"),
-        "Postfix's lmtp client handed the message to pepsi-ingress:\n{log}"
+    assert_has!(
+        log,
+        "postfix/lmtp[",
+        "Postfix's lmtp client handed the message to pepsi-ingress"
+    );
+    assert_has!(
+        log,
+        "status=sent (250 2.1.5",
+        "Postfix's lmtp client handed the message to pepsi-ingress"
     );
 }
 
@@ -313,10 +319,8 @@ fn a_bounce_from_outside_is_delivered_with_its_null_sender_and_never_bounced_aga
         "no double bounce reaches the postmaster"
     );
     let log = l.postfix.maillog();
-    assert!(
-        !log.contains("non-delivery notification") && !log.contains("status=bounced"),
-        "Postfix bounced nothing:\n{log}"
-    );
+    assert_lacks!(log, "non-delivery notification", "Postfix bounced nothing");
+    assert_lacks!(log, "status=bounced", "Postfix bounced nothing");
     // The queue manager names each queue file's sender: the message as it came in,
     // and as it came back from Pepsi.
     let queued: std::collections::BTreeSet<&str> = log
@@ -335,7 +339,7 @@ fn a_bounce_from_outside_is_delivered_with_its_null_sender_and_never_bounced_aga
 #[test]
 fn a_recipient_the_reinjection_server_refuses_gets_a_notification_and_the_other_the_message() {
     // The recipe's reinjection server, refusing unknown recipients as an operator may
-    // have it do (the README's lines, two of them overridden), behind a first smtpd
+    // have it do (the recipe's lines, two of them overridden), behind a first smtpd
     // that takes them: `ghost` passes the way in, Pepsi's relay is refused it with
     // 550 5.1.1 on the way back, and the bounce stage reports it to the sender.
     let Some(mut l) = open_with(
@@ -383,25 +387,17 @@ fn a_recipient_the_reinjection_server_refuses_gets_a_notification_and_the_other_
         "User unknown",
         "Subject: one of you is gone",
     ] {
-        assert!(
-            notice.contains(text),
-            "the notification has {text:?}:\n{notice}"
-        );
+        assert_has!(notice, text, "the notification has {text:?}");
     }
-    assert!(
-        !notice.contains("alice@local.test\nAction"),
-        "only ghost is reported:\n{notice}"
-    );
+    assert_lacks!(notice, "alice@local.test\nAction", "only ghost is reported");
     assert!(l.postfix.mailbox(POSTMASTER).is_empty());
     let log = l.postfix.maillog();
-    assert!(
-        log.contains("550 5.1.1 <ghost@local.test>"),
-        "the reinjection server refused ghost:\n{log}"
+    assert_has!(
+        log,
+        "550 5.1.1 <ghost@local.test>",
+        "the reinjection server refused ghost"
     );
-    assert!(
-        !log.contains("status=bounced"),
-        "Postfix itself bounced nothing:\n{log}"
-    );
+    assert_lacks!(log, "status=bounced", "Postfix itself bounced nothing");
 }
 
 /// `n` bytes that do not repeat in any way a compressor or a careless copy would hide.
@@ -498,11 +494,11 @@ fn an_8bit_message_an_smtputf8_message_and_a_2_mb_attachment_arrive_byte_for_byt
 }
 
 #[test]
-fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expects_it() {
+fn the_guide_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expects_it() {
     // Runs without root or Postfix too: a recipe edited out of shape fails here on
     // every machine, not only where the loop itself runs.
     let relay = std::path::Path::new("/srv/pepsi-stage-relay");
-    let recipe = Recipe::from_readme().on_ports(20025, 20026, relay);
+    let recipe = Recipe::from_guide().on_ports(20025, 20026, relay);
     assert!(
         recipe
             .main_cf
@@ -541,7 +537,7 @@ fn the_readme_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expec
 }
 
 #[test]
-fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe_verbatim() {
+fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_recipe_verbatim() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/man/pepsi-ingress.8");
     let page = std::fs::read_to_string(&path).unwrap();
@@ -559,7 +555,7 @@ fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe
             _ => {}
         }
     }
-    let recipe = Recipe::from_readme();
+    let recipe = Recipe::from_guide();
     for (what, lines) in [
         ("main.cf", recipe.main_cf.clone()),
         ("master.cf", recipe.master_cf.clone()),
@@ -567,9 +563,10 @@ fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_readme_recipe
         ("pepsi.conf", recipe.reinject_stage.clone()),
         ("pepsi.conf", format!("[pepsi]\n{}", recipe.pepsi)),
     ] {
-        assert!(
-            blocks.contains(&lines),
-            "pepsi-ingress(8) gives the README's {what} lines verbatim:\n{lines}"
+        assert_has!(
+            blocks,
+            &lines,
+            "pepsi-ingress(8) gives doc/postfix.md's {what} lines verbatim:\n{lines}"
         );
     }
 }

@@ -7,7 +7,7 @@ use postgres::Client;
 use crate::util::notify::notified;
 use crate::util::queue::{STAGES, both, expect, listener, queue};
 use crate::util::rows::count;
-use crate::util::{Scenario, bin, run, stage, stage_dir, stderr, stdout, write_config};
+use crate::util::{Scenario, assert_has, bin, run, stage, stage_dir, stderr, stdout, write_config};
 
 #[test]
 fn config_check_is_the_dispatchers_check() {
@@ -207,10 +207,9 @@ fn config_set_refuses_a_program_outside_program_path_unless_the_file_names_it() 
         let out = queue(&conf, &["config", "set", "stage-relay", "PROGRAM", value]);
         expect(&out, 78);
         let text = stderr(&out);
-        assert!(
-            text.contains(&format!(
-                "pepsi.config_override: [stage-relay] PROGRAM: {value:?} is refused: {says}"
-            )),
+        assert_has!(
+            text,
+            &format!("pepsi.config_override: [stage-relay] PROGRAM: {value:?} is refused: {says}"),
             "{value}: {}",
             both(&out)
         );
@@ -244,8 +243,9 @@ fn config_set_refuses_a_program_outside_program_path_unless_the_file_names_it() 
     let conf = write_config(&s.dir, &s.db, &with_path("none"));
     let out = queue(&conf, &["config", "set", "stage-new", "PROGRAM", &discard]);
     expect(&out, 78);
-    assert!(
-        stderr(&out).contains("[pepsi] PROGRAM_PATH is none"),
+    assert_has!(
+        stderr(&out),
+        "[pepsi] PROGRAM_PATH is none",
         "{}",
         both(&out)
     );
@@ -276,8 +276,9 @@ fn config_unset_may_not_take_the_failure_bouncers_stage_away() {
     );
     let out = queue(&s.conf, &["config", "unset", "stage-bounce", "PROGRAM"]);
     expect(&out, 78);
-    assert!(
-        stderr(&out).contains("the failure bouncer would lose its target"),
+    assert_has!(
+        stderr(&out),
+        "the failure bouncer would lose its target",
         "{}",
         both(&out)
     );

@@ -1,4 +1,4 @@
-//! `pepsi-queue inject` (`src/queue/inject.rs`, `src/queue/message.rs`) against a real
+//! `pepsi-queue inject` (`src/queue/inject.rs`, `src/intake.rs`) against a real
 //! database: a message file or sendmail-style standard input split into its header
 //! block and body, one NOTIFY, bad input refused with nothing written, and a failure
 //! that is not the message's own deferred (75).
@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStringExt;
 use crate::util::notify::notified;
 use crate::util::queue::{STAGES, both, expect, listener, os, queue, queue_in};
 use crate::util::rows::count;
-use crate::util::{Scenario, state_of, stderr, stdout};
+use crate::util::{Scenario, assert_has, state_of, stderr, stdout};
 
 #[test]
 fn inject_reads_a_file_splits_the_header_block_and_notifies_once() {
@@ -324,11 +324,7 @@ fn inject_warns_when_a_recipient_is_the_name_of_a_file() {
     );
     // Refused as an address all the same, after the warning that explains why.
     assert_eq!(out.status.code(), Some(65), "{}", both(&out));
-    assert!(
-        stderr(&out).contains("is also the name of a file"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "is also the name of a file", "{}", both(&out));
     assert_eq!(count(&mut c, "SELECT count(*) FROM pepsi.workqueue"), 0);
 }
 
@@ -353,11 +349,7 @@ fn inject_defers_what_is_not_the_messages_fault() {
     let no_schema = &s.conf;
     let out = queue_in(no_schema, &args, message);
     assert_eq!(out.status.code(), Some(75), "{}", both(&out));
-    assert!(
-        stderr(&out).contains("pepsi-setup schema"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "pepsi-setup schema", "{}", both(&out));
     let text = std::fs::read_to_string(no_schema)
         .unwrap()
         .replace(&s.db.name, "pepsi_no_such_database");

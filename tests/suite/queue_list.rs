@@ -6,7 +6,7 @@ use crate::util::queue::{
     ODD_SENDER, ODD_SENDER_SHOWN, ODD_STAGE, ODD_STAGE_SHOWN, STAGES, expect, json, nothing_raw,
     odd_row, queue, varied_queue,
 };
-use crate::util::{Scenario, inject, stderr, stdout};
+use crate::util::{Scenario, assert_has, assert_lacks, inject, stderr, stdout};
 
 #[test]
 fn list_is_oldest_first_and_filters_and_limits() {
@@ -69,9 +69,10 @@ fn list_is_oldest_first_and_filters_and_limits() {
     let line = lines.next().unwrap();
     assert!(line.contains("relay"), "{line}");
     assert!(line.contains("r@y.example (+1 more)"), "{line}");
-    assert!(
-        line.contains("connect to mx.y.example: refused again"),
-        "the error on one line: {line}"
+    assert_has!(
+        line,
+        "connect to mx.y.example: refused again",
+        "the error on one line"
     );
     assert!(line.contains("3h0"), "the age: {line}");
     let out = queue(&s.conf, &["list", "--limit", "1"]);
@@ -100,31 +101,16 @@ fn list_status_and_show_print_senders_and_stages_escaped() {
     expect(&out, 0);
     let text = stdout(&out);
     nothing_raw(&text);
-    assert!(
-        text.contains(&format!("{ODD_STAGE_SHOWN} (no section)")),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!("are never claimed: {ODD_STAGE_SHOWN} (1)")),
-        "{text}"
-    );
+    assert_has!(text, &format!("{ODD_STAGE_SHOWN} (no section)"));
+    assert_has!(text, &format!("are never claimed: {ODD_STAGE_SHOWN} (1)"));
 
     let out = queue(&s.conf, &["show", &id.to_string()]);
     expect(&out, 0);
     let text = stdout(&out);
     nothing_raw(&text);
-    assert!(
-        text.contains(&format!("stage        {ODD_STAGE_SHOWN}\n")),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!("sender       {ODD_SENDER_SHOWN}\n")),
-        "{text}"
-    );
-    assert!(
-        text.contains("\"last_error\": \"boom\\u001b]0;owned\\u0007\""),
-        "{text}"
-    );
+    assert_has!(text, &format!("stage        {ODD_STAGE_SHOWN}\n"));
+    assert_has!(text, &format!("sender       {ODD_SENDER_SHOWN}\n"));
+    assert_has!(text, "\"last_error\": \"boom\\u001b]0;owned\\u0007\"");
     // The header block keeps its line ends (CRLF here) and nothing else raw.
     c.execute(
         "UPDATE pepsi.workqueue_body b SET body = convert_to(E'Hi\\x1b[2J\\r\\nthere\\u202e\\r\\n', 'UTF8') \
@@ -136,10 +122,7 @@ fn list_status_and_show_print_senders_and_stages_escaped() {
     expect(&out, 0);
     let text = stdout(&out);
     assert!(text.contains("header block:\nSubject: test\r\n"), "{text}");
-    assert!(
-        text.contains("body:\nHi\\u{1b}[2J\r\nthere\\u{202e}\r\n"),
-        "{text}"
-    );
+    assert_has!(text, "body:\nHi\\u{1b}[2J\r\nthere\\u{202e}\r\n");
     nothing_raw(&text.replace("\r\n", "\n"));
 
     // The JSON gives the values exactly.
@@ -193,10 +176,7 @@ fn show_gives_the_row_and_its_state_and_the_content_only_on_request() {
     expect(&out, 0);
     let text = stdout(&out);
     assert!(text.contains("\"strikes\": 2"), "the state, pretty: {text}");
-    assert!(
-        !text.contains("Subject: test"),
-        "no header block unasked: {text}"
-    );
+    assert_lacks!(text, "Subject: test", "no header block unasked");
     let out = queue(&s.conf, &["show", &id.to_string(), "--headers"]);
     assert!(stdout(&out).contains("header block:\nSubject: test\r\n"));
 

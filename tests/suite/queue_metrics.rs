@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use crate::util::queue::{STAGES, both, expect, odd_row, queue, varied_queue};
-use crate::util::{Scenario, inject, stderr, stdout};
+use crate::util::{Scenario, assert_has, inject, stderr, stdout};
 
 /// The samples of an exposition text: `name{labels}` → value.
 fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
@@ -156,10 +156,7 @@ fn metrics_pass_promtool_and_match_the_tables() {
     ] {
         let family = format!("pepsi_ingress_{name}_total");
         assert_eq!(m[&family], want, "{name}");
-        assert!(
-            text.contains(&format!("# TYPE {family} counter\n")),
-            "{family}\n{text}"
-        );
+        assert_has!(text, &format!("# TYPE {family} counter\n"), "{family}");
     }
     let updated: f64 = c
         .query_one(

@@ -7,7 +7,9 @@ use std::time::Duration;
 use crate::util::notify::notified;
 use crate::util::queue::{STAGES, both, expect, json, listener, os, queue, queue_in, set_status};
 use crate::util::rows::count;
-use crate::util::{Scenario, claim, inject, row_at, state_of, stderr, stdout, wait_until};
+use crate::util::{
+    Scenario, assert_has, claim, inject, row_at, state_of, stderr, stdout, wait_until,
+};
 
 #[test]
 fn each_repair_command_changes_what_it_may_reports_the_rest_and_notifies_once() {
@@ -173,20 +175,17 @@ fn each_repair_command_changes_what_it_may_reports_the_rest_and_notifies_once() 
         expect(&queue(&sc.conf, args), 64);
     }
     let out = queue(&sc.conf, &["resume", "--status", "held"]);
-    assert!(
-        stderr(&out).contains("held messages are not taken here")
-            && stderr(&out).contains("pepsi-queue release"),
+    assert_has!(
+        stderr(&out),
+        "held messages are not taken here",
         "{}",
         both(&out)
     );
+    assert_has!(stderr(&out), "pepsi-queue release", "{}", both(&out));
     // A stage without a section is not a stage with nothing to resume.
     let out = queue(&sc.conf, &["resume", "--stage", "nosuch"]);
     expect(&out, 65);
-    assert!(
-        stderr(&out).contains("no [stage-nosuch] section"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "no [stage-nosuch] section", "{}", both(&out));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Schema 006, the operator's API, in the database itself (SPEC §14): a comment on
+//! Schema 006, the operator's API, in the database itself (§14): a comment on
 //! every object of the `pepsi` schema, and the upgrade from schema 5 that adds the
 //! `held` status and the repair functions `pepsi-queue` calls.
 

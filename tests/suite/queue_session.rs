@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::util::queue::{STAGES, both, expect, nothing_raw, os, queue, queue_in};
 use crate::util::rows::count;
-use crate::util::{Scenario, TestDb, inject, row_at, stderr, stdout, write_config};
+use crate::util::{Scenario, TestDb, assert_has, inject, row_at, stderr, stdout, write_config};
 
 #[test]
 fn requeue_and_inject_refuse_a_stage_that_is_no_stage_name() {
@@ -15,8 +15,9 @@ fn requeue_and_inject_refuse_a_stage_that_is_no_stage_name() {
     for stage in ["re\u{1b}[2Jlay", "relay\r\nfake", "a b"] {
         let out = queue(&s.conf, &["requeue", "--stage", stage, &id.to_string()]);
         expect(&out, 64);
-        assert!(
-            stderr(&out).contains("a stage name is one or more ASCII letters"),
+        assert_has!(
+            stderr(&out),
+            "a stage name is one or more ASCII letters",
             "{}",
             both(&out)
         );
@@ -51,11 +52,7 @@ fn usage_schema_and_connection_errors_have_their_own_exits() {
     ] {
         let out = queue(&s.conf, args);
         expect(&out, 64);
-        assert!(
-            stderr(&out).contains("usage: pepsi-queue"),
-            "{}",
-            both(&out)
-        );
+        assert_has!(stderr(&out), "usage: pepsi-queue", "{}", both(&out));
     }
     let help = queue(&s.conf, &["-h"]);
     expect(&help, 0);
@@ -65,11 +62,7 @@ fn usage_schema_and_connection_errors_have_their_own_exits() {
     let no_schema = write_config(&s.dir, &empty, STAGES);
     let out = queue(&no_schema, &["status"]);
     expect(&out, 78);
-    assert!(
-        stderr(&out).contains("run pepsi-setup schema"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "run pepsi-setup schema", "{}", both(&out));
 
     let away = s.dir.write(
         "away.conf",
@@ -77,11 +70,7 @@ fn usage_schema_and_connection_errors_have_their_own_exits() {
     );
     let out = queue(&away, &["status"]);
     expect(&out, 75);
-    assert!(
-        stderr(&out).contains("/nonexistent/.s.PGSQL.5999"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "/nonexistent/.s.PGSQL.5999", "{}", both(&out));
     let out = queue(&s.dir.write("broken.conf", "[pepsi\n"), &["status"]);
     expect(&out, 78);
 }
@@ -126,9 +115,5 @@ fn started_as_root_it_works_as_run_as() {
     std::fs::write(&s.conf, text).unwrap();
     let out = queue(&s.conf, &["status"]);
     expect(&out, 78);
-    assert!(
-        stderr(&out).contains("pepsi-no-such-account"),
-        "{}",
-        both(&out)
-    );
+    assert_has!(stderr(&out), "pepsi-no-such-account", "{}", both(&out));
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::util::pg::login_role;
 use crate::util::queue::{STAGES, expect, json, queue, varied_queue};
-use crate::util::{Scenario, stdout, wait_until};
+use crate::util::{Scenario, assert_has, assert_lacks, stdout, wait_until};
 
 #[test]
 fn status_shows_every_stage_and_status_the_age_shape_unknown_stages_and_statistics() {
@@ -71,9 +71,9 @@ fn status_shows_every_stage_and_status_the_age_shape_unknown_stages_and_statisti
     let text = stdout(&out);
     assert!(text.starts_with("queue: 7 messages ("), "{text}");
     assert!(text.contains("lost (no section)"), "{text}");
-    assert!(
-        text.contains("without a [stage-NAME] section are never claimed: lost (1)"),
-        "{text}"
+    assert_has!(
+        text,
+        "without a [stage-NAME] section are never claimed: lost (1)"
     );
     assert!(text.contains("0-5m  5-10m  10-20m"), "{text}");
     assert!(text.contains("dispatcher: NOT RUNNING"), "{text}");
@@ -121,10 +121,8 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
         .unwrap()
         .to_string();
     assert!(warning.contains("WARN"), "{warning}");
-    assert!(
-        warning.contains("over SNAPSHOT_WARNING (1s)") && warning.contains("transactions behind"),
-        "{warning}"
-    );
+    assert_has!(warning, "over SNAPSHOT_WARNING (1s)");
+    assert_has!(warning, "transactions behind");
 
     // `status --json` names the same session, with every detail (it is of the role
     // pepsi-queue connects as), past the file's threshold.
@@ -156,11 +154,9 @@ fn the_holder_named_in_the_log_and_in_pepsi_queue_status_json_while_a_test_holds
     let out = queue(&s.conf, &["status"]);
     expect(&out, 0);
     let text = stdout(&out);
-    assert!(
-        text.contains(&format!(
-            "held by session pid {pid} (application \"pepsi-holder-test\""
-        )),
-        "{text}"
+    assert_has!(
+        text,
+        &format!("held by session pid {pid} (application \"pepsi-holder-test\"")
     );
     assert!(text.contains("over SNAPSHOT_WARNING (1s)"), "{text}");
     // `metrics` exports its age.
@@ -269,10 +265,9 @@ fn a_hostile_gid_is_named_escaped_in_the_log_and_in_pepsi_queue_status() {
     expect(&out, 0);
     let text = stdout(&out);
     assert!(text.contains(&format!("gid \"{escaped}\"")), "{text}");
-    assert!(
-        !text.contains('\u{202e}') && !text.contains('\r') && !text.contains("\n2026"),
-        "{text}"
-    );
+    assert_lacks!(text, '\u{202e}');
+    assert_lacks!(text, '\r');
+    assert_lacks!(text, "\n2026");
     // The JSON carries the name as it is, encoded.
     let out = queue(&s.conf, &["status", "--json"]);
     expect(&out, 0);

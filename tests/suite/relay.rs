@@ -1,4 +1,4 @@
-//! The relay stage (SPEC §17): `pepsi-stage-relay` workers run by the dispatcher
+//! The relay stage (§17): `pepsi-stage-relay` workers run by the dispatcher
 //! against a scripted smarthost (`tests/util/smarthost.rs`), which counts connections
 //! and records every command and every message it took.
 
@@ -12,7 +12,7 @@ use crate::util::rows::{due_now, queue_len, wait_empty};
 use crate::util::scenario::Scenario;
 use crate::util::smarthost::{Script, Smarthost};
 use crate::util::worker::{Worker, code};
-use crate::util::{claim, stage, state_of, wait_until};
+use crate::util::{assert_has, claim, stage, state_of, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -126,11 +126,9 @@ fn each_recipient_gets_its_own_result_delivered_refused_with_a_report_or_retried
     assert_eq!(waiting[0].1, vec!["b@dest.example"], "b waits alone");
     let state = state_of(&mut c, waiting[0].0);
     assert_eq!(state["temporary_failures"], 1, "{state}");
-    assert!(
-        state["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("451 4.3.0 try again later"),
+    assert_has!(
+        state["last_error"].as_str().unwrap(),
+        "451 4.3.0 try again later",
         "{state}"
     );
     assert!(state.get("recipient_outcomes").is_none(), "{state}");
@@ -187,12 +185,9 @@ fn each_recipient_gets_its_own_result_delivered_refused_with_a_report_or_retried
             .count(),
         1
     );
-    assert!(
-        d.log().contains(&format!(
-            "message {id}: recipients with different results split"
-        )),
-        "{}",
-        d.log()
+    assert_has!(
+        d.log(),
+        &format!("message {id}: recipients with different results split")
     );
 }
 
@@ -254,11 +249,9 @@ fn a_250_to_data_delivers_nothing_the_message_is_retried_on_a_new_connection() {
     let waiting = paused(&mut c);
     assert_eq!(waiting[0].1.len(), 2, "no recipient done");
     let state = state_of(&mut c, waiting[0].0);
-    assert!(
-        state["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("protocol error: the smarthost answered DATA with 250"),
+    assert_has!(
+        state["last_error"].as_str().unwrap(),
+        "protocol error: the smarthost answered DATA with 250",
         "{id} {state}"
     );
     assert_eq!(host.seen().messages.len(), 0);
@@ -352,19 +345,15 @@ fn eight_bit_utf8_and_large_messages_arrive_byte_for_byte_with_their_parameters(
     let eight = by("r@dest.example");
     assert_eq!(eight.data, stored(HEADERS, latin));
     assert!(eight.mail.contains(" BODY=8BITMIME"), "{}", eight.mail);
-    assert!(
-        eight.mail.contains(" RET=HDRS ENVID=ENV+201+2B"),
-        "{}",
-        eight.mail
-    );
+    assert_has!(eight.mail, " RET=HDRS ENVID=ENV+201+2B");
     assert!(eight.mail.contains(" SIZE="), "{}", eight.mail);
     assert_eq!(
         rcpt,
         "RCPT TO:<r@dest.example> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;R@dest.example"
     );
-    assert!(
-        forwarded.contains(&"XFORWARD ADDR=192.0.2.7 LOGIN=alice".to_string()),
-        "{forwarded:?}"
+    assert_has!(
+        forwarded,
+        &"XFORWARD ADDR=192.0.2.7 LOGIN=alice".to_string()
     );
     let utf8 = by("\u{fc}ber@dest.example");
     assert_eq!(utf8.data, stored(utf8_headers.as_bytes(), BODY));
@@ -628,10 +617,8 @@ fn a_smarthost_beyond_this_host_without_require_tls_no_stops_the_worker_and_fail
     assert_eq!(w.next_line(), None, "no ready line");
     let (status, err) = w.finish();
     assert_eq!(status.code(), Some(78), "{err}");
-    assert!(
-        err.contains("[stage-relay] SMARTHOST") && err.contains("REQUIRE_TLS = no"),
-        "{err}"
-    );
+    assert_has!(err, "[stage-relay] SMARTHOST");
+    assert_has!(err, "REQUIRE_TLS = no");
     let out = crate::util::run(
         &crate::util::bin("pepsi-dispatch"),
         &["-c", s.conf.to_str().unwrap(), "check"],

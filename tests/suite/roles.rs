@@ -1,4 +1,4 @@
-//! Separate database roles (SPEC §4 "Least privilege", schema 7): what each group role
+//! Separate database roles (§4 "Least privilege", schema 7): what each group role
 //! may and may not do, run through the very statements the programs run
 //! (`pepsi::db::sql`), and a whole pipeline with every program on a login role of its
 //! own through the `[pepsi-postgres] *_CONNECTION` keys.
@@ -22,8 +22,8 @@ use crate::util::dispatcher::Dispatcher;
 use crate::util::pg::login_role;
 use crate::util::rows::queue_len;
 use crate::util::{
-    TempDir, TestDb, bin, claim, inject, row_at, run, stage, stderr, tokens, upgrade_with_setup,
-    wait_until,
+    TempDir, TestDb, assert_has, assert_lacks, bin, claim, inject, row_at, run, stage, stderr,
+    tokens, upgrade_with_setup, wait_until,
 };
 
 /// The login roles of the tests, one per group role.
@@ -580,12 +580,9 @@ fn pepsi_setup_grants_the_roles_every_run_and_upgrades_schema_6_with_rows() {
     upgrade_with_setup(&mut owner, &conf);
     let out = setup(&conf);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(
-            "database roles granted their privileges: pepsi_dispatch, pepsi_worker, pepsi_admin, pepsi_inject"
-        ),
-        "{}",
-        stderr(&out)
+    assert_has!(
+        stderr(&out),
+        "database roles granted their privileges: pepsi_dispatch, pepsi_worker, pepsi_admin, pepsi_inject"
     );
     // The row from before the upgrade is a worker's to finish.
     let mut w = db.client_as(&worker_login());
@@ -622,12 +619,9 @@ fn pepsi_setup_says_which_roles_need_pg_read_all_stats_to_name_a_snapshot_holder
     let conf = owner_config(&dir, db.connection(), "");
     let out = setup(&conf);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(
-            "have a superuser run GRANT pg_read_all_stats TO pepsi_admin, pepsi_dispatch"
-        ),
-        "{}",
-        stderr(&out)
+    assert_has!(
+        stderr(&out),
+        "have a superuser run GRANT pg_read_all_stats TO pepsi_admin, pepsi_dispatch"
     );
     // A cluster-wide membership is the server administrator's to give.
     let member: bool = db
@@ -806,14 +800,8 @@ pub(super) fn drain_with_split_roles(tag: &str, before: impl FnOnce(&TestDb)) ->
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert!(
-        roles.contains(&("pepsi-dispatch".into(), dispatch_login())),
-        "{roles:?}"
-    );
-    assert!(
-        roles.contains(&("pepsi-failure-bouncer".into(), admin_login())),
-        "{roles:?}"
-    );
+    assert_has!(roles, &("pepsi-dispatch".into(), dispatch_login()));
+    assert_has!(roles, &("pepsi-failure-bouncer".into(), admin_login()));
     wait_until(
         Duration::from_secs(20),
         "the statistics are flushed",
@@ -842,11 +830,7 @@ pub(super) fn drain_with_split_roles(tag: &str, before: impl FnOnce(&TestDb)) ->
     assert!(out.status.success(), "{}", stderr(&out));
     // The repair functions (invoker's rights) run in the administrator's session too.
     let held = queue(&["hold", "-"], b"1\n");
-    assert!(
-        !stderr(&held).contains("permission denied"),
-        "{}",
-        stderr(&held)
-    );
+    assert_lacks!(stderr(&held), "permission denied");
     drop(o);
     db
 }
@@ -884,13 +868,10 @@ fn a_second_dispatcher_on_another_role_names_the_holder() {
     let status = second.wait(Duration::from_secs(30));
     assert_eq!(status.code(), Some(1), "{}", second.log());
     let log = second.log();
-    assert!(
-        log.contains("another pepsi-dispatch holds the dispatcher lock")
-            && log.contains(&format!("(role {first_role})"))
-            && log.contains("application_name \"pepsi-dispatch\"")
-            && log.contains("pg_read_all_stats"),
-        "{log}"
-    );
+    assert_has!(log, "another pepsi-dispatch holds the dispatcher lock");
+    assert_has!(log, &format!("(role {first_role})"));
+    assert_has!(log, "application_name \"pepsi-dispatch\"");
+    assert_has!(log, "pg_read_all_stats");
     drop(first);
 }
 
@@ -913,19 +894,13 @@ fn check_reports_a_worker_connection_that_cannot_connect() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(78), "{text}{}", stderr(&out));
-    assert!(
-        text.contains("error: database (WORKER_CONNECTION): cannot connect"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("error: database: "),
-        "the dispatcher's own is fine: {text}"
-    );
+    assert_has!(text, "error: database (WORKER_CONNECTION): cannot connect");
+    assert_lacks!(text, "error: database: ", "the dispatcher's own is fine");
 }
 
 /// With a schema owner that is no superuser (as on a real server), the owner can
 /// signal a worker's session only once it is a member of the worker's login role
-/// (README, "Database roles", step 3); until then the session is counted as refused
+/// (doc/roles-and-containment.md, "Database roles", step 3); until then the session is counted as refused
 /// and left alone.
 #[test]
 fn a_worker_session_the_owner_may_not_signal_is_refused_until_the_owner_is_a_member() {
@@ -989,9 +964,11 @@ fn check_reads_the_per_address_settings_on_the_workers_connection() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
-    assert!(
-        text.contains("r@y.example") && text.contains("COMMAND is never overridable per address"),
-        "the refused row is listed: {text}"
+    assert_has!(text, "r@y.example", "the refused row is listed");
+    assert_has!(
+        text,
+        "COMMAND is never overridable per address",
+        "the refused row is listed"
     );
     assert!(!text.contains("is not checked"), "{text}");
 }
@@ -1024,13 +1001,10 @@ fn a_dispatcher_that_may_not_see_the_holders_details_names_it_by_pid_and_says_wh
     d.wait_log(&named, Duration::from_secs(60));
     let log = d.log();
     let line = log.lines().find(|l| l.contains(&named)).unwrap();
-    assert!(
-        line.contains("at least")
-            && line.contains("hidden from this database role")
-            && line.contains("pg_read_all_stats")
-            && !line.contains("state \""),
-        "{line}"
-    );
+    assert_has!(line, "at least");
+    assert_has!(line, "hidden from this database role");
+    assert_has!(line, "pg_read_all_stats");
+    assert_lacks!(line, "state \"");
     h.batch_execute("COMMIT").unwrap();
     d.wait_log(
         "younger than SNAPSHOT_WARNING (1s) again",

@@ -11,8 +11,8 @@ use crate::util::Scenario;
 use crate::util::scenario::{Builder, add_to_pepsi, programs};
 use crate::util::worker::{Worker, code, report_stages};
 use crate::util::{
-    TempDir, TestDb, claim, due_in_secs, inject, inject_claimed, row_at, stage, state_of,
-    wait_until, write_config,
+    TempDir, TestDb, assert_has, claim, due_in_secs, inject, inject_claimed, row_at, stage,
+    state_of, wait_until, write_config,
 };
 
 /// `[pepsi] ALLOW_FUSION = yes` or `no`.
@@ -134,14 +134,8 @@ fn an_unparsable_stage_section_exits_78_with_its_cause() {
     assert_eq!(w.next_line(), None);
     let (status, err) = w.finish();
     assert_eq!(status.code(), Some(78), "{err}");
-    assert!(
-        err.contains("[stage-if] MATCH: unknown field \"colour\""),
-        "{err}"
-    );
-    assert!(
-        err.contains(&format!("{}:", s.conf.display())),
-        "names the file: {err}"
-    );
+    assert_has!(err, "[stage-if] MATCH: unknown field \"colour\"");
+    assert_has!(err, &format!("{}:", s.conf.display()), "names the file");
 }
 
 #[test]
@@ -388,11 +382,9 @@ fn exec_exit_65_fails_the_message_permanently() {
     let st = state_of(&mut c, id);
     assert_eq!(st["failure_class"], "permanent");
     assert_eq!(st["failed_stage"], "deliver");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("complaint about {id}")),
+    assert_has!(
+        st["last_error"].as_str().unwrap(),
+        &format!("complaint about {id}"),
         "{st}"
     );
 }
@@ -453,10 +445,7 @@ fn a_row_with_a_null_recipient_fails_alone_and_its_batch_is_answered() {
     let st = state_of(&mut c, bad);
     assert_eq!(st["failure_class"], "permanent");
     assert_eq!(st["strikes"], 1, "the row's state is kept: {st}");
-    assert!(
-        st["last_error"].as_str().unwrap().contains("rcpt_to"),
-        "{st}"
-    );
+    assert_has!(st["last_error"].as_str().unwrap(), "rcpt_to", "{st}");
 }
 
 #[test]
@@ -484,11 +473,9 @@ fn exec_tempfail_and_hangs_pause_with_backoff_1_2_4_minutes() {
         assert_eq!(st["temporary_failures"], attempt);
         assert_eq!(st["temporary_stage"], "deliver");
         if mode == "hang" {
-            assert!(
-                st["last_error"]
-                    .as_str()
-                    .unwrap()
-                    .contains("timed out after 5s"),
+            assert_has!(
+                st["last_error"].as_str().unwrap(),
+                "timed out after 5s",
                 "{st}"
             );
         }
@@ -563,10 +550,7 @@ fn past_max_lifetime_without_a_bounce_stage_the_message_fails() {
     );
     let st = state_of(&mut c, id);
     assert_eq!(st["failure_class"], "retries-exhausted");
-    assert!(
-        st["last_error"].as_str().unwrap().contains("timed out"),
-        "{st}"
-    );
+    assert_has!(st["last_error"].as_str().unwrap(), "timed out", "{st}");
 }
 
 /// Terminates the sessions of a worker in this database, found by their name as the
@@ -711,11 +695,9 @@ fn a_per_address_override_that_breaks_the_section_fails_that_message_permanently
     assert_eq!(row_at(&mut c, id), Some(("route".into(), "failed".into())));
     let st = state_of(&mut c, id);
     assert_eq!(st["failure_class"], "permanent");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("pepsi.settings for r@y.example"),
+    assert_has!(
+        st["last_error"].as_str().unwrap(),
+        "pepsi.settings for r@y.example",
         "{st}"
     );
 }
@@ -818,11 +800,9 @@ fn an_allowed_per_address_key_applies_and_one_not_declared_by_the_stage_is_ignor
         Some(("deliver".into(), "paused".into())),
         "the per-address TIMEOUT of 1s applies"
     );
-    assert!(
-        state_of(&mut c, slow)["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("timed out after 1s"),
+    assert_has!(
+        state_of(&mut c, slow)["last_error"].as_str().unwrap(),
+        "timed out after 1s",
         "{}",
         state_of(&mut c, slow)
     );
@@ -1016,10 +996,7 @@ fn a_write_left_over_from_an_earlier_claim_never_lands_on_a_later_claim() {
         );
         let (status, err) = w.finish();
         assert!(status.success(), "{program}: {status:?} {err}");
-        assert!(
-            err.contains(&format!("message {stale} was taken away")),
-            "{program}: {err}"
-        );
+        assert_has!(err, &format!("message {stale} was taken away"), "{program}");
     }
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod accounts;
+pub mod asserts;
 pub mod bouncer;
 pub mod dispatcher;
 pub mod ingress;
@@ -24,6 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+// Not every test binary that includes these helpers uses both.
+#[allow(unused_imports)]
+pub(crate) use asserts::{assert_has, assert_lacks};
 pub use pg::TestDb;
 // Not every test binary that includes these helpers builds a scenario.
 #[allow(unused_imports)]

@@ -1,5 +1,5 @@
 //! A throwaway cluster of its own that admits local connections by peer
-//! authentication through a `pg_ident.conf` map, as the README's "Database roles"
+//! authentication through a `pg_ident.conf` map, as doc/roles-and-containment.md's "Database roles"
 //! sets a production server up: the operating-system account decides which roles a
 //! session may log in as, one account one role. For the tests of what a compromised
 //! worker, running under an account of its own, can reach. Root only (the accounts

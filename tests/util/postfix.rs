@@ -1,5 +1,5 @@
-//! A private Postfix for the tests, and the README's Postfix recipe read from the
-//! README itself.
+//! A private Postfix for the tests, and the Postfix recipe read from the guide that
+//! gives it, doc/postfix.md.
 //!
 //! [`Postfix::start`] runs an instance of its own, apart from any Postfix of the
 //! machine: its own `config_directory` (a `main.cf` and a `master.cf` written here,
@@ -13,9 +13,9 @@
 //! the `error` transport. `postfix -c DIR check`, then `start`; `stop` when the value is
 //! dropped, also when a test fails.
 //!
-//! [`Recipe::from_readme`] takes the recipe's `main.cf` lines, its `master.cf` server
+//! [`Recipe::from_guide`] takes the recipe's `main.cf` lines, its `master.cf` server
 //! on 10026, its `[pepsi-ingress]` section, its `[stage-reinject]` section (the relay
-//! stage) and its `[pepsi]` lines out of README.md, word for word, so a test runs
+//! stage) and its `[pepsi]` lines out of doc/postfix.md, word for word, so a test runs
 //! exactly what a reader copies; [`Recipe::on_ports`] moves them to a test's ports.
 //!
 //! Postfix needs root (its master switches to `mail_owner`); [`available`] says
@@ -417,8 +417,8 @@ postlog   unix-dgram n - n - 1 postlogd
     )
 }
 
-/// The Postfix recipe of README.md ("Postfix: `pepsi-ingress` as its content
-/// filter"), each piece exactly as the README gives it.
+/// The Postfix recipe of doc/postfix.md ("Postfix: `pepsi-ingress` as its content
+/// filter"), each piece exactly as the guide gives it.
 #[derive(Clone, Debug)]
 pub struct Recipe {
     /// The `main.cf` lines (`content_filter = lmtp:inet:127.0.0.1:10025` and the rest).
@@ -434,29 +434,32 @@ pub struct Recipe {
     pub pepsi: String,
 }
 
-/// Where the README's recipe sends the filter's mail and takes it back.
+/// Where the recipe sends the filter's mail and takes it back.
 pub const FILTER_ADDRESS: &str = "127.0.0.1:10025";
 /// See [`FILTER_ADDRESS`].
 pub const BACK_ADDRESS: &str = "127.0.0.1:10026";
 /// The `PROGRAM` of the recipe's `[stage-reinject]`.
 pub const RELAY_PROGRAM: &str = "pepsi-stage-relay";
+/// The guide that gives the recipe, relative to the source tree (scripts/mta-loop-bench
+/// reads the same file).
+pub const GUIDE: &str = "doc/postfix.md";
 
 impl Recipe {
-    /// Reads the recipe from README.md: the indented blocks that begin with
-    /// `content_filter = `, `127.0.0.1:10026 inet`, `[pepsi-ingress]` and
-    /// `[stage-reinject]`, and the one that begins with `[pepsi]\nHOSTNAME = `.
+    /// Reads the recipe from [`GUIDE`] (the README points there): the indented blocks
+    /// that begin with `content_filter = `, `127.0.0.1:10026 inet`, `[pepsi-ingress]`
+    /// and `[stage-reinject]`, and the one that begins with `[pepsi]\nHOSTNAME = `.
     #[track_caller]
-    pub fn from_readme() -> Recipe {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-        let readme =
+    pub fn from_guide() -> Recipe {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GUIDE);
+        let guide =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let blocks = indented_blocks(&readme);
+        let blocks = indented_blocks(&guide);
         let block = |first: &str| -> String {
             let found: Vec<&String> = blocks.iter().filter(|b| b.starts_with(first)).collect();
             assert_eq!(
                 found.len(),
                 1,
-                "README.md has one indented block beginning with {first:?}"
+                "{GUIDE} has one indented block beginning with {first:?}"
             );
             found[0].clone()
         };
@@ -504,7 +507,7 @@ impl Recipe {
     }
 }
 
-/// The README's indented code blocks (four spaces), each with that indentation
+/// The guide's indented code blocks (four spaces), each with that indentation
 /// removed and a line feed after every line.
 fn indented_blocks(text: &str) -> Vec<String> {
     let mut blocks = Vec::new();

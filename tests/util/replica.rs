@@ -302,7 +302,7 @@ impl Pair {
     }
 
     /// The connection string that names both nodes and asks for the one that takes
-    /// writes (the README's "Pointing the programs at a database").
+    /// writes (doc/install.md, "Pointing the programs at a database").
     pub fn multi_host(&self) -> String {
         format!(
             "host={},{} port={},{} target_session_attrs=read-write user=postgres dbname={DB}",

@@ -1,4 +1,4 @@
-//! Every database wait bounded on the client's side (SPEC §8.4 "A server that hangs"):
+//! Every database wait bounded on the client's side (§8.4 "A server that hangs"):
 //! a server that accepts connections and never answers (a frozen primary, a paused
 //! virtual machine, a partition) must not hold any session of ours longer than a
 //! deadline of our own, because the server's own timeouts run on the server.

@@ -1,4 +1,4 @@
-//! `pepsi-stage-relay` (SPEC §17): hands each message to `SMARTHOST` over SMTP or LMTP
+//! `pepsi-stage-relay` (§17): hands each message to `SMARTHOST` over SMTP or LMTP
 //! (`PROTOCOL`). Loads headers and body; not fusable by default.
 //!
 //! One connection per worker, kept open across messages and batches (RSET between
@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use client::{Connection, Target, Timeouts};
 use transaction::Envelope;
 
-use crate::config::{ConfigError, StageSection};
+use crate::config::raw::show_duration;
+use crate::config::{ConfigError, Section, StageSection};
 use crate::escape::Visible;
 use crate::worker::{
     Configured, Context, Load, Message, Outcome, RecipientOutcomes, Stage, StageError,
@@ -53,9 +54,9 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
     data_done: Duration::from_secs(90),
 };
 
-/// A section's relay timeouts summed (one message's time), for `pepsi-dispatch check`;
-/// `None` when a value is bad (the section's own check says so).
-pub fn budget_of(s: &crate::config::Section) -> Option<Duration> {
+/// A section's relay timeouts summed (one message's time); `None` when a value is bad
+/// (the section's own check says so).
+fn budget_of(s: &Section) -> Option<Duration> {
     let d = |key: &str, default: Duration| s.duration(key, default).ok();
     Some(
         Timeouts {
@@ -121,6 +122,26 @@ impl Stage for Relay {
 
     fn overridable(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// The timeouts summed are one message's time: not below MAX_RUNTIME, a slow
+    /// smarthost gets the worker killed and the message struck.
+    fn runtime_warning(&self, section: &Section, max_runtime: Duration) -> Option<ConfigError> {
+        let budget = budget_of(section)?;
+        (budget >= max_runtime).then(|| {
+            let key = ["DATA_DONE_TIMEOUT", "DATA_TIMEOUT", "COMMAND_TIMEOUT"]
+                .into_iter()
+                .find(|k| section.get(k).is_some())
+                .unwrap_or("CONNECT_TIMEOUT");
+            section.error(
+                key,
+                format!(
+                    "CONNECT_TIMEOUT + COMMAND_TIMEOUT + DATA_TIMEOUT + DATA_DONE_TIMEOUT ({}), one message's time, is not below [pepsi-dispatch] MAX_RUNTIME ({}): a message still being relayed at MAX_RUNTIME has its worker killed and is struck, before the timeouts would make it a host error",
+                    show_duration(budget),
+                    show_duration(max_runtime)
+                ),
+            )
+        })
     }
 
     fn configure(&self, section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {

@@ -1,11 +1,11 @@
-//! `check`'s look at `pepsi.settings` (SPEC §4 "Least privilege", §12.5): the rows the
+//! `check`'s look at `pepsi.settings` (§4 "Least privilege", §12.5): the rows the
 //! workers ignore (a key their stage does not let a correspondent override, a stage
 //! without a section), and the value of every row they apply, checked with its stage's
 //! own parser exactly as a worker will lay it over the section for that address. A
 //! value that breaks the section is a permanent error for every message of that
 //! address, so it is an error here.
 //!
-//! Called by `check.rs` only, with the session it checks through; it reads the table
+//! Called by `check` (its `mod.rs`) only, with the session it checks through; it reads the table
 //! and changes nothing.
 
 use std::collections::BTreeMap;
@@ -118,11 +118,15 @@ fn check_values(
         };
         let errors = match settings::apply(section, &overrides, &address, graph) {
             Ok(applied) => {
-                // An address's TIMEOUT for a command may outlast MAX_RUNTIME, as the
-                // file's may: the same warning, naming the address.
+                // An address's settings may make the stage outlast MAX_RUNTIME (a
+                // command's TIMEOUT), as the file's may: the same warning, naming the
+                // address, unless the file's section draws it already.
                 let outlasting = max_runtime
-                    .filter(|_| applied.section.get("COMMAND").is_some())
-                    .and_then(|limit| super::command_timeout_problem(&applied.section, limit));
+                    .zip(stages::for_program(&applied.program))
+                    .filter(|(limit, builtin)| {
+                        builtin.runtime_warning(&section.section, *limit).is_none()
+                    })
+                    .and_then(|(limit, builtin)| builtin.runtime_warning(&applied.section, limit));
                 if let Some(w) = outlasting {
                     if slow.len() < SETTINGS_LISTED {
                         slow.push(w);

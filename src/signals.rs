@@ -1,13 +1,17 @@
-//! Signals as readable sockets for the poll loop: SIGINT and SIGTERM ask for shutdown,
-//! SIGHUP for a configuration reload (the same as a `config_changed` notification).
+//! Signal handling, one place for the three daemons: SIGINT and SIGTERM ask for
+//! shutdown, SIGHUP for a configuration reload.
 //!
-//! signal-hook writes a byte to a socket from the handler; the loop
-//! ([`super::event_loop`]) drains the socket and acts on the flag. Installed by `run`
-//! (the module's root) before the wait for the database and before any worker starts.
-//! It decides nothing.
+//! [`install`] gives the read ends of sockets signal-hook writes a byte to from the
+//! handler, for a poll loop: the dispatcher's loop (`dispatch::event_loop`) drains them
+//! and acts on the flag (SIGHUP there is the same as a `config_changed` notification),
+//! and the ingress waits on the shutdown one; both install them before their wait for
+//! the database. [`stop_flag`] is the failure bouncer's form: a flag its loop reads
+//! between calls. Below the programs that use it; it decides nothing.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use crate::exit::Failure;
 
@@ -66,4 +70,14 @@ pub fn drain(stream: &mut mio::net::UnixStream) -> bool {
             Err(_) => return any,
         }
     }
+}
+
+/// A flag set on SIGINT or SIGTERM, for a loop that reads it between calls.
+pub fn stop_flag() -> Result<Arc<AtomicBool>, Failure> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|e| Failure::general(format!("cannot set up signal handling: {e}")))?;
+    }
+    Ok(stop)
 }

@@ -1,11 +1,11 @@
-//! What `pepsi-dispatch check` asks of the `[pepsi] RUN_AS` account (SPEC §4
+//! What `pepsi-dispatch check` asks of the `[pepsi] RUN_AS` account (§4
 //! "Strictness"): may it read the configuration file, and execute each stage's
 //! `PROGRAM` (a path, or a bare name found on `PATH` as `execvp` would)? When this
 //! process runs as the account the kernel answers; otherwise the permission bits of
 //! the file and of every directory on the way to it do.
 //!
-//! Called by `check.rs` only. It reads the user database and file metadata and changes
-//! nothing; switching to the account is `crate::privilege`'s.
+//! Called by `check` (its `mod.rs`) only. It reads the user database and file
+//! metadata and changes nothing; switching to the account is `crate::privilege`'s.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::fs::MetadataExt;

@@ -1,6 +1,6 @@
 //! What `pepsi-dispatch check` found ([`Findings`]): its errors and warnings, how
 //! many of the errors only say the database is out of reach, and how they are printed
-//! (lines, or one JSON document) and turned into the exit status. Used by `check.rs`
+//! (lines, or one JSON document) and turned into the exit status. Used by `check`
 //! and `as_worker.rs`; it checks nothing itself.
 
 use std::path::Path;

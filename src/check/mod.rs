@@ -1,5 +1,5 @@
 //! `pepsi-dispatch check` and the configuration checks the dispatcher shares with it
-//! (SPEC §4 "Strictness").
+//! (§4 "Strictness").
 //!
 //! `check` runs every check without starting anything: the file (syntax, values,
 //! unknown keys), the overlay read from the database (with `--overlay` rows laid over
@@ -26,29 +26,29 @@
 //! It lives beside the configuration it checks and on top of it: it uses the other
 //! files of `config` (the fixed values it falls back to where the file is wrong come
 //! from [`fixed`]'s table), the stages' own checks, the database, the failure
-//! bouncer's, the ingress's and the keeper's rules, and [`super::account`] for what
+//! bouncer's, the ingress's and the keeper's rules, and [`account`] for what
 //! the `RUN_AS` account may run; no other file of `config` uses it. It decides nothing about
 //! messages and changes nothing: it reads the file and the database, and writes only
 //! to stdout.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
-use std::time::Duration;
 
 use crate::db::Client;
 
-use super::account::{Access, Account, program_runs};
-use super::graph::{self, OverrideRow, ProgramPath};
-use super::raw::{self, join_errors};
-use super::{Config, ConfigError, DbRole, Section, StageGraph, StageSection, fixed, keys};
 use crate::bouncer;
 use crate::cli::{Invocation, Program};
+use crate::config::graph::{self, OverrideRow, ProgramPath};
+use crate::config::raw::{self, join_errors};
+use crate::config::{Config, ConfigError, DbRole, Section, StageGraph, StageSection, fixed, keys};
 use crate::db::{self, ErrorKind, schema};
 use crate::exit::Failure;
 use crate::ingress;
 use crate::privilege::SERVICE_PATH;
 use crate::stages;
+use account::{Access, Account, program_runs};
 
+mod account;
 mod address_settings;
 mod as_worker;
 mod findings;
@@ -265,7 +265,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
 
     // Started as root, the dispatcher runs its workers as WORKER_AS and exec commands
     // as their stages' USER through its launcher; otherwise everything as its own
-    // account (SPEC §4 "Containment").
+    // account (§4 "Containment").
     // SAFETY: geteuid has no preconditions.
     let as_root = unsafe { libc::geteuid() } == 0;
     let account = match Account::lookup(&run_as) {
@@ -394,12 +394,7 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         e.message.push_str("; the dispatcher ignores this row");
         e
     }));
-    let checked: Vec<StageSection> = laid
-        .sections
-        .values()
-        .filter(|s| s.name.len() > graph::STAGE_PREFIX.len())
-        .filter_map(|s| StageSection::check(s).ok())
-        .collect();
+    let checked = checked_sections(&laid);
     found.add_errors(stages::check_sections(&checked));
     // The failure bouncer's target must be a stage of this graph, or the messages it
     // moves would never be claimed.
@@ -434,31 +429,12 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         if let Err(e) = program_runs(&stage.program, runner, &runner_who, &program_path) {
             found.add_errors([stage.section.error("PROGRAM", e)]);
         }
-        // The relay's timeouts summed are one message's time: not below MAX_RUNTIME, a
-        // slow smarthost gets the worker killed and the message struck.
-        if stages::for_program(&stage.program).is_some_and(|b| b.name() == "relay") {
-            let budget = crate::stages::relay::budget_of(&stage.section);
-            if let (Some(budget), Some(limit)) = (budget, max_runtime) {
-                if budget >= limit {
-                    let key = ["DATA_DONE_TIMEOUT", "DATA_TIMEOUT", "COMMAND_TIMEOUT"]
-                        .into_iter()
-                        .find(|k| stage.section.get(k).is_some())
-                        .unwrap_or("CONNECT_TIMEOUT");
-                    found.add_warnings([stage.section.error(
-                        key,
-                        format!(
-                            "CONNECT_TIMEOUT + COMMAND_TIMEOUT + DATA_TIMEOUT + DATA_DONE_TIMEOUT ({}), one message's time, is not below [pepsi-dispatch] MAX_RUNTIME ({}): a message still being relayed at MAX_RUNTIME has its worker killed and is struck, before the timeouts would make it a host error",
-                            crate::config::raw::show_duration(budget),
-                            crate::config::raw::show_duration(limit)
-                        ),
-                    )]);
-                }
-            }
+        // The time a stage allows itself on one message, against MAX_RUNTIME: its own
+        // rule, declared with it.
+        if let (Some(builtin), Some(limit)) = (stages::for_program(&stage.program), max_runtime) {
+            found.add_warnings(builtin.runtime_warning(&stage.section, limit));
         }
         if let Some(command) = stage.section.get("COMMAND") {
-            if let Some(limit) = max_runtime {
-                found.add_warnings(command_timeout_problem(&stage.section, limit));
-            }
             let user = stage.section.get("USER");
             match crate::keeper::command_account(user, reserved, as_root) {
                 Err(e) => found.add_errors([stage.section.error("USER", e)]),
@@ -492,28 +468,19 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
     found.finish(&path, json)
 }
 
-/// A command's `TIMEOUT` of `section` (the file's, or laid over for an address) that is
-/// not below `MAX_RUNTIME`: a worker running longer than MAX_RUNTIME is killed and its
-/// message struck, so a command allowed as long would never get to its own timeout.
-fn command_timeout_problem(section: &Section, max_runtime: Duration) -> Option<ConfigError> {
-    let timeout = section
-        .duration("TIMEOUT", crate::stages::exec::DEFAULT_TIMEOUT)
-        .ok()?;
-    (timeout >= max_runtime).then(|| {
-        section.error(
-            "TIMEOUT",
-            format!(
-                "{} is not below [pepsi-dispatch] MAX_RUNTIME ({}): a command still running at MAX_RUNTIME has its worker killed and its message struck, before TIMEOUT would make it a host error",
-                crate::config::raw::show_duration(timeout),
-                crate::config::raw::show_duration(max_runtime)
-            ),
-        )
-    })
+/// The stage sections of `laid` that pass their common check, as the dispatcher runs
+/// them (a section that fails it is reported by the graph's own check).
+fn checked_sections(laid: &graph::LaidOver) -> Vec<StageSection> {
+    laid.sections
+        .values()
+        .filter(|s| s.name.len() > graph::STAGE_PREFIX.len())
+        .filter_map(|s| StageSection::check(s).ok())
+        .collect()
 }
 
 /// Reports every schema a Pepsi session resolves names through in which a Pepsi role
 /// (a group role, or the session's own login) other than the schema's owner may create
-/// objects (SPEC §4 "Containment"): an operator or function planted there would run in
+/// objects (§4 "Containment"): an operator or function planted there would run in
 /// other roles' sessions. Each is an error with the statement that closes it.
 fn check_schemas(client: &mut Client, found: &mut Findings) {
     let roles: Vec<&str> = DbRole::ALL.iter().map(|r| r.group_role()).collect();

@@ -1,4 +1,4 @@
-//! The checks `pepsi-dispatch check` makes as the stage workers connect (SPEC §4
+//! The checks `pepsi-dispatch check` makes as the stage workers connect (§4
 //! "Containment"): through their own connection (`WORKER_CONNECTION`), and, when the
 //! dispatcher runs them as `[pepsi] WORKER_AS`, as that account — with peer
 //! authentication the database sees the account, and only it may log in as the
@@ -9,9 +9,11 @@
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use super::{Findings, address_settings, check_schemas, read_database, with_rows};
+use super::{
+    Findings, address_settings, check_schemas, checked_sections, read_database, with_rows,
+};
 use crate::config::graph::{self, OverrideRow, ProgramPath, StageGraph};
-use crate::config::{Section, StageSection};
+use crate::config::Section;
 
 /// The workers' database checks: their connection, the schema as they see it, the
 /// overlay they read (with `extra` laid over it), and the per-address settings they
@@ -31,12 +33,7 @@ pub(super) fn worker_database(
     check_schemas(&mut client, found);
     let overlay = with_rows(overlay, extra.to_vec());
     let laid = graph::lay_over(stage_sections, &overlay, programs);
-    let checked: Vec<StageSection> = laid
-        .sections
-        .values()
-        .filter(|s| s.name.len() > graph::STAGE_PREFIX.len())
-        .filter_map(|s| StageSection::check(s).ok())
-        .collect();
+    let checked = checked_sections(&laid);
     let graph = StageGraph::build(stage_sections, &overlay, programs).ok();
     address_settings::check_settings(
         &mut client,

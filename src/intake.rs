@@ -1,10 +1,12 @@
-//! What `pepsi-queue inject` makes of its input before anything is written: the header
-//! block split from the body at the first empty line, the header block checked to be
-//! header fields, the `From:` address and the `Subject:` (RFC 2047 words decoded, with
-//! `mailparse`) extracted, and the envelope addresses checked (by [`crate::mailbox`]).
+//! What a message must be before it is queued, for `pepsi-queue inject` and
+//! `pepsi-ingress` alike: the header block split from the body at the first empty
+//! line, the header block checked to be header fields, the `From:` address and the
+//! `Subject:` (RFC 2047 words decoded, with `mailparse`) extracted, and the envelope
+//! addresses checked (by [`crate::mailbox`], beside it).
 //!
-//! Pure: bytes in, values or a reason out. The caller (`inject.rs`) refuses the
-//! message with exit 65 on any reason and writes nothing.
+//! Pure: bytes in, values or a reason out. The callers (`queue::inject`,
+//! `ingress::session`) refuse the message on any reason (exit 65, a 5xx reply) and
+//! write nothing.
 
 use crate::{db, mailbox};
 
