@@ -12,8 +12,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use super::{
     Findings, address_settings, check_schemas, checked_sections, read_database, with_rows,
 };
-use crate::config::graph::{self, OverrideRow, ProgramPath, StageGraph};
 use crate::config::Section;
+use crate::config::graph::{self, OverrideRow, ProgramPath, StageGraph};
 
 /// The workers' database checks: their connection, the schema as they see it, the
 /// overlay they read (with `extra` laid over it), and the per-address settings they

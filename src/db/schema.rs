@@ -101,6 +101,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("013_claim_floors.sql"),
     migration!("014_claim_proof.sql"),
     migration!("015_hardening.sql"),
+    migration!("016_writes_by_id.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -292,11 +292,12 @@ pub const RESET_RUNNING_EXCEPT: &str = "UPDATE pepsi.workqueue SET status = 'pen
 
 /// Puts claimed rows back to pending (siblings of a crash, rows of a worker that never
 /// became ready, a 75). $1 ids (int8[]), $2 their claimed stages (text[]), $3 their
-/// claim tokens (int8[]); guarded.
+/// claim tokens (int8[]); guarded. The ids are a condition on the primary key too, so
+/// no plan reads the whole index (schema 16 says why).
 pub const REQUEUE: &str = "UPDATE pepsi.workqueue q SET status = 'pending' \
      FROM unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, stage, claim) \
-     WHERE q.workqueue_id = r.id AND q.status = 'running' AND q.stage = r.stage \
-       AND q.claim = r.claim \
+     WHERE q.workqueue_id = ANY ($1::int8[]) AND q.workqueue_id = r.id \
+       AND q.status = 'running' AND q.stage = r.stage AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
 /// Records a strike (§8.2). $1 id, $2 stage, $3 'crashed' or 'timed-out', $4 the
@@ -317,8 +318,8 @@ pub const DEFER: &str = "UPDATE pepsi.workqueue SET status = 'paused', timeout =
 /// claim tokens (int8[]); only rows still paused under that claim. Returns their ids.
 pub const RESUME_DEFERRED: &str = "UPDATE pepsi.workqueue q SET status = 'pending', timeout = NULL \
      FROM unnest($1::int8[], $2::text[], $3::int8[]) AS r(id, stage, claim) \
-     WHERE q.workqueue_id = r.id AND q.status = 'paused' AND q.stage = r.stage \
-       AND q.claim = r.claim \
+     WHERE q.workqueue_id = ANY ($1::int8[]) AND q.workqueue_id = r.id \
+       AND q.status = 'paused' AND q.stage = r.stage AND q.claim = r.claim \
      RETURNING q.workqueue_id";
 
 /// Adds statistics deltas, in one statement (one transaction; a data-modifying CTE
