@@ -23,7 +23,7 @@ DECLARE
     v_row record;
     v_problem text;
     v_rewritten boolean := false;
-    v_ids bigint[] := '{}';
+    v_ids bigint[];
 BEGIN
     IF jsonb_typeof(p_rows) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'workqueue_write: the rows are not a JSON array'
@@ -45,7 +45,6 @@ BEGIN
             RAISE EXCEPTION 'workqueue_write(%): the state is not a JSON object', v_row.id
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        v_ids := v_ids || v_row.id;
         IF v_row.rewritten THEN
             v_rewritten := true;
             v_problem := pepsi.envelope_problem(v_row.mail_from, v_row.rcpt_to);
@@ -55,6 +54,8 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
+    -- Built once: appending in the loop would copy the array for every row.
+    v_ids := ARRAY(SELECT x.id FROM jsonb_to_recordset(p_rows) AS x(id bigint));
     IF v_rewritten THEN
         RETURN QUERY
         UPDATE pepsi.workqueue q

@@ -1042,3 +1042,24 @@ fn a_worker_started_for_a_stage_without_a_section_exits_78() {
         "started for stage \"gone\" (PEPSI_WORKER_STAGE), which has no [stage-gone] section"
     );
 }
+
+#[test]
+fn an_address_is_not_warned_about_when_the_files_section_draws_the_same_warning() {
+    let user = crate::util::exec_user();
+    let s = scenario("c-timeout-both")
+        .stages(&format!(
+            "[stage-in]\nPROGRAM = {{exec}}\nCOMMAND = cat\nUSER = {user}\nTIMEOUT = 10m\n"
+        ))
+        .build();
+    s.client()
+        .execute(
+            "INSERT INTO pepsi.settings VALUES ('slow@y.example', 'in', 'TIMEOUT', '20m')",
+            &[],
+        )
+        .unwrap();
+    let out = check(&s.conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_has!(stdout(&out), "[stage-in] TIMEOUT: 10m is not below");
+    assert_lacks!(stdout(&out), "slow@y.example");
+    assert_has!(stdout(&out), "(1 warning");
+}

@@ -84,3 +84,72 @@ fn upgrading_from_schema_5_adds_held_and_the_repair_functions() {
         "the hold's keys are gone"
     );
 }
+
+#[test]
+fn a_batch_write_of_ten_thousand_rows_finds_each_by_its_id_and_guard() {
+    // Schema 16: the write functions name their ids as a condition on the primary key.
+    // A batch of 10,000 (more than any worker sends) is written in one call; a row
+    // whose claim token or claimed stage is not the row's own is left alone.
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.batch_execute(
+        "INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to, claim) \
+         SELECT 'a', 'running', 'x@y.example', ARRAY['r@y.example'], 7 \
+           FROM generate_series(1, 10000)",
+    )
+    .unwrap();
+    let ids: Vec<i64> = c
+        .query("SELECT workqueue_id FROM pepsi.workqueue ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let rows: Vec<serde_json::Value> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            // Every 1,000th row claims a token it was not handed, every 999th a stage.
+            let claim = if i % 1000 == 0 { 8 } else { 7 };
+            let claimed = if i % 999 == 1 { "b" } else { "a" };
+            serde_json::json!({"id": id, "claimed": claimed, "claim": claim,
+                               "stage": "b", "status": "pending", "state": {}})
+        })
+        .collect();
+    let text = serde_json::Value::Array(rows).to_string();
+    let written = c
+        .query(pepsi::db::sql::WRITE_OUTCOMES, &[&text])
+        .unwrap()
+        .len();
+    let refused = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 1000 == 0 || i % 999 == 1)
+        .count();
+    assert_eq!(written, 10_000 - refused);
+    let left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'a' AND status = 'running'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        left as usize, refused,
+        "the unguarded rows stay as they were"
+    );
+    let finished = c
+        .query(
+            "SELECT f FROM pepsi.workqueue_finish($1, $2, $3) f",
+            &[
+                &ids,
+                &vec!["a".to_string(); ids.len()],
+                &vec![7i64; ids.len()],
+            ],
+        )
+        .unwrap()
+        .len();
+    assert_eq!(
+        finished, refused,
+        "only the rows still running at a under their token are finished"
+    );
+}
