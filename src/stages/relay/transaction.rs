@@ -37,10 +37,11 @@ pub struct Envelope<'a> {
     pub lmtp: bool,
 }
 
-/// The message as sent after DATA: the header block, the blank line that ends it if
-/// it lacks one, the body; every line end CRLF, every line that starts with a dot
-/// (after LF or a bare CR) given another, and the final dot.
-pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
+/// The message as it reaches the other side, before dot-stuffing: the header block,
+/// the blank line that ends it if it lacks one, the body; every bare LF made CRLF (bare
+/// CRs kept), and a final CRLF when the text does not end with a line end. What a
+/// signature (`dkim-sign`) covers is exactly this.
+pub fn as_sent(headers: &[u8], body: &[u8]) -> Vec<u8> {
     let mut text = Vec::with_capacity(headers.len() + body.len() + 64);
     text.extend_from_slice(headers);
     let ended = headers.is_empty() || headers.ends_with(b"\n\n") || headers.ends_with(b"\r\n\r\n");
@@ -52,6 +53,23 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
     }
     text.extend_from_slice(body);
     let mut out = Vec::with_capacity(text.len() + text.len() / 40 + 8);
+    for (i, &b) in text.iter().enumerate() {
+        if b == b'\n' && (i == 0 || text[i - 1] != b'\r') {
+            out.push(b'\r');
+        }
+        out.push(b);
+    }
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// The message as sent after DATA: [`as_sent`], every line that starts with a dot
+/// (after LF or a bare CR) given another, and the final dot.
+pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
+    let text = as_sent(headers, body);
+    let mut out = Vec::with_capacity(text.len() + text.len() / 40 + 8);
     // A line starts after LF or after a bare CR: a server that takes a bare CR for a
     // line end must never see an unstuffed "." there (SMTP smuggling).
     let mut line_start = true;
@@ -59,14 +77,8 @@ pub fn encode(headers: &[u8], body: &[u8]) -> Vec<u8> {
         if line_start && b == b'.' {
             out.push(b'.');
         }
-        if b == b'\n' && (i == 0 || text[i - 1] != b'\r') {
-            out.push(b'\r');
-        }
         out.push(b);
         line_start = b == b'\n' || (b == b'\r' && text.get(i + 1) != Some(&b'\n'));
-    }
-    if !out.is_empty() && !out.ends_with(b"\n") {
-        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b".\r\n");
     out
