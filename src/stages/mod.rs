@@ -36,6 +36,7 @@ pub mod exec;
 pub mod if_stage;
 pub mod pass;
 pub mod relay;
+pub mod srs;
 pub mod sysexits;
 
 use crate::config::{ConfigError, StageSection};

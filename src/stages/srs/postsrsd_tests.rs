@@ -1,0 +1,1 @@
+//! Against the real postsrsd.
