@@ -32,6 +32,8 @@
 //!   - anything else: `SRS0=HASH=TT=host=local`, the hash over TT, host and local.
 //!
 //!   The separator written after the tag is always `=` (postsrsd's default).
+//!   [`Srs::forward`] answers `Ok(None)` exactly where postsrsd's forward table gives
+//!   the sender back or answers 500, which leaves Postfix's sender as it was.
 //! - Reverse (`srs2.c`, `srs_reverse`, `srs_parse_guarded`, `srs_parse_shortcut`): a
 //!   local part is an SRS address when it starts with `SRS0` or `SRS1` in any case
 //!   followed by one of `=`, `-`, `+`. After that separator, fields are cut at `=`:
@@ -58,8 +60,9 @@
 //!
 //! Where Pepsi goes beyond postsrsd:
 //! - Addresses are in their RFC 5321 form ([`mailbox`] is the judge): a quoted local
-//!   part is unquoted first and the scheme works on its content, as postsrsd sees it
-//!   behind Postfix; an SRS local part that is not a dot-string is written in quotes.
+//!   part is unquoted first and the scheme works on its content (the address's
+//!   unquoted, internal form, which is what postsrsd is given to agree with); an SRS
+//!   local part that is not a dot-string is written in quotes.
 //!   A local part holding an `@` cannot go through (postsrsd cuts at the first `@`).
 //! - Every address produced passes [`mailbox::check`] (at most 256 octets, no control
 //!   characters...) or is an error; postsrsd writes whatever fits in 1024 bytes.
@@ -201,7 +204,9 @@ impl Srs {
         if sender.is_empty() || !sender.contains('@') {
             return Ok(None);
         }
-        mailbox::check(sender).map_err(|why| SrsError::Unusable(format!("the sender {why}")))?;
+        mailbox::check(sender).map_err(|why| {
+            SrsError::Unusable(format!("the sender is not a valid mailbox: {why}"))
+        })?;
         let Some((local, host)) = split(sender) else {
             return Err(SrsError::Unusable("the sender has no domain".into()));
         };
@@ -224,7 +229,11 @@ impl Srs {
         };
         mailbox_of(&rewritten, &self.domain)
             .map(Some)
-            .map_err(|why| SrsError::Unusable(format!("the rewritten address {why}")))
+            .map_err(|why| {
+                SrsError::Unusable(format!(
+                    "the rewritten address is not a valid mailbox: {why}"
+                ))
+            })
     }
 
     /// For a recipient: `Ok(None)` when it is not an SRS address in `SRS_DOMAIN` (left
@@ -242,8 +251,9 @@ impl Srs {
         if srs_tag(&local).is_none() {
             return Ok(None);
         }
-        mailbox::check(recipient)
-            .map_err(|why| SrsError::Malformed(format!("the address {why}")))?;
+        mailbox::check(recipient).map_err(|why| {
+            SrsError::Malformed(format!("the address is not a valid mailbox: {why}"))
+        })?;
         if local.contains('@') {
             return Err(SrsError::Malformed(
                 "the local part holds an @ inside its quotes".into(),
@@ -252,9 +262,11 @@ impl Srs {
         let Some((user, host)) = self.parse(&local, now)? else {
             return Ok(None);
         };
-        mailbox_of(&user, host)
-            .map(Some)
-            .map_err(|why| SrsError::Unusable(format!("the original address {why}")))
+        mailbox_of(&user, host).map(Some).map_err(|why| {
+            SrsError::Unusable(format!(
+                "the original address is not a valid mailbox: {why}"
+            ))
+        })
     }
 
     /// The SRS local part for a sender's `local` and `host`, or `None` where postsrsd
@@ -310,9 +322,7 @@ impl Srs {
                 Ok(Some((format!("SRS0{user}"), host)))
             }
             Tag::Zero => {
-                let (hash, rest) = fields
-                    .split_once('=')
-                    .ok_or_else(|| missing("timestamp"))?;
+                let (hash, rest) = fields.split_once('=').ok_or_else(|| missing("timestamp"))?;
                 let (stamp, rest) = rest.split_once('=').ok_or_else(|| missing("host"))?;
                 let (host, user) = rest.split_once('=').ok_or_else(|| missing("user"))?;
                 self.check_timestamp(stamp, now)?;
@@ -411,12 +421,9 @@ fn hash(key: &hmac::Key, fields: &[&str]) -> String {
 /// Are these equal without regard to ASCII case? Looks at every byte whatever it finds.
 fn same_ignoring_case(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .fold(0u8, |d, (x, y)| {
-                d | (x.to_ascii_lowercase() ^ y.to_ascii_lowercase())
-            })
-            == 0
+        && a.iter().zip(b).fold(0u8, |d, (x, y)| {
+            d | (x.to_ascii_lowercase() ^ y.to_ascii_lowercase())
+        }) == 0
 }
 
 /// The tag of an SRS address and what follows its separator: the local part starts
@@ -474,10 +481,7 @@ fn split(address: &str) -> Option<(&str, &str)> {
 /// A local part's content: a quoted one without its quotes and with each quoted pair
 /// `\x` as `x`; a dot-string as it is.
 fn unquote(local: &str) -> Cow<'_, str> {
-    let Some(inner) = local
-        .strip_prefix('"')
-        .and_then(|l| l.strip_suffix('"'))
-    else {
+    let Some(inner) = local.strip_prefix('"').and_then(|l| l.strip_suffix('"')) else {
         return Cow::Borrowed(local);
     };
     let mut out = String::with_capacity(inner.len());

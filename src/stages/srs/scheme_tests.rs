@@ -33,6 +33,7 @@ pub(super) fn vectors_srs() -> Srs {
     .unwrap()
 }
 
+/// The answer for a malformed SRS address.
 fn malformed(why: &str) -> Result<Option<String>, SrsError> {
     Err(SrsError::Malformed(why.into()))
 }
@@ -45,9 +46,7 @@ fn postsrsd_forward_vectors_are_reproduced() {
     assert_eq!(srs.forward("test@example.com", now), Ok(None));
     assert_eq!(
         srs.forward("test@otherdomain.com", now),
-        Ok(Some(
-            "SRS0=vmyz=2W=otherdomain.com=test@example.com".into()
-        ))
+        Ok(Some("SRS0=vmyz=2W=otherdomain.com=test@example.com".into()))
     );
     // "invalid email address without domain part": postsrsd answers "No at sign".
     assert_eq!(srs.forward("bla", now), Ok(None));
@@ -112,7 +111,10 @@ fn postsrsd_reverse_vectors_are_reproduced() {
             "SRS0=XjO9@example.com",
             malformed("no timestamp in SRS0 address"),
         ),
-        ("SRS0=XjO9=2V@example.com", malformed("no host in SRS0 address")),
+        (
+            "SRS0=XjO9=2V@example.com",
+            malformed("no host in SRS0 address"),
+        ),
         (
             "SRS0=XjO9=2V=otherdomain.com@example.com",
             malformed("no user in SRS0 address"),
@@ -223,7 +225,10 @@ fn rotation_the_first_secret_signs_and_every_secret_verifies() {
     }
     assert_eq!(new.reverse(&by_old, now), Err(SrsError::BadHash));
     assert_eq!(old.reverse(&by_new, now), Err(SrsError::BadHash));
-    let by_old_srs1 = old.forward("SRS0=h=TT=y=b@x.example", now).unwrap().unwrap();
+    let by_old_srs1 = old
+        .forward("SRS0=h=TT=y=b@x.example", now)
+        .unwrap()
+        .unwrap();
     assert_eq!(
         both.reverse(&by_old_srs1, now),
         Ok(Some("SRS0=h=TT=y=b@x.example".into()))
@@ -240,7 +245,11 @@ fn only_the_first_four_hash_characters_count_and_fewer_are_too_short() {
         "SRS0=VMYZ=2w=otherdomain.com=test@example.com",
         "SRS0=vmyz=2W=otherdomain.com=test@EXAMPLE.com",
     ] {
-        assert_eq!(srs.reverse(address, now), Ok(Some(good.into())), "{address}");
+        assert_eq!(
+            srs.reverse(address, now),
+            Ok(Some(good.into())),
+            "{address}"
+        );
     }
     assert_eq!(
         srs.reverse("SRS0=vmy=2W=otherdomain.com=test@example.com", now),
@@ -257,10 +266,22 @@ fn the_timestamp_is_checked_before_the_hash_as_srs2_c_does() {
     let srs = vectors_srs();
     let now = vectors_clock();
     for (address, expected) in [
-        ("SRS0=FAKE=2!=otherdomain.com=test@example.com", "bad base32 character in timestamp"),
-        ("SRS0=FAKE=2W1=otherdomain.com=test@example.com", "the timestamp is not two characters"),
-        ("SRS0=FAKE==otherdomain.com=test@example.com", "the timestamp is not two characters"),
-        ("SRS0=F=2W=otherdomain.com=test@example.com", "hash too short"),
+        (
+            "SRS0=FAKE=2!=otherdomain.com=test@example.com",
+            "bad base32 character in timestamp",
+        ),
+        (
+            "SRS0=FAKE=2W1=otherdomain.com=test@example.com",
+            "the timestamp is not two characters",
+        ),
+        (
+            "SRS0=FAKE==otherdomain.com=test@example.com",
+            "the timestamp is not two characters",
+        ),
+        (
+            "SRS0=F=2W=otherdomain.com=test@example.com",
+            "hash too short",
+        ),
     ] {
         assert_eq!(srs.reverse(address, now), malformed(expected), "{address}");
     }
@@ -310,7 +331,10 @@ fn forward_always_writes_equals_and_keeps_a_foreign_separator_in_the_user() {
         .unwrap()
         .unwrap();
     assert!(srs1.starts_with("SRS1="), "{srs1}");
-    assert!(srs1.ends_with("=otherdomain.com=+opaque@example.com"), "{srs1}");
+    assert!(
+        srs1.ends_with("=otherdomain.com=+opaque@example.com"),
+        "{srs1}"
+    );
     assert_eq!(
         srs.reverse(&srs1, now),
         Ok(Some("SRS0+opaque@otherdomain.com".into()))
@@ -320,7 +344,10 @@ fn forward_always_writes_equals_and_keeps_a_foreign_separator_in_the_user() {
         .unwrap()
         .unwrap();
     assert!(again.starts_with("SRS1="), "{again}");
-    assert!(again.ends_with("=third.example==opaque@example.com"), "{again}");
+    assert!(
+        again.ends_with("=third.example==opaque@example.com"),
+        "{again}"
+    );
     // A bare SRS0 tag is another forwarder's address with an empty rest (srs2.c's
     // separator test accepts the end of the string).
     let bare = srs.forward("SRS0@otherdomain.com", now).unwrap().unwrap();
@@ -367,7 +394,10 @@ fn an_srs1_with_empty_fields_is_signed_as_srs2_c_signs_it() {
     let srs = vectors_srs();
     let now = vectors_clock();
     let out = srs.forward("SRS1=x==@other.example", now).unwrap().unwrap();
-    assert!(out.starts_with("SRS1=") && out.ends_with("==@example.com"), "{out}");
+    assert!(
+        out.starts_with("SRS1=") && out.ends_with("==@example.com"),
+        "{out}"
+    );
     assert_eq!(mailbox::check(&out), Ok(()));
     // It reverses to "SRS0@": no mailbox.
     assert!(matches!(srs.reverse(&out, now), Err(SrsError::Unusable(_))));
@@ -394,10 +424,7 @@ fn a_quoted_local_part_is_rewritten_in_quotes_and_reversed_in_quotes() {
         Some("SRS0=vmyz=2W=otherdomain.com=test@example.com")
     );
     assert_eq!(
-        srs.reverse(
-            "\"SRS0=vmyz=2W=otherdomain.com=test\"@example.com",
-            now
-        ),
+        srs.reverse("\"SRS0=vmyz=2W=otherdomain.com=test\"@example.com", now),
         Ok(Some("test@otherdomain.com".into()))
     );
 }
@@ -439,8 +466,14 @@ fn reverse_leaves_addresses_outside_srs_domain_and_non_srs_ones() {
 #[test]
 fn new_refuses_no_secret_an_empty_or_nul_secret_and_a_bad_domain() {
     let err = |secrets: Vec<Vec<u8>>, domain: &str| Srs::new(secrets, domain, 21).unwrap_err();
-    assert_eq!(err(vec![], "x.example"), "no secret: at least one is needed to sign");
-    assert_eq!(err(vec![b"a".to_vec(), vec![]], "x.example"), "secret 2 is empty");
+    assert_eq!(
+        err(vec![], "x.example"),
+        "no secret: at least one is needed to sign"
+    );
+    assert_eq!(
+        err(vec![b"a".to_vec(), vec![]], "x.example"),
+        "secret 2 is empty"
+    );
     assert!(err(vec![b"a\0b".to_vec()], "x.example").contains("secret 1 holds a NUL"));
     for domain in ["", "a@b", "x..example", "-x.example", "x example"] {
         assert!(
@@ -451,7 +484,10 @@ fn new_refuses_no_secret_an_empty_or_nul_secret_and_a_bad_domain() {
     let srs = Srs::new(vec![b"not shown".to_vec()], "x.example", 21).unwrap();
     assert_eq!(srs.domain(), "x.example");
     let shown = format!("{srs:?}");
-    assert!(shown.contains("x.example") && !shown.contains("not shown"), "{shown}");
+    assert!(
+        shown.contains("x.example") && !shown.contains("not shown"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -473,6 +509,7 @@ fn errors_read_as_short_reasons() {
 pub(super) struct Rng(pub u64);
 
 impl Rng {
+    /// The next number below `n`.
     pub fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -485,7 +522,11 @@ impl Rng {
         let mut out = String::with_capacity(len);
         for i in 0..len {
             let dot = i > 0 && i + 1 < len && !out.ends_with('.') && self.below(16) == 0;
-            let c = if dot { b'.' } else { chars[self.below(chars.len())] };
+            let c = if dot {
+                b'.'
+            } else {
+                chars[self.below(chars.len())]
+            };
             out.push(char::from(c));
         }
         out
@@ -499,7 +540,7 @@ fn random_addresses_round_trip_and_any_changed_character_is_refused() {
     // before the @ makes it fail.
     let srs = vectors_srs();
     let now = vectors_clock();
-    let mut rng = Rng(0x5eed_0f_5e_c7e7);
+    let mut rng = Rng(0x5eed_0f5e_c7e7);
     let local_chars = b"abcdefghijklmnopqrstuvwxyzABCXYZ0123456789-+=";
     for l1 in 1..=63 {
         for l2 in 1..=63 {

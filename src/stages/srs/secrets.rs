@@ -223,7 +223,10 @@ mod tests {
         let through = f.file.join("secrets");
         let err = load(&through).unwrap_err();
         assert!(
-            err.starts_with(&format!("secrets file {}: cannot be opened: ", through.display())),
+            err.starts_with(&format!(
+                "secrets file {}: cannot be opened: ",
+                through.display()
+            )),
             "{err}"
         );
         assert!(err.contains("Not a directory"), "{err}");
@@ -257,9 +260,6 @@ mod tests {
         let f = Scratch::new(&long, 0o600);
         let err = load(&f.file).unwrap_err();
         assert!(err.contains("line 2 is longer than 1023 bytes"), "{err}");
-        assert!(
-            !err.contains("sss"),
-            "no secret in an error: {err}",
-        );
+        assert!(!err.contains("sss"), "no secret in an error: {err}",);
     }
 }
