@@ -69,7 +69,9 @@ const BUFFER: usize = 8 * 1024;
 /// removed; a last line without a line end gets one (the relay sends one); an empty
 /// body, or one of empty lines only, is canonically empty.
 pub struct RelaxedBody<S: Sink> {
+    /// Where the canonical bytes go.
     sink: S,
+    /// Canonical bytes not yet handed to the sink (at most [`BUFFER`]).
     buf: Vec<u8>,
     /// Whitespace seen in the current line and not yet written.
     space: bool,
@@ -168,6 +170,8 @@ impl<S: Sink> RelaxedBody<S> {
         }
     }
 
+    /// Queues canonical bytes, handing the buffer to the sink when it is full (a piece
+    /// larger than the buffer goes to the sink at once).
     fn write(&mut self, bytes: &[u8]) {
         if self.buf.len() + bytes.len() > BUFFER {
             self.flush();
@@ -179,6 +183,7 @@ impl<S: Sink> RelaxedBody<S> {
         }
     }
 
+    /// Hands the buffered bytes to the sink.
     fn flush(&mut self) {
         if !self.buf.is_empty() {
             self.sink.put(&self.buf);

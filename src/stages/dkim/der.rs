@@ -8,12 +8,17 @@
 //! nothing (every length is checked against what is left, no recursion) and only the
 //! few fields named here are read.
 
-/// DER tags used here.
+/// The DER tag of a SEQUENCE.
 const SEQUENCE: u8 = 0x30;
+/// The DER tag of an INTEGER.
 const INTEGER: u8 = 0x02;
+/// The DER tag of an OCTET STRING.
 const OCTET_STRING: u8 = 0x04;
+/// The DER tag of an OBJECT IDENTIFIER.
 const OBJECT_IDENTIFIER: u8 = 0x06;
+/// The DER tag of a BIT STRING.
 const BIT_STRING: u8 = 0x03;
+/// The DER tag of NULL.
 const NULL: u8 = 0x05;
 
 /// The content of the OID 1.2.840.113549.1.1.1 (rsaEncryption).
@@ -23,6 +28,7 @@ pub const ED25519: &[u8] = &[0x2b, 0x65, 0x70];
 
 /// Reads DER elements one after another from a slice.
 struct Reader<'a> {
+    /// What is left to read.
     rest: &'a [u8],
 }
 

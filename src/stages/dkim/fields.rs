@@ -117,7 +117,9 @@ pub fn fields(section: &[u8]) -> Fields<'_> {
 
 /// The iterator [`fields`] returns.
 pub struct Fields<'a> {
+    /// The header section.
     section: &'a [u8],
+    /// Where the next entry starts.
     pos: usize,
 }
 

@@ -88,7 +88,9 @@ enum Token<'a> {
 
 /// Splits a field value into tokens.
 struct Scanner<'a> {
+    /// The field value.
     s: &'a [u8],
+    /// Where the next token starts (past the end once the end is reached).
     pos: usize,
 }
 
@@ -290,12 +292,14 @@ fn one_domain(value: &[u8]) -> Result<String, NoSigner> {
 /// A domain being read: atoms and dots, whitespace and comments allowed around dots.
 #[derive(Default)]
 struct Domain {
+    /// The atoms and dots read, joined.
     text: Vec<u8>,
     /// Was the last token an atom (so another atom must not follow without a dot)?
     after_word: bool,
 }
 
 impl Domain {
+    /// Has nothing of the domain been read?
     fn is_empty(&self) -> bool {
         self.text.is_empty()
     }
@@ -340,10 +344,12 @@ mod tests {
 
     use super::*;
 
+    /// `from_domain` of a header block whose one From: field has this value.
     fn domain_of(from_value: &str) -> Result<String, NoSigner> {
         from_domain(format!("Subject: x\r\nFrom:{from_value}\r\nTo: y@z\r\n").as_bytes())
     }
 
+    /// Runs `f`, which must take less than two seconds (a debug build).
     #[track_caller]
     fn quick<T>(f: impl FnOnce() -> T) -> T {
         let start = Instant::now();

@@ -23,8 +23,9 @@ use super::keys::Algorithm;
 /// The largest key file read (a 4096-bit RSA key in PEM is about 3.3 KiB).
 pub const MAX_KEY_FILE: u64 = 64 * 1024;
 
-/// The RSA key sizes `ring` signs with.
+/// The shortest RSA key `ring` signs with, in bits.
 const RSA_MIN_BITS: usize = 2048;
+/// The longest RSA key `ring` signs with, in bits.
 const RSA_MAX_BITS: usize = 4096;
 
 /// A loaded private key.
@@ -72,6 +73,7 @@ enum Kind {
 }
 
 impl Kind {
+    /// The algorithm a key of this kind signs with.
     fn algorithm(self) -> Algorithm {
         match self {
             Kind::Pkcs1Rsa | Kind::Pkcs8Rsa => Algorithm::RsaSha256,
@@ -231,6 +233,7 @@ fn parse(kind: Kind, der: &[u8]) -> Result<SigningKey, String> {
 mod tests {
     use super::*;
 
+    /// DER bytes in PEM armour with this label.
     fn armour(label: &str, der: &[u8]) -> Vec<u8> {
         let b64 = STANDARD.encode(der);
         let mut out = format!("-----BEGIN {label}-----\n");

@@ -90,6 +90,7 @@ pub struct KeyEntry {
     pub algorithm: Algorithm,
     /// The key file (a relative name in the table taken from the table's folder).
     pub path: PathBuf,
+    /// The loaded key.
     key: SigningKey,
 }
 
@@ -165,7 +166,9 @@ impl std::error::Error for KeyTableError {}
 /// The loaded key table.
 #[derive(Debug)]
 pub struct KeyTable {
+    /// The table file.
     path: PathBuf,
+    /// Its keys, in table order.
     entries: Vec<KeyEntry>,
     /// Each domain's entries (indexes into `entries`, in table order).
     by_domain: HashMap<String, Vec<usize>>,

@@ -291,11 +291,14 @@ pub fn select(section: &[u8], options: &Options) -> Selected {
 
 /// A header field being written, folded at [`WIDTH`] columns.
 struct Folder {
+    /// The field so far, from its name on.
     text: Vec<u8>,
+    /// The column after the last byte of the current line.
     col: usize,
 }
 
 impl Folder {
+    /// A field holding only its name.
     fn new() -> Folder {
         let mut text = Vec::with_capacity(1024);
         text.extend_from_slice(FIELD_NAME);

@@ -135,9 +135,11 @@ fn dual() -> (TempDir, KeyTable) {
     )
 }
 
+/// The header block of most messages signed here (RFC 8463's, with the blank line).
 const HEADERS: &[u8] = b"From: Joe <joe@example.com>\r\nTo: sue@example.net\r\n\
     Subject: dinner\r\nDate: Fri, 11 Jul 2003 21:00:37 -0700\r\n\
     Message-ID: <1@example.com>\r\n\r\n";
+/// The body of most messages signed here.
 const BODY: &[u8] = b"Hi.\r\n\r\nWe lost the game.  Are you hungry yet?\r\n\r\nJoe.\r\n";
 
 #[test]
