@@ -31,6 +31,7 @@
 
 pub mod bounce;
 pub mod discard;
+pub mod dkim;
 pub mod dsn;
 pub mod exec;
 pub mod if_stage;
