@@ -2,7 +2,9 @@
 //! (installed as links named after each stage), or `pepsi-stage [GLOBAL] NAME worker |
 //! list`. Picks the stage from argv[0] or from the first argument after the global
 //! options, then runs the worker runtime with the built-ins' registry
-//! (`pepsi::stages::REGISTRY`); the exit code is decided here, from `pepsi::exit`.
+//! (`pepsi::stages::REGISTRY`), or prints one of the stage's reports from the
+//! configuration file instead of `worker` (`pepsi-stage-dkim-sign dns`); the exit code
+//! is decided here, from `pepsi::exit`.
 
 use std::process::ExitCode;
 
@@ -34,7 +36,13 @@ fn invoked_as(argv0: &str) -> (Program, Option<&'static dyn Stage>) {
         Some(stage) => (
             program(
                 Box::leak(format!("{PROGRAM_PREFIX}{}", stage.name()).into_boxed_str()),
-                "worker",
+                Box::leak(
+                    std::iter::once("worker")
+                        .chain(stage.shows().iter().copied())
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                        .into_boxed_str(),
+                ),
             ),
             Some(stage),
         ),
@@ -51,6 +59,11 @@ fn run(
 ) -> Result<(), Failure> {
     let stage = match named {
         Some(stage) => {
+            if let [what] = &inv.rest[..] {
+                if stage.shows().contains(&what.as_str()) {
+                    return show(stage, what, &inv);
+                }
+            }
             inv.expect_only(program, &["worker"])?;
             stage
         }
@@ -69,15 +82,36 @@ fn run(
                     names()
                 ))
             })?;
-            if inv.rest.get(1..) != Some(&["worker".to_string()][..]) {
-                return Err(Failure::usage(
-                    "usage: pepsi-stage [GLOBAL OPTIONS] NAME worker",
-                ));
+            match inv.rest.get(1..) {
+                Some([w]) if w == "worker" => {}
+                Some([what]) if stage.shows().contains(&what.as_str()) => {
+                    return show(stage, what, &inv);
+                }
+                _ => {
+                    return Err(Failure::usage(
+                        "usage: pepsi-stage [GLOBAL OPTIONS] NAME worker",
+                    ));
+                }
             }
             stage
         }
     };
     runtime::run(&inv.globals, REGISTRY, stage)
+}
+
+/// Prints the stage's report `what` for its sections in the configuration file's
+/// stage graph (the overlay in the database is not read).
+fn show(stage: &dyn Stage, what: &str, inv: &Invocation) -> Result<(), Failure> {
+    let config = pepsi::config::Config::load_or_fail(inv.globals.config.as_deref())?;
+    let graph = config.file_graph().map_err(|errors| {
+        Failure::config(format!(
+            "the stage graph is invalid:\n{}",
+            pepsi::config::raw::join_errors(&errors)
+        ))
+    })?;
+    let text = stage.show(what, &graph).map_err(Failure::config)?;
+    print!("{text}");
+    Ok(())
 }
 
 /// The names of the built-in stages, in registry order, comma-separated.

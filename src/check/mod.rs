@@ -434,6 +434,11 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         if let (Some(builtin), Some(limit)) = (stages::for_program(&stage.program), max_runtime) {
             found.add_warnings(builtin.runtime_warning(&stage.section, limit));
         }
+        // The files the stage's workers read at start (keys, secrets), read here as
+        // the account running the check: a problem would keep every worker from starting.
+        if let Some(builtin) = stages::for_program(&stage.program) {
+            found.add_errors(builtin.file_errors(&stage.section));
+        }
         if let Some(command) = stage.section.get("COMMAND") {
             let user = stage.section.get("USER");
             match crate::keeper::command_account(user, reserved, as_root) {

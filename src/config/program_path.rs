@@ -21,7 +21,16 @@ pub const BUILTIN_ENTRY: &str = "builtin";
 /// The built-in stages' names (`pass` for `pepsi-stage-pass`): the programs the
 /// `builtin` entry of `PROGRAM_PATH` allows. The stage registry (`stages::BUILTINS`) is
 /// checked against this list by a test.
-pub const BUILTIN_STAGES: &[&str] = &["pass", "if", "discard", "exec", "bounce", "relay"];
+pub const BUILTIN_STAGES: &[&str] = &[
+    "pass",
+    "if",
+    "discard",
+    "exec",
+    "bounce",
+    "relay",
+    "dkim-sign",
+    "srs",
+];
 
 /// The file-name prefix of a stage program (`pepsi-stage-NAME`).
 pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";

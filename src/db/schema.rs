@@ -102,6 +102,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("014_claim_proof.sql"),
     migration!("015_hardening.sql"),
     migration!("016_writes_by_id.sql"),
+    migration!("017_prepended_headers.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -125,7 +125,8 @@ pub const LOAD_FULL: &str = concat!(
 /// A worker's outcome writes for a batch, one round trip (§12.3), through
 /// `pepsi.workqueue_write`. $1 a JSON array of objects {id, claimed, claim, stage,
 /// status, delay_ms, state, and, when a stage rewrote them (`rewritten`: true),
-/// mail_from, rcpt_to, header_from, subject}. Guarded: only rows still `running` at
+/// mail_from, rcpt_to, header_from, subject and, when it added header fields, base64
+/// prepend_headers}. Guarded: only rows still `running` at
 /// the stage they were claimed at, under the claim token the dispatcher handed with
 /// them, are written (§12.2, §6). Returns the written ids.
 pub const WRITE_OUTCOMES: &str = "SELECT w FROM pepsi.workqueue_write($1::text::jsonb) w";

@@ -51,6 +51,8 @@ pub const BUILTINS: &[&dyn Stage] = &[
     &exec::Exec,
     &bounce::Bounce,
     &relay::Relay,
+    &dkim::DkimSign,
+    &srs::SrsStage,
 ];
 
 /// The built-in stages as the worker runtime takes them.

@@ -102,6 +102,9 @@ impl Server {
                     if tally.batches() > 0 {
                         log::info!("{label}: input ended after {tally}");
                     }
+                    for summary in self.runner.summaries() {
+                        log::info!("{label}: {summary}");
+                    }
                     return Ok(());
                 }
                 Err(e) => return Err(Failure::new(exit::EX_SOFTWARE, e.to_string())),

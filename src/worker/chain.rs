@@ -66,6 +66,8 @@ pub(super) struct Runner {
     /// The `pepsi.settings` rows (address, stage, key) already warned about as
     /// ignored, so a busy address warns once per worker process.
     ignored_settings: HashSet<(String, String, String)>,
+    /// Stages this process could not prepare to run ([`Stage::start`]): never fused.
+    unfusable: HashSet<String>,
 }
 
 /// Resolves a program as the dispatcher would: absolute, or looked up on `PATH`.
@@ -93,7 +95,13 @@ impl Runner {
             same_binary: HashMap::new(),
             configured: HashMap::new(),
             ignored_settings: HashSet::new(),
+            unfusable: HashSet::new(),
         }
+    }
+
+    /// Never fuses into `stage` (it could not be prepared in this process).
+    pub(super) fn not_fusable(&mut self, stage: &str) {
+        self.unfusable.insert(stage.to_string());
     }
 
     /// The loaded configuration.
@@ -104,6 +112,16 @@ impl Runner {
     /// The stage graph read at start.
     pub(super) fn graph(&self) -> &StageGraph {
         &self.graph
+    }
+
+    /// What the stages of this program counted in this process that their message
+    /// outcomes do not show ([`Stage::summary`]), one line each.
+    pub(super) fn summaries(&self) -> Vec<String> {
+        self.registry
+            .stages()
+            .iter()
+            .filter_map(|s| s.summary())
+            .collect()
     }
 
     /// The stage a section's `PROGRAM` names in this program's registry.
@@ -368,7 +386,10 @@ impl Runner {
 
     /// May `next` run in this pass (§12.6)?
     fn can_fuse(&mut self, next: &str, message: &Message, depth: usize, loaded: Load) -> bool {
-        if !self.config.pepsi.allow_fusion || depth + 1 >= MAX_FUSION_DEPTH {
+        if !self.config.pepsi.allow_fusion
+            || depth + 1 >= MAX_FUSION_DEPTH
+            || self.unfusable.contains(next)
+        {
             return false;
         }
         let Some(section) = self.graph.get(next).cloned() else {

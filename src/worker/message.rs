@@ -4,7 +4,9 @@
 //!
 //! Setters of the envelope and extracted metadata mark the message rewritten, which
 //! fusion must know (§12.6) and the write must carry; `state` is free to change. The
-//! header block and body are read-only: no write carries them.
+//! body is read-only: no write carries it. The header block can only grow at its top
+//! ([`Message::prepend_headers`], a signature's way in, §18): the write carries the
+//! added fields, never the block.
 //!
 //! Built by `batch.rs` from a loaded row; read and changed by the stages, `chain.rs`,
 //! `settings.rs`, `errors.rs` and `plan.rs`. A leaf: it uses no other file of the
@@ -31,7 +33,8 @@ pub struct SettingRow {
 /// One row being processed.
 ///
 /// A stage reads the header block and the body but cannot replace them: no write
-/// carries them, so a rewrite would be silently lost.
+/// carries them, so a rewrite would be silently lost. It may put header fields before
+/// the block ([`Message::prepend_headers`]).
 ///
 /// ```
 /// # use pepsi::worker::Message;
@@ -86,6 +89,8 @@ pub struct Message {
     /// Overrides from `pepsi.settings` for the correspondents, all stages.
     pub settings: Vec<SettingRow>,
     rewritten: bool,
+    /// The header fields stages put before the stored header block, newest first.
+    prepended: Vec<u8>,
 }
 
 impl Message {
@@ -119,6 +124,7 @@ impl Message {
             body: None,
             settings: Vec::new(),
             rewritten: false,
+            prepended: Vec::new(),
         }
     }
 
@@ -185,7 +191,25 @@ impl Message {
         self.rewritten = true;
     }
 
-    /// Did a stage rewrite the envelope or metadata?
+    /// Puts header fields (each ending with a line end) before the header block:
+    /// the loaded block when there is one (a fused successor sends what this stage
+    /// added), and the stored one when the outcome is written. The message counts as
+    /// rewritten (§12.6). The schema refuses, with the whole write, fields that are not
+    /// header fields (an empty line among them would end the block early).
+    pub fn prepend_headers(&mut self, fields: &[u8]) {
+        if let Some(headers) = &mut self.headers {
+            headers.splice(0..0, fields.iter().copied());
+        }
+        self.prepended.splice(0..0, fields.iter().copied());
+        self.rewritten = true;
+    }
+
+    /// The header fields stages put before the stored header block (empty: none).
+    pub fn prepended(&self) -> &[u8] {
+        &self.prepended
+    }
+
+    /// Did a stage rewrite the envelope or metadata, or add header fields?
     pub fn rewritten(&self) -> bool {
         self.rewritten
     }

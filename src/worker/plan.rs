@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use super::message::Message;
@@ -117,6 +119,9 @@ pub(super) fn update_row(
         row["rcpt_to"] = json!(message.rcpt_to());
         row["header_from"] = json!(message.header_from());
         row["subject"] = json!(message.subject());
+        if !message.prepended().is_empty() {
+            row["prepend_headers"] = json!(STANDARD.encode(message.prepended()));
+        }
     }
     row
 }

@@ -145,7 +145,7 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
     }
     let batch_max = batch_max(&graph, registry, own);
     let mut runner = Runner::new(config, graph, registry);
-    let (sections, durability) = check_sections(&mut runner, own, stage.as_deref())?;
+    let (sections, successors, durability) = check_sections(&mut runner, own, stage.as_deref())?;
     // `off` (the default): group commit across concurrent workers, a lost outcome is
     // run again (§12.1); a stage with side effects outside the database may ask for
     // more, and a worker that may fuse into it commits at its level (§12.2).
@@ -161,6 +161,18 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
                 section.name
             ))
         })?;
+    }
+    // A stage this worker may fuse into is prepared as well (its keys read); one that
+    // cannot be is not fused into, and runs in its own workers, which say why.
+    for (section, stage) in successors {
+        if let Err(e) = stage.start(runner.config(), &section) {
+            log::warn!(
+                "[stage-{}] cannot be run in this worker: {e}; messages will not be fused into stage {}",
+                section.name,
+                section.name
+            );
+            runner.not_fusable(&section.name);
+        }
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -195,12 +207,13 @@ fn batch_max(graph: &StageGraph, registry: Registry, own: &dyn Stage) -> usize {
 /// stops fusion into it (`can_fuse` refuses a successor whose configuration fails), so
 /// it is a warning. Returns the own sections with the stage each runs as, and the
 /// strongest `synchronous_commit` level of the stages its commits record outcomes of
-/// (its own and those it may fuse into).
+/// (its own and those it may fuse into), with the sections it may fuse into that
+/// check.
 fn check_sections(
     runner: &mut Runner,
     own: &'static dyn Stage,
     started_for: Option<&str>,
-) -> Result<(Checked, SynchronousCommit), Failure> {
+) -> Result<(Checked, Checked, SynchronousCommit), Failure> {
     let sections: Vec<StageSection> = match started_for {
         Some(name) => match runner.graph().get(name) {
             Some(section) => vec![section.clone()],
@@ -245,11 +258,13 @@ fn check_sections(
         .map(|s| postgres.stage_durability(s))
         .max()
         .unwrap_or(SynchronousCommit::Off);
+    let mut successors = Vec::new();
     for (section, stage) in runner.fusable_successors(&sections) {
         match stage.configure(&section) {
             Ok(_) => {
                 let level = runner.config().postgres.stage_durability(&section);
                 durability = durability.max(level);
+                successors.push((section, stage));
             }
             Err(e) => log::warn!(
                 "{e}; messages will not be fused into stage {}",
@@ -257,7 +272,7 @@ fn check_sections(
             ),
         }
     }
-    Ok((checked, durability))
+    Ok((checked, successors, durability))
 }
 
 /// A worker's own sections, each with the stage it runs as.

@@ -11,7 +11,7 @@ use super::message::Message;
 use super::outcome::{Outcome, StageError};
 use std::time::Duration;
 
-use crate::config::{Config, ConfigError, PepsiOptions, Section, StageSection};
+use crate::config::{Config, ConfigError, PepsiOptions, Section, StageGraph, StageSection};
 
 /// What a stage needs loaded besides the row's metadata (envelope, From:, Subject:,
 /// state). Ordered: a stage may run on a row loaded with at least what it needs.
@@ -67,9 +67,35 @@ pub trait Stage: Sync {
     fn runtime_warning(&self, _section: &Section, _max_runtime: Duration) -> Option<ConfigError> {
         None
     }
-    /// Prepares this process to run `section`, a stage it was started for, once: after
-    /// the section is checked and before `ready`. An error refuses to run (exit 78,
-    /// with the error as the cause). Most stages need nothing.
+    /// Every problem of the files a section of this program names (keys, secrets),
+    /// read as [`Self::start`] will read them but by the account that asks: for
+    /// `pepsi-dispatch check`, which cannot start the stage. Each problem names the key
+    /// and, for a file of lines, the line. A bad value is `configure`'s to report, not
+    /// this. Most stages read no file of their own.
+    fn file_errors(&self, _section: &Section) -> Vec<ConfigError> {
+        Vec::new()
+    }
+    /// What this stage counted in this process that its messages' outcomes do not
+    /// show (messages passed on unsigned, by reason), as one line the worker logs when
+    /// its input ends; `None` when there is nothing to tell.
+    fn summary(&self) -> Option<String> {
+        None
+    }
+    /// The reports this program prints from the configuration besides running
+    /// (`dns` for `dkim-sign`: the records to publish), by name.
+    fn shows(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Prints the report `what` (one of [`Self::shows`]) for the sections of this
+    /// program in `config`'s stage graph.
+    fn show(&self, _what: &str, _graph: &StageGraph) -> Result<String, String> {
+        Err("this stage prints no reports".to_string())
+    }
+    /// Prepares this process to run `section`, a stage it was started for or may fuse
+    /// into, once: after the section is checked and before `ready`. An error refuses to
+    /// run (exit 78, with the error as the cause) a stage the worker was started for,
+    /// and keeps a successor from being fused into (a warning). Most stages need
+    /// nothing.
     fn start(&self, _config: &Config, _section: &StageSection) -> Result<(), String> {
         Ok(())
     }

@@ -48,17 +48,17 @@ NEXT = reinject
 ";
 
 /// The longest a message may take round the loop.
-const ROUND: Duration = Duration::from_secs(60);
+pub(super) const ROUND: Duration = Duration::from_secs(60);
 
 /// The loop of one test. The fields drop in this order: Postfix stops first, so
 /// nothing more reaches `pepsi-ingress`; the database goes last.
-struct Loop {
-    postfix: Postfix,
+pub(super) struct Loop {
+    pub(super) postfix: Postfix,
     ingress: Ingress,
     dispatcher: Dispatcher,
     bouncer: Bouncer,
-    c: Client,
-    _s: Scenario,
+    pub(super) c: Client,
+    pub(super) s: Scenario,
 }
 
 /// Wires the recipe of doc/postfix.md on free ports (see the module's paragraph) with the
@@ -71,6 +71,18 @@ fn open(tag: &str, mailboxes: &[&str]) -> Option<Loop> {
 /// recipe's `master.cf` entry of the server that takes the mail back (`-o` lines that
 /// override the recipe's).
 fn open_with(tag: &str, mailboxes: &[&str], main: &str, master: &str) -> Option<Loop> {
+    open_pipeline(tag, mailboxes, main, master, PIPELINE)
+}
+
+/// [`open_with`], with `pipeline` (its `{…}` program placeholders filled) before the
+/// recipe's `[stage-reinject]` instead of [`PIPELINE`]: its entry stage is `filter`.
+pub(super) fn open_pipeline(
+    tag: &str,
+    mailboxes: &[&str],
+    main: &str,
+    master: &str,
+    pipeline: &str,
+) -> Option<Loop> {
     if !postfix::available(tag) {
         return None;
     }
@@ -80,7 +92,7 @@ fn open_with(tag: &str, mailboxes: &[&str], main: &str, master: &str) -> Option<
         .timers("")
         .section("pepsi-ingress", &recipe.ingress)
         .section("pepsi-failure-bouncer", "BOUNCE_STAGE = bounce\n")
-        .stages(PIPELINE)
+        .stages(pipeline)
         .stages(&recipe.reinject_stage)
         .connect();
     let ingress = Ingress::start(&s.conf);
@@ -98,7 +110,7 @@ fn open_with(tag: &str, mailboxes: &[&str], main: &str, master: &str) -> Option<
         dispatcher,
         bouncer,
         c,
-        _s: s,
+        s,
     })
 }
 
@@ -108,6 +120,11 @@ impl Drop for Loop {
     /// service (SIGTERM), so that no worker outlives the test; a program that takes
     /// longer than 15 s is killed when its field drops.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the private Postfix's log:\n{}", self.postfix.maillog());
+            eprintln!("pepsi-ingress:\n{}", self.ingress.log());
+            eprintln!("pepsi-dispatch:\n{}", self.dispatcher.log());
+        }
         self.postfix.stop();
         self.ingress.signal(libc::SIGTERM);
         self.dispatcher.signal(libc::SIGTERM);
@@ -128,7 +145,13 @@ impl Loop {
     /// sender) to `recipients` with the MAIL FROM parameters `options`; Postfix must
     /// answer 250 at the end of the data.
     #[track_caller]
-    fn submit(&self, sender: &str, recipients: &[&str], message: &[u8], options: &[&str]) {
+    pub(super) fn submit(
+        &self,
+        sender: &str,
+        recipients: &[&str],
+        message: &[u8],
+        options: &[&str],
+    ) {
         let dir = crate::util::TempDir::new("pf-msg");
         let file = dir.path("message");
         std::fs::write(&file, message).unwrap();
@@ -158,7 +181,7 @@ print(json.dumps(out))
     /// mailboxes `watch` unchanged for three seconds (longer than Postfix's queue run
     /// delay and backoff, so a retry or a bounce would have shown).
     #[track_caller]
-    fn settle(&mut self, watch: &[&str]) {
+    pub(super) fn settle(&mut self, watch: &[&str]) {
         let deadline = Instant::now() + ROUND;
         let counts =
             |p: &Postfix| -> Vec<usize> { watch.iter().map(|m| p.mailbox(m).len()).collect() };
@@ -184,7 +207,7 @@ print(json.dumps(out))
 }
 
 /// `message` (written with CRLF line ends) as a maildir file holds it: LF line ends.
-fn as_stored(message: &[u8]) -> Vec<u8> {
+pub(super) fn as_stored(message: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(message.len());
     let mut i = 0;
     while i < message.len() {
@@ -242,7 +265,14 @@ fn arrived_intact(delivered: &[u8], message: &[u8], sender: &str) {
 
 /// A message with every header field Postfix would otherwise add, the fields `more`
 /// (each line ending in CRLF) and `body`.
-fn message(from: &str, to: &str, subject: &str, id: &str, more: &str, body: &[u8]) -> Vec<u8> {
+pub(super) fn message(
+    from: &str,
+    to: &str,
+    subject: &str,
+    id: &str,
+    more: &str,
+    body: &[u8],
+) -> Vec<u8> {
     let mut m = format!(
         "From: {from}\r\nTo: {to}\r\nSubject: {subject}\r\nDate: Thu, 03 Dec 2026 16:00:00 +0000\r\n\
          Message-ID: <{id}@ext.test>\r\nMIME-Version: 1.0\r\n{more}\r\n"

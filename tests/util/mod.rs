@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod asserts;
 pub mod bouncer;
 pub mod dispatcher;
+pub mod dkim;
 pub mod ingress;
 pub mod logged;
 pub mod notify;

@@ -38,7 +38,16 @@ const TEST_TIMERS: &[(&str, &str)] = &[
 /// built-in stage programs and `{fault}` by the fault worker (built on first use).
 pub fn programs(text: &str) -> String {
     let mut text = text.to_string();
-    for name in ["pass", "if", "discard", "exec", "bounce", "relay"] {
+    for name in [
+        "pass",
+        "if",
+        "discard",
+        "exec",
+        "bounce",
+        "relay",
+        "dkim-sign",
+        "srs",
+    ] {
         text = text.replace(&format!("{{{name}}}"), stage(name).to_str().unwrap());
     }
     if text.contains("{fault}") {

@@ -1,4 +1,4 @@
-//! DKIM's relaxed canonicalization (RFC 6376 §3.4.2 for header fields, §3.4.4 for the
+//! DKIM's relaxed canonicalization (RFC 6376 §3.4.2 for header fields, RFC 6376 §3.4.4 for the
 //! body), over the stored bytes as `fields.rs` reads them: every LF ends a line, a CR
 //! just before it belongs to that line end, any other CR is an ordinary byte.
 //!

@@ -12,13 +12,65 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::str::FromStr;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use ring::signature::{Ed25519KeyPair, KeyPair, RsaKeyPair};
 
 use super::der;
-use super::keys::Algorithm;
+
+/// A DKIM signing algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// RSA PKCS#1 v1.5 over SHA-256 (RFC 6376).
+    RsaSha256,
+    /// Ed25519 over the SHA-256 digest (RFC 8463).
+    Ed25519Sha256,
+}
+
+impl Algorithm {
+    /// The key type as a key record's `k=` names it.
+    pub fn key_type(self) -> &'static str {
+        match self {
+            Algorithm::RsaSha256 => "rsa",
+            Algorithm::Ed25519Sha256 => "ed25519",
+        }
+    }
+
+    /// The key type as a sentence names it.
+    pub fn key_type_name(self) -> &'static str {
+        match self {
+            Algorithm::RsaSha256 => "RSA",
+            Algorithm::Ed25519Sha256 => "Ed25519",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::RsaSha256 => "rsa-sha256",
+            Algorithm::Ed25519Sha256 => "ed25519-sha256",
+        })
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+
+    /// `rsa-sha256` or `ed25519-sha256`, in any case.
+    fn from_str(s: &str) -> Result<Algorithm, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "rsa-sha256" => Ok(Algorithm::RsaSha256),
+            "ed25519-sha256" => Ok(Algorithm::Ed25519Sha256),
+            _ => Err(format!(
+                "unknown algorithm \"{}\" (rsa-sha256 or ed25519-sha256)",
+                s.escape_debug()
+            )),
+        }
+    }
+}
 
 /// The largest key file read (a 4096-bit RSA key in PEM is about 3.3 KiB).
 pub const MAX_KEY_FILE: u64 = 64 * 1024;
