@@ -405,7 +405,8 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
             // Before the first connection attempt, so a signal also ends the wait for
             // a database that is away.
             let stop = crate::signals::stop_flag()?;
-            Service::new(target, args.scope, stop).serve()
+            let hup = crate::signals::hup_flag()?;
+            Service::new(target, args.scope, stop, hup).serve()
         }
     }
 }

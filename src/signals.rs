@@ -6,7 +6,8 @@
 //! and acts on the flag (SIGHUP there is the same as a `config_changed` notification),
 //! and the ingress waits on the shutdown one; both install them before their wait for
 //! the database. [`stop_flag`] is the failure bouncer's form: a flag its loop reads
-//! between calls. Below the programs that use it; it decides nothing.
+//! between calls, and [`hup_flag`] its SIGHUP, which must not end it (the default
+//! action). Below the programs that use it; it decides nothing.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -80,4 +81,14 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, Failure> {
             .map_err(|e| Failure::general(format!("cannot set up signal handling: {e}")))?;
     }
     Ok(stop)
+}
+
+/// A flag set on SIGHUP, for a daemon that reads its loop's flags between calls (the
+/// failure bouncer): the signal no longer ends the process, as its default action
+/// would; the loop says what it did with it.
+pub fn hup_flag() -> Result<Arc<AtomicBool>, Failure> {
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(libc::SIGHUP, hup.clone())
+        .map_err(|e| Failure::general(format!("cannot set up signal handling: {e}")))?;
+    Ok(hup)
 }

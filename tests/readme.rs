@@ -11,6 +11,9 @@
 //! Markdown file, one of its headings. Reads files only (the delivery script aside): no
 //! database. `cargo test --test readme`.
 
+#[path = "util/quick_start_file.rs"]
+mod quick_start_file;
+
 use std::path::Path;
 
 use pepsi::config::fixed;
@@ -465,4 +468,81 @@ fn headings_get_github_anchors() {
         anchors("# A\n```\n# not a heading\n```\n## A\n#nope\n"),
         ["a", "a-1"]
     );
+}
+
+/// Every problem `pepsi-dispatch check` finds in a file without the database: errors,
+/// warnings (unknown and unread keys), the stage graph, each built-in stage's section.
+fn file_problems(path: &Path) -> Vec<String> {
+    use pepsi::config::{Config, keys};
+    let config = match Config::load(Some(path)) {
+        Ok(config) => config,
+        Err(errors) => return errors.iter().map(ToString::to_string).collect(),
+    };
+    let mut problems: Vec<String> = config.warnings.iter().map(ToString::to_string).collect();
+    match config.file_graph() {
+        Err(errors) => problems.extend(errors.iter().map(ToString::to_string)),
+        Ok(graph) => {
+            problems.extend(
+                pepsi::stages::check_sections(graph.stages())
+                    .iter()
+                    .map(ToString::to_string),
+            );
+            let sections: Vec<_> = graph.stages().map(|s| &s.section).collect();
+            problems.extend(
+                keys::unknown_keys(sections.iter().copied(), pepsi::stages::program_keys)
+                    .iter()
+                    .map(ToString::to_string),
+            );
+            problems.extend(
+                keys::ignored_keys(sections, pepsi::stages::ignored_keys)
+                    .iter()
+                    .map(ToString::to_string),
+            );
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_quick_starts_edits_of_the_shipped_file_give_a_file_check_accepts() {
+    let dir = std::env::temp_dir().join(format!("pepsi-readme-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let edits = quick_start_file::config_edits(&quick_start());
+    assert!(
+        edits.len() >= 3,
+        "the quick start edits the file: {edits:?}"
+    );
+    let path = quick_start_file::edited_example(&dir, &edits);
+    let problems = file_problems(&path);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    for line in [
+        "[stage-filter]",
+        "[stage-deliver]",
+        "BOUNCE_STAGE = bounce",
+        "STAGE = filter",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} is on");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l == "# The account the command runs as (never root, RUN_AS or WORKER_AS)."),
+        "the explanations stay comments"
+    );
+    // The Postfix guide's edits for the quick start's pipeline: the recipe's reinject
+    // takes what filter discarded, and the result still checks.
+    let guide = lines("doc/postfix.md");
+    let with_postfix: Vec<String> = edits
+        .iter()
+        .cloned()
+        .chain(quick_start_file::config_edits(&guide))
+        .collect();
+    let path = quick_start_file::edited_example(&dir, &with_postfix);
+    let problems = file_problems(&path);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.lines().any(|l| l == "ELSE_STAGE = reinject"), "{text}");
+    assert!(text.lines().any(|l| l == "[stage-reinject]"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

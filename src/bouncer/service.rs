@@ -46,6 +46,9 @@ pub(super) struct Service {
     scope: Scope,
     /// Set by SIGINT / SIGTERM.
     stop: Arc<AtomicBool>,
+    /// Set by SIGHUP: nothing to reload (the bouncer reads its section once), so the
+    /// signal is told about and otherwise ignored.
+    hup: Arc<AtomicBool>,
     /// The session: LISTENing, schema checked. `None` while the database is away.
     client: Option<Client>,
     /// Has the bounce stage been checked against the stage graph (at the first
@@ -62,11 +65,17 @@ pub(super) struct Service {
 }
 
 impl Service {
-    pub(super) fn new(target: Target, scope: Scope, stop: Arc<AtomicBool>) -> Service {
+    pub(super) fn new(
+        target: Target,
+        scope: Scope,
+        stop: Arc<AtomicBool>,
+        hup: Arc<AtomicBool>,
+    ) -> Service {
         Service {
             target,
             scope,
             stop,
+            hup,
             client: None,
             stage_checked: false,
             lost: false,
@@ -77,6 +86,11 @@ impl Service {
     }
 
     fn stopping(&self) -> bool {
+        if self.hup.swap(false, Ordering::Relaxed) {
+            log::info!(
+                "SIGHUP: pepsi-failure-bouncer reads its configuration when it starts; restart it to apply a change (it goes on as it is)"
+            );
+        }
         self.stop.load(Ordering::Relaxed)
     }
 

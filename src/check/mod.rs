@@ -92,6 +92,10 @@ pub fn graph_warnings(
         laid.sections.values(),
         stages::program_keys,
     ));
+    warnings.extend(keys::ignored_keys(
+        laid.sections.values(),
+        stages::ignored_keys,
+    ));
     if let Some(graph) = graph {
         warnings.extend(graph.cycle_warnings());
     }
@@ -395,7 +399,20 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         e
     }));
     let checked = checked_sections(&laid);
-    found.add_errors(stages::check_sections(&checked));
+    let section_errors = stages::check_sections(&checked);
+    // A USER its stage's own check refused (root, no account name) is reported once,
+    // by that check, not again as an account that cannot run the command.
+    let user_refused = |name: &str| {
+        section_errors
+            .iter()
+            .any(|e| e.section.as_deref() == Some(name) && e.key.as_deref() == Some("USER"))
+    };
+    let user_refused: Vec<String> = checked
+        .iter()
+        .map(|s| s.section.name.clone())
+        .filter(|name| user_refused(name))
+        .collect();
+    found.add_errors(section_errors);
     // The failure bouncer's target must be a stage of this graph, or the messages it
     // moves would never be claimed.
     let bounce_stage = sections
@@ -439,7 +456,11 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
         if let Some(builtin) = stages::for_program(&stage.program) {
             found.add_errors(builtin.file_errors(&stage.section));
         }
-        if let Some(command) = stage.section.get("COMMAND") {
+        if let Some(command) = stage
+            .section
+            .get("COMMAND")
+            .filter(|_| !user_refused.contains(&stage.section.name))
+        {
             let user = stage.section.get("USER");
             match crate::keeper::command_account(user, reserved, as_root) {
                 Err(e) => found.add_errors([stage.section.error("USER", e)]),

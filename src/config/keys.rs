@@ -133,6 +133,31 @@ pub fn unknown_keys<'a>(
     warnings
 }
 
+/// The keys of every stage section ([`STAGE_KEYS`]) that a section's program does not
+/// read (`NEXT` of `pepsi-stage-discard`), each a warning naming file, line, section and
+/// key: a setting that does nothing is as misleading as a misspelt one. `ignored` gives
+/// a program's unread keys with why (none for a program that is not a built-in).
+pub fn ignored_keys<'a>(
+    sections: impl IntoIterator<Item = &'a Section>,
+    ignored: impl Fn(&str) -> &'static [(&'static str, &'static str)],
+) -> Vec<ConfigError> {
+    let mut warnings = Vec::new();
+    for section in sections {
+        let Some(program) = section.get("PROGRAM") else {
+            continue;
+        };
+        let name = program.rsplit('/').next().unwrap_or(program);
+        for (key, why) in ignored(program) {
+            if section.get(key).is_some() {
+                warnings.push(
+                    section.error(key, format!("{name} does not read {key} ({why}); ignored")),
+                );
+            }
+        }
+    }
+    warnings
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -287,7 +287,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let bad = || format!("{text:?} is not a duration (a number with s, m, h or d, e.g. 300s)");
+    let bad = || format!("{text:?} is not a duration (a number with ms, s, m, h or d, e.g. 300s)");
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let secs = |factor: u64| n.checked_mul(factor).map(Duration::from_secs);
     let d = match unit.trim() {

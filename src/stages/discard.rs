@@ -1,5 +1,7 @@
 //! `pepsi-stage-discard`: deletes the row; the message is done. Metadata only, fusable
-//! by default.
+//! by default. Every message it deletes is logged at INFO (its id, sender and
+//! recipients, the stage), as Postfix logs a discard: a pipeline that routes mail here
+//! by mistake shows it.
 //!
 //! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
 //! and for each effective section and runs the body it returns, and `pepsi-dispatch
@@ -8,7 +10,11 @@
 //! fusion or the protocol.
 
 use crate::config::{ConfigError, StageSection};
+use crate::escape::Visible;
 use crate::worker::{Configured, Context, Load, Message, Outcome, Stage, StageError};
+
+/// The most recipients a discard's log line names; the others are counted.
+const NAMED_RECIPIENTS: usize = 5;
 
 /// The stage.
 pub struct Discard;
@@ -36,13 +42,59 @@ impl Stage for Discard {
         &[]
     }
 
+    fn ignored(&self) -> &'static [(&'static str, &'static str)] {
+        &[("NEXT", "it deletes every message it gets")]
+    }
+
     fn configure(&self, _section: &StageSection) -> Result<Box<dyn Configured>, ConfigError> {
         Ok(Box::new(ConfiguredDiscard))
     }
 }
 
+/// The recipients as a discard's log line names them: the first few, escaped, and
+/// how many more.
+fn named(recipients: &[String]) -> String {
+    let mut text = recipients
+        .iter()
+        .take(NAMED_RECIPIENTS)
+        .map(|r| format!("<{}>", Visible(r)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if recipients.len() > NAMED_RECIPIENTS {
+        text.push_str(&format!(
+            " and {} more",
+            recipients.len() - NAMED_RECIPIENTS
+        ));
+    }
+    text
+}
+
 impl Configured for ConfiguredDiscard {
-    fn run(&self, _message: &mut Message, _cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+    fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
+        log::info!(
+            "{}: message {} from <{}> to {}: discarded (stage {} deletes every message it gets)",
+            cx.section.name,
+            message.id,
+            Visible(message.mail_from()),
+            named(message.rcpt_to()),
+            cx.section.name
+        );
         Ok(Outcome::Finish)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discard_names_a_few_recipients_escaped_and_counts_the_rest() {
+        let few: Vec<String> = vec!["a@x.example".into(), "b\r\n@x.example".into()];
+        assert_eq!(named(&few), "<a@x.example>, <b\\r\\n@x.example>");
+        let many: Vec<String> = (0..8).map(|i| format!("r{i}@x.example")).collect();
+        assert_eq!(
+            named(&many),
+            "<r0@x.example>, <r1@x.example>, <r2@x.example>, <r3@x.example>, <r4@x.example> and 3 more"
+        );
     }
 }

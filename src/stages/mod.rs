@@ -75,6 +75,12 @@ pub fn program_keys(program: &str) -> Option<&'static [&'static str]> {
     for_program(program).map(|b| b.keys())
 }
 
+/// The keys of every stage section a `PROGRAM`'s built-in does not read, with why;
+/// none for a program that is not a built-in.
+pub fn ignored_keys(program: &str) -> &'static [(&'static str, &'static str)] {
+    for_program(program).map_or(&[], |b| b.ignored())
+}
+
 /// Checks a stage's section exactly as its worker will, with the `configure` of the
 /// built-in its `PROGRAM` names; `None` when the program is not a built-in.
 pub fn check_section(section: &StageSection) -> Option<Result<(), ConfigError>> {

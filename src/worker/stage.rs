@@ -45,6 +45,11 @@ pub trait Stage: Sync {
     /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
     /// "unknown key" warning.
     fn keys(&self) -> &'static [&'static str];
+    /// The keys every stage section may set that this program does not read, each with
+    /// why (`NEXT` of `discard`): `pepsi-dispatch check` warns about one that is set.
+    fn ignored(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
     /// The keys of its section a per-address setting (`pepsi.settings`, §12.5) may
     /// override for a correspondent, besides `MAX_LIFETIME`, which every stage allows.
     /// Whatever a stage declares, the keys of `settings::NEVER_OVERRIDABLE` and every

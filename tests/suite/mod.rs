@@ -26,6 +26,7 @@ mod hung_server;
 mod if_split;
 mod ingress;
 mod ingress_abuse;
+mod operator;
 mod poison;
 mod postfix;
 mod postfix_outbound;

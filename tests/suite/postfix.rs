@@ -24,6 +24,7 @@ use crate::util::bouncer::Bouncer;
 use crate::util::dispatcher::Dispatcher;
 use crate::util::ingress::{Ingress, free_port, python};
 use crate::util::postfix::{self, DOMAIN, HOSTNAME, POSTMASTER, Postfix, Recipe};
+use crate::util::quick_start_file;
 use crate::util::rows::queue_len;
 use crate::util::{Scenario, assert_has, assert_lacks, stage};
 
@@ -101,7 +102,7 @@ pub(super) fn open_pipeline(
     let postfix = Postfix::start(
         tag,
         &format!("{}{main}", recipe.main_cf),
-        &format!("{}{master}", recipe.master_cf),
+        &first_entry_overridden(&recipe.master_cf, master),
         mailboxes,
     );
     Some(Loop {
@@ -112,6 +113,28 @@ pub(super) fn open_pipeline(
         c,
         s,
     })
+}
+
+/// The recipe's `master.cf` lines with `extra` (`-o` lines) added to its first entry,
+/// the server that takes the mail back, before any entry that follows it.
+fn first_entry_overridden(master_cf: &str, extra: &str) -> String {
+    let lines: Vec<&str> = master_cf.lines().collect();
+    let next_entry = lines
+        .iter()
+        .skip(1)
+        .position(|l| !l.starts_with([' ', '\t']))
+        .map_or(lines.len(), |i| i + 1);
+    let mut out = String::new();
+    for line in &lines[..next_entry] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(extra);
+    for line in &lines[next_entry..] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 impl Drop for Loop {
@@ -599,4 +622,93 @@ fn pepsi_ingress_8_gives_the_postfix_and_pepsi_lines_of_the_tested_recipe_verbat
             "pepsi-ingress(8) gives doc/postfix.md's {what} lines verbatim:\n{lines}"
         );
     }
+}
+
+#[test]
+fn the_quick_starts_pipeline_with_the_recipe_hands_mail_for_other_domains_back_to_postfix() {
+    // The shipped example as the README's quick start and the guide's edits for the
+    // recipe leave it: its stage sections, before the recipe's own [stage-reinject].
+    let dir = crate::util::TempDir::new("pf-quick");
+    let read = |file: &str| -> Vec<String> {
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let edits: Vec<String> = quick_start_file::config_edits(&read("README.md"))
+        .into_iter()
+        .chain(quick_start_file::config_edits(&read(postfix::GUIDE)))
+        .collect();
+    let file = std::fs::read_to_string(quick_start_file::edited_example(&dir.0, &edits)).unwrap();
+    let start = file
+        .find("[stage-filter]")
+        .expect("the quick start's filter");
+    let end = file.find("[stage-reinject]").expect("the guide's reinject");
+    let mut pipeline = file[start..end].to_string();
+    for stage in crate::util::stage_names() {
+        pipeline = pipeline.replace(
+            &format!("PROGRAM = pepsi-stage-{stage}\n"),
+            &format!("PROGRAM = {{{stage}}}\n"),
+        );
+    }
+    let Some(mut l) = open_pipeline("pf-quick", &["alice"], "", "", &pipeline) else {
+        return;
+    };
+    let sent = message(
+        "Sender <sender@ext.test>",
+        "alice@local.test",
+        "not for example.org",
+        "quick",
+        "",
+        b"Through the quick start's filter.\r\n",
+    );
+    l.submit("sender@ext.test", &[&format!("alice@{DOMAIN}")], &sent, &[]);
+    l.postfix.wait_mailbox("alice", 1, ROUND);
+    l.settle(&["alice", POSTMASTER]);
+    arrived_intact(&l.postfix.mailbox("alice")[0], &sent, "sender@ext.test");
+    assert_lacks!(l.dispatcher.log(), "discarded");
+}
+
+/// `n` bytes of base64 text in lines of 76 characters and CRLF.
+fn base64_lines(n: usize) -> Vec<u8> {
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let raw = noise(n);
+    let mut out = Vec::with_capacity(n + n / 38);
+    for (i, b) in raw.iter().enumerate() {
+        out.push(alphabet[(*b as usize) % 64]);
+        if i % 76 == 75 {
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[test]
+fn a_message_as_large_as_postfix_takes_comes_back_through_the_reinjection_server() {
+    // Postfix takes messages up to its message_size_limit on the way in; the way back
+    // adds a Received field (and a signature, when there is one), and must not refuse
+    // what the way in took.
+    let limit = 200_000;
+    let Some(mut l) = open_with(
+        "pf-size",
+        &["alice"],
+        &format!("message_size_limit = {limit}\n"),
+        "",
+    ) else {
+        return;
+    };
+    let sent = message(
+        "Sender <sender@ext.test>",
+        "alice@local.test",
+        "large",
+        "large",
+        "",
+        &base64_lines((limit - 1150) * 76 / 78),
+    );
+    l.submit("sender@ext.test", &[&format!("alice@{DOMAIN}")], &sent, &[]);
+    l.postfix.wait_mailbox("alice", 1, ROUND);
+    l.settle(&["alice", POSTMASTER]);
+    arrived_intact(&l.postfix.mailbox("alice")[0], &sent, "sender@ext.test");
 }

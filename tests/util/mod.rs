@@ -16,6 +16,7 @@ pub mod peer;
 pub mod pg;
 pub mod postfix;
 pub mod queue;
+pub mod quick_start_file;
 pub mod replica;
 pub mod rows;
 pub mod scenario;
