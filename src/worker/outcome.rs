@@ -105,6 +105,19 @@ impl StageError {
         }
     }
 
+    /// A host error for a delivery deferred for `reason` (a smarthost's 4xx, a
+    /// connection that failed). Should the message expire deferred, its notification
+    /// tells this reason (as Postfix's does: "connect to …: Connection refused"), with
+    /// the status the reason gives (`452 4.2.2 …`), else 4.4.7.
+    pub fn deferred(reason: impl Into<String>) -> StageError {
+        let reason = reason.into();
+        let dsn = DsnReason {
+            status: enhanced_temporary(&reason).unwrap_or(EXPIRED).to_string(),
+            diagnostic: Some(format!("x-pepsi; {reason}")),
+        };
+        StageError::host(reason).with_dsn(dsn)
+    }
+
     /// A permanent error: input the stage cannot parse, a construct it rejects.
     pub fn permanent(message: impl Into<String>) -> StageError {
         StageError {
@@ -139,6 +152,20 @@ impl StageError {
 
 /// The message for a log line: escaped ([`Visible`]), since it can quote a program's
 /// output or a correspondent's setting.
+/// The status of a message that expired while deferred, when its reason gives none.
+const EXPIRED: &str = "4.4.7";
+
+/// The first enhanced status code of a temporary failure (`4.x.y`) in a reason, as a
+/// reply quotes it (`452 4.2.2 mailbox full`).
+fn enhanced_temporary(reason: &str) -> Option<&str> {
+    reason.split_whitespace().find(|word| {
+        let mut parts = word.split('.');
+        parts.next() == Some("4")
+            && parts.clone().count() == 2
+            && parts.all(|p| (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
 impl fmt::Display for StageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         Visible(&self.message).fmt(f)

@@ -160,12 +160,13 @@ fn uniform(
 ) -> Result<Outcome, StageError> {
     match group.first().map(|(_, r)| r) {
         None | Some(RecipientResult::Done) => Ok(next.map_or(Outcome::Finish, Outcome::Advance)),
-        Some(RecipientResult::Deferred(_)) => Err(StageError::host(joined(
-            group.iter().filter_map(|(_, r)| match r {
+        Some(RecipientResult::Deferred(_)) => {
+            let reason = joined(group.iter().filter_map(|(_, r)| match r {
                 RecipientResult::Deferred(e) => Some(e),
                 _ => None,
-            }),
-        ))),
+            }));
+            Err(StageError::deferred(reason))
+        }
         Some(RecipientResult::Failed { .. }) => {
             let mut statuses = Map::new();
             let mut diagnostics = Map::new();
@@ -294,6 +295,26 @@ mod tests {
             Default::default(),
             "from:x.example".into(),
         )
+    }
+
+    #[test]
+    fn deferred_recipients_leave_their_reason_for_a_notification_should_the_message_expire() {
+        let deferred = |reason: &str| {
+            let group = vec![("b@y".to_string(), RecipientResult::Deferred(reason.into()))];
+            uniform(&mut message(&["b@y"]), None, &group).unwrap_err()
+        };
+        let e = deferred("connect to 127.0.0.1:10026: Connection refused");
+        assert_eq!(e.class, crate::worker::ErrorClass::Host);
+        assert_eq!(
+            e.dsn,
+            Some(crate::worker::DsnReason {
+                status: "4.4.7".into(),
+                diagnostic: Some("x-pepsi; connect to 127.0.0.1:10026: Connection refused".into()),
+            })
+        );
+        let e = deferred("smarthost deferred RCPT: 452 4.2.2 mailbox full");
+        assert_eq!(e.dsn.unwrap().status, "4.2.2", "the reply's own status");
+        assert_eq!(deferred("451 4.3 x 5.1.1").dsn.unwrap().status, "4.4.7");
     }
 
     fn failed(status: &str) -> RecipientResult {

@@ -640,3 +640,35 @@ fn a_smarthost_beyond_this_host_without_require_tls_no_stops_the_worker_and_fail
     let (status, err) = w.finish();
     assert!(status.success(), "{err}");
 }
+
+#[test]
+fn a_message_that_expires_while_the_smarthost_is_down_tells_its_sender_why() {
+    // Nothing listens on the port: every attempt is a host error, and the message,
+    // arrived an hour before with MAX_LIFETIME 1s, fails at its first one.
+    let port = crate::util::ingress::free_port();
+    let (s, mut c) = Scenario::new("relay-expired")
+        .timers("")
+        .stages(&format!(
+            "[stage-relay]\nPROGRAM = {{relay}}\nSMARTHOST = 127.0.0.1:{port}\nMAX_LIFETIME = 1s\n"
+        ))
+        .connect();
+    let id = inject(&mut c, &["a@dest.example"]);
+    c.execute(
+        "UPDATE pepsi.workqueue SET arrived = now() - interval '1 hour' WHERE workqueue_id = $1",
+        &[&id],
+    )
+    .unwrap();
+    let _d = s.start();
+    wait_until(WAIT, "the message failed", || {
+        crate::util::row_at(&mut c, id).is_some_and(|(_, status)| status == "failed")
+    });
+    let state = state_of(&mut c, id);
+    assert_eq!(state["failure_class"], "retries-exhausted", "{state}");
+    assert_eq!(state["dsn_status"], "4.4.7", "{state}");
+    let diagnostic = state["dsn_diagnostic"].as_str().unwrap_or_default();
+    assert!(diagnostic.starts_with("x-pepsi; "), "{diagnostic}");
+    assert_has!(
+        diagnostic,
+        &format!("cannot connect to 127.0.0.1:{port}: Connection refused")
+    );
+}

@@ -247,7 +247,7 @@ impl Configured for ConfiguredRelay {
         let mut slot = CONNECTION.lock().unwrap_or_else(|p| p.into_inner());
         let mut connection = self
             .connection(&key, hostname, slot.take(), deadline)
-            .map_err(StageError::host)?;
+            .map_err(StageError::deferred)?;
         let envelope = Envelope {
             mail_from: message.mail_from(),
             rcpt_to: message.rcpt_to(),
@@ -267,7 +267,7 @@ impl Configured for ConfiguredRelay {
             Err((broken, partial)) => {
                 let why = format!("smarthost {}: {}", self.target, broken.0);
                 if partial.is_empty() {
-                    return Err(StageError::host(why));
+                    return Err(StageError::deferred(why));
                 }
                 log::warn!("relay: message {}: {}", message.id, Visible(&why));
                 partial
