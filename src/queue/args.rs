@@ -158,6 +158,11 @@ pub enum Command {
         /// `--json`: one JSON document instead of lines.
         json: bool,
     },
+    /// `config show [--json]`.
+    ConfigShow {
+        /// `--json`: one JSON document instead of lines.
+        json: bool,
+    },
     /// `config set SECTION KEY VALUE`.
     ConfigSet {
         /// The section (`stage-NAME`).
@@ -505,9 +510,17 @@ mod tests {
                 key: "NEXT".into()
             }
         );
+        assert_eq!(ok(&["config", "show"]), Command::ConfigShow { json: false });
+        assert_eq!(
+            ok(&["config", "show", "--json"]),
+            Command::ConfigShow { json: true }
+        );
+        assert_eq!(code(&["config", "show", "stage-a"]), 64);
+        assert_eq!(code(&["config", "check", "now"]), 64);
+        assert_eq!(code(&["config", "unset", "stage-a", "NEXT", "--json"]), 64);
         assert_eq!(code(&["config", "set", "stage-a", "NEXT"]), 64);
         assert_eq!(code(&["config"]), 64);
-        assert_eq!(code(&["config", "show"]), 64);
+        assert_eq!(code(&["config", "frob"]), 64);
         assert_eq!(code(&["metrics", "--output"]), 64);
     }
 }

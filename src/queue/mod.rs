@@ -10,8 +10,9 @@
 //! - [`status`] reads the queue's shape and the statistics in one snapshot, which
 //!   `status` prints and [`metrics`] turns into the Prometheus text format;
 //! - [`list`] is `list` and `show`; [`inject`] and [`message`] are `inject`; [`repair`]
-//!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config`;
-//!   [`format`](mod@format) lays out text for people.
+//!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config
+//!   set|unset` and [`effective`] `config show`; [`format`](mod@format) lays out text
+//!   for people.
 //!
 //! Every write is one stored-function call (one round trip, one NOTIFY on `workqueue`
 //! when something changed), or for `config set|unset` one short transaction that
@@ -19,6 +20,9 @@
 //! exit status is decided by the [`Failure`] a command returns.
 
 pub mod args;
+pub mod effective;
+#[cfg(test)]
+mod effective_tests;
 pub mod format;
 pub mod horizon;
 pub mod inject;
@@ -47,7 +51,7 @@ use args::{Command, Repair};
 pub const PROGRAM: Program = Program {
     name: "pepsi-queue",
     synopsis: "COMMAND [ARGS]",
-    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands and config check prints one JSON document):\n  \
+    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands, config check and config show prints one JSON document):\n  \
             status                         rows per stage and status, ages, unknown stages, statistics\n  \
             list [--stage S] [--status X] [--sender KEY] [--limit N]\n                                 \
             one line per message, oldest first (like mailq)\n  \
@@ -62,6 +66,7 @@ pub const PROGRAM: Program = Program {
             requeue --stage S ID...        move messages to stage S as pending\n  \
             metrics [--output FILE]        Prometheus text format (FILE written atomically)\n  \
             config check [--json]          the checks of pepsi-dispatch check\n  \
+            config show [--json]           the stage graph the dispatcher runs, each value with its origin\n  \
             config set SECTION KEY VALUE   write pepsi.config_override after checking the result\n  \
             config unset SECTION KEY       remove an overlay row after checking the result\n\
             An id argument - reads ids from standard input. Running messages are never touched.\n\
@@ -248,6 +253,7 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
                     repair::by_ids(&mut session, repair::Action::Requeue(stage), &ids, json)
                 }
                 Command::Metrics { output } => metrics::run(&mut session, output.as_deref()),
+                Command::ConfigShow { json } => effective::run(&mut session, json),
                 Command::ConfigSet {
                     section,
                     key,

@@ -5,6 +5,7 @@ mod bounce;
 mod bouncer;
 mod claim_floors;
 mod config_check;
+mod config_tool;
 mod contained_worker;
 mod containment;
 mod dispatch_background;

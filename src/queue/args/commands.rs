@@ -1,5 +1,6 @@
 //! Each `pepsi-queue` command's own options, read into its [`Command`]: `list`, `show`,
-//! `inject`, `resume`, the id lists of the repair commands, and `config`.
+//! `inject`, `resume`, the id lists of the repair commands, and `config` (`check`,
+//! `show`, `set`, `unset`).
 //!
 //! Owns which options a command takes and how they combine; called by
 //! [`super::parse`]. It reads arguments and checks shared values only through
@@ -259,27 +260,29 @@ fn parse_ids_or_none(
     Ok((ids, json))
 }
 
-/// `config check`, `config set SECTION KEY VALUE`, `config unset SECTION KEY`.
+/// `config check [--json]`, `config show [--json]`, `config set SECTION KEY VALUE`,
+/// `config unset SECTION KEY`.
 pub(super) fn parse_config(args: &mut Args) -> Result<Command, Failure> {
     let mut words = Vec::new();
     let mut json = false;
     while let Some(arg) = args.next()? {
         match arg {
             Arg::Operand(o) => words.push(text("config", o)?),
-            // Only `check` reads; `set` and `unset` refuse it below.
+            // Only `check` and `show` read; `set` and `unset` refuse it below.
             Arg::Flag(f) if f == "--json" => json = true,
             other => return Err(unexpected("config", other)),
         }
     }
     let section = |s: &str| s.trim_start_matches('[').trim_end_matches(']').to_string();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    if json && words.first() != Some(&"check") {
+    if json && !matches!(words.first(), Some(&"check" | &"show")) {
         return Err(usage(
-            "--json: only config check reads; set and unset take no --json",
+            "--json: only config check and config show read; set and unset take no --json",
         ));
     }
     match words[..] {
         ["check"] => Ok(Command::ConfigCheck { json }),
+        ["show"] => Ok(Command::ConfigShow { json }),
         ["set", s, key, value] => Ok(Command::ConfigSet {
             section: section(s),
             key: key.to_string(),
@@ -291,9 +294,13 @@ pub(super) fn parse_config(args: &mut Args) -> Result<Command, Failure> {
         }),
         ["set", ..] => Err(usage("config set needs SECTION KEY VALUE")),
         ["unset", ..] => Err(usage("config unset needs SECTION KEY")),
-        [] => Err(usage("config needs check, set or unset")),
+        ["check" | "show", ..] => Err(usage(format!(
+            "config {}: takes no argument but --json",
+            words[0]
+        ))),
+        [] => Err(usage("config needs check, show, set or unset")),
         [other, ..] => Err(usage(format!(
-            "config: unknown command {other:?} (check, set, unset)"
+            "config: unknown command {other:?} (check, show, set, unset)"
         ))),
     }
 }
