@@ -41,5 +41,6 @@ mod recovery;
 mod relay;
 mod relay_split;
 mod roles;
+mod settings_tool;
 mod srs;
 mod worker;
