@@ -283,6 +283,34 @@ fn a_value_the_stage_refuses_or_a_key_it_keeps_to_itself_is_refused_with_nothing
         table(&mut c),
         [row("bob@b.example", "extra", "MAX_LIFETIME", "1h")]
     );
+    // A row another tool wrote that breaks the section: a change that leaves it
+    // applying alone is refused, its own removal is not.
+    c.batch_execute(
+        "INSERT INTO pepsi.settings VALUES ('eve@e.example', 'route', 'MATCH', 'subject resembles x'), \
+                                           ('eve@e.example', 'route', 'MAX_LIFETIME', '1h')",
+    )
+    .unwrap();
+    for args in [
+        &["unset", "eve@e.example", "route", "MAX_LIFETIME"][..],
+        &["set", "eve@e.example", "route", "MAX_LIFETIME", "2h"],
+    ] {
+        let out = settings(&s.conf, args);
+        expect(&out, 78);
+        assert_has!(
+            stderr(&out),
+            "pepsi.settings for eve@e.example: [stage-route] MATCH:",
+            "{}",
+            both(&out)
+        );
+    }
+    expect(
+        &settings(&s.conf, &["unset", "eve@e.example", "route", "MATCH"]),
+        0,
+    );
+    assert_eq!(
+        table(&mut c)[1..],
+        [row("eve@e.example", "route", "MAX_LIFETIME", "1h")]
+    );
     // Usage errors name the program typed.
     let out = settings(&s.conf, &["frob"]);
     expect(&out, 64);

@@ -190,14 +190,15 @@ pub fn unset(session: &mut Session, address: &str, stage: &str, key: &str) -> Re
     let mut tx = session.client.transaction().map_err(failed)?;
     let overlay = begin(&mut tx)?;
     let current = read_group(&mut tx, &address, stage)?;
-    if !current.iter().any(|r| r.key == key) {
+    let Some(removed) = current.iter().find(|r| r.key == key) else {
         return Err(bad_data("unset", &format!("there is no setting {name}")));
-    }
+    };
     // With a graph the dispatcher would refuse, nothing is judged: removing a setting
-    // is how one is repaired.
+    // is how one is repaired. Nor is the removal of a row the workers ignore, which
+    // changes nothing they lay over the section.
     if let Ok(judge) = Judge::new(&session.config, &overlay) {
         let rest = applied(&judge, current.iter().filter(|r| r.key != key));
-        if judge.has_stage(stage) && !rest.is_empty() {
+        if judge.has_stage(stage) && judge.applies(removed) && !rest.is_empty() {
             let (errors, _) = judge.values(&address, stage, &rest);
             if !errors.is_empty() {
                 return Err(refused("unset", &join_errors(&errors)));
