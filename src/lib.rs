@@ -39,7 +39,9 @@
 //!   session and one committer thread that queues what the sessions accepted in group
 //!   commits and answers each message only once its commit returned.
 //! - [`queue`] is `pepsi-queue`, the operator's tool: status, list, show, inject, the
-//!   repair commands (each one stored-function call), metrics and the overlay.
+//!   repair commands (each one stored-function call), metrics, the overlay and the
+//!   per-address settings; started as `pepsi-settings` or `pepsi-config` (links to it)
+//!   it is those tools.
 //!
 //! Small modules below them all: [`mailbox`] judges an envelope address (the one rule
 //! for `inject`, the ingress and whom a bounce may go to) and [`intake`], beside it,

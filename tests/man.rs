@@ -337,12 +337,34 @@ fn every_built_in_stage_has_its_entry_in_pepsi_stage_8() {
 /// Runs `pepsi-queue` with `args` and no standard input; returns (exit status,
 /// stdout, stderr).
 fn pepsi_queue(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pepsi-queue"))
+    run_as("pepsi-queue", args)
+}
+
+/// Runs the `pepsi-queue` binary under `name` (through a link of that name, as the
+/// package installs `pepsi-settings` and `pepsi-config`) with `args` and no standard
+/// input; returns (exit status, stdout, stderr).
+fn run_as(name: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let binary = Path::new(env!("CARGO_BIN_EXE_pepsi-queue"));
+    let dir = std::env::temp_dir().join(format!(
+        "pepsi-man-{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let program = if name == "pepsi-queue" {
+        binary.to_path_buf()
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for the link");
+        std::os::unix::fs::symlink(binary, dir.join(name)).expect("a link to pepsi-queue");
+        dir.join(name)
+    };
+    let out = Command::new(&program)
         .args(args)
         .env_remove("PEPSI_CONFIG")
         .stdin(Stdio::null())
         .output()
-        .expect("pepsi-queue runs");
+        .unwrap_or_else(|e| panic!("{name} runs: {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -358,10 +380,15 @@ const NO_CONFIG: &str = "/nonexistent/pepsi-man-test/pepsi.conf";
 /// followed by an unknown word), or `None` when it has no such list: the commands its
 /// parser takes at that point.
 fn accepted_after(words: &[&str]) -> Option<Vec<String>> {
+    accepted_by("pepsi-queue", words)
+}
+
+/// [`accepted_after`] for the program under `name`.
+fn accepted_by(name: &str, words: &[&str]) -> Option<Vec<String>> {
     let mut args = vec!["-c", NO_CONFIG];
     args.extend_from_slice(words);
     args.push("pepsi-man-test-unknown");
-    let (code, _, stderr) = pepsi_queue(&args);
+    let (code, _, stderr) = run_as(name, &args);
     let (_, after) = stderr.split_once("unknown command \"pepsi-man-test-unknown\" (")?;
     assert_eq!(
         code,
@@ -372,13 +399,21 @@ fn accepted_after(words: &[&str]) -> Option<Vec<String>> {
     Some(list.split(", ").map(str::to_string).collect())
 }
 
+/// The `pepsi-queue` command that is the program `pepsi-settings` under another name:
+/// one entry of `pepsi-queue.8`, its commands documented in `pepsi-settings.1`.
+const SETTINGS_COMMAND: &str = "settings";
+
 /// Every command `pepsi-queue` takes, as the program lists them when it refuses an
 /// unknown one, a command with commands of its own (`config`) as one entry for each
-/// (`config check`, …).
+/// (`config check`, …), but [`SETTINGS_COMMAND`] as one.
 fn queue_commands() -> BTreeSet<String> {
     let top = accepted_after(&[]).expect("pepsi-queue lists its commands for an unknown one");
     let mut commands = BTreeSet::new();
     for command in top {
+        if command == SETTINGS_COMMAND {
+            commands.insert(command);
+            continue;
+        }
         match accepted_after(&[&command]) {
             Some(subs) => commands.extend(subs.iter().map(|s| format!("{command} {s}"))),
             None => {
@@ -391,8 +426,17 @@ fn queue_commands() -> BTreeSet<String> {
 
 /// `pepsi-queue --help` up to its global options: the program's own part.
 fn queue_help() -> String {
-    let (code, stdout, stderr) = pepsi_queue(&["--help"]);
-    assert_eq!(code, Some(0), "pepsi-queue --help: {stderr}");
+    help_of("pepsi-queue")
+}
+
+/// `--help` of the program under `name` up to its global options: its own part.
+fn help_of(name: &str) -> String {
+    let (code, stdout, stderr) = run_as(name, &["--help"]);
+    assert_eq!(code, Some(0), "{name} --help: {stderr}");
+    assert!(
+        stdout.starts_with(&format!("usage: {name} ")),
+        "{name} --help names it: {stdout}"
+    );
     stdout
         .split("global options")
         .next()
@@ -473,35 +517,36 @@ fn every_pepsi_queue_command_is_its_own_item_in_pepsi_queue_8() {
     );
 }
 
-#[test]
-fn every_option_in_pepsi_queue_help_is_in_pepsi_queue_8() {
-    let help = queue_help();
-    let options: BTreeSet<&str> = help
-        .split_whitespace()
+/// The options (`--json`, `-f`, …) a help text names.
+fn help_options(help: &str) -> BTreeSet<&str> {
+    help.split_whitespace()
         .map(|w| w.trim_matches(|c: char| matches!(c, '[' | ']' | '(' | ')' | ',' | '.')))
         .flat_map(|w| w.split('|'))
         .filter(|w| w.len() > 1 && w.starts_with('-'))
-        .collect();
+        .collect()
+}
+
+/// Asserts that the page `page` names every option of `help`.
+fn documents_options(page: &str, help: &str) {
+    let options = help_options(help);
     assert!(options.contains("--json"), "options found: {options:?}");
-    let page = Page::read("pepsi-queue.8");
-    let text = plain(&page.text);
-    let words: BTreeSet<&str> = text
+    let page_text = plain(&Page::read(page).text);
+    let words: BTreeSet<&str> = page_text
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         .collect();
     for option in options {
         assert!(
             words.contains(option),
-            "pepsi-queue.8 documents the option {option}"
+            "{page} documents the option {option}"
         );
     }
 }
 
-#[test]
-fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
-    let help = queue_help();
+/// The exit statuses a help text lists after `Exit status:`.
+fn help_exit_codes(help: &str) -> BTreeSet<String> {
     let statuses = help
         .split_once("Exit status:")
-        .expect("pepsi-queue --help lists its exit statuses")
+        .expect("--help lists its exit statuses")
         .1;
     let codes: BTreeSet<String> = statuses
         .split(';')
@@ -515,8 +560,15 @@ fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
     for code in ["0", "64", "65", "75", "78"] {
         assert!(codes.contains(code), "--help lists {code}: {codes:?}");
     }
-    let page = Page::read("pepsi-queue.8");
-    let documented: BTreeSet<&str> = page
+    codes
+}
+
+/// Asserts that the page `page` has an entry under EXIT STATUS for every status of
+/// `help`, and none for a status `src/exit.rs` does not define.
+fn documents_exit_codes(page: &str, help: &str) {
+    let codes = help_exit_codes(help);
+    let page_read = Page::read(page);
+    let documented: BTreeSet<&str> = page_read
         .items
         .iter()
         .filter(|i| i.section == "EXIT STATUS")
@@ -525,7 +577,7 @@ fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
     for code in &codes {
         assert!(
             documented.contains(code.as_str()),
-            "pepsi-queue.8 has an entry under EXIT STATUS for {code}, which --help lists"
+            "{page} has an entry under EXIT STATUS for {code}, which --help lists"
         );
     }
     // And it documents no status the program does not have.
@@ -547,9 +599,53 @@ fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
     for code in documented {
         assert!(
             known.iter().any(|k| k == code),
-            "pepsi-queue.8 documents exit status {code}, which src/exit.rs does not define"
+            "{page} documents exit status {code}, which src/exit.rs does not define"
         );
     }
+}
+
+#[test]
+fn every_option_in_pepsi_queue_help_is_in_pepsi_queue_8() {
+    documents_options("pepsi-queue.8", &queue_help());
+}
+
+#[test]
+fn every_exit_status_in_pepsi_queue_help_is_in_pepsi_queue_8() {
+    documents_exit_codes("pepsi-queue.8", &queue_help());
+}
+
+#[test]
+fn every_pepsi_settings_command_option_and_exit_status_is_in_pepsi_settings_1() {
+    let name = pepsi::queue::multicall::SETTINGS;
+    let commands: BTreeSet<String> = accepted_by(name, &[])
+        .expect("pepsi-settings lists its commands for an unknown one")
+        .into_iter()
+        .collect();
+    assert!(commands.contains("import"), "{commands:?}");
+    // `pepsi-queue settings` is the same program.
+    assert_eq!(
+        accepted_after(&[SETTINGS_COMMAND]).map(|c| c.into_iter().collect::<BTreeSet<_>>()),
+        Some(commands.clone())
+    );
+    let help = help_of(name);
+    assert_eq!(
+        help_commands(&help),
+        commands,
+        "pepsi-settings --help shows the commands its parser takes"
+    );
+    let page = format!("{name}.1");
+    let documented: BTreeSet<String> = Page::read(&page)
+        .items
+        .iter()
+        .filter(|i| i.section == "COMMANDS")
+        .map(|i| i.name.clone())
+        .collect();
+    assert_eq!(
+        documented, commands,
+        "{page} has an entry under COMMANDS for exactly the commands pepsi-settings takes"
+    );
+    documents_options(&page, &help);
+    documents_exit_codes(&page, &help);
 }
 
 #[test]
@@ -637,6 +733,30 @@ fn every_program_has_its_page_and_pepsi_conf_5_names_it() {
             description.contains(&format!("{program} (8)")),
             "pepsi.conf.5 names {program}(8) among the programs that read the file"
         );
+    }
+    // The other names of pepsi-queue, links the package installs: each a page of
+    // section 1 that names it, and its --help under its name.
+    for link in pepsi::queue::multicall::LINKS {
+        let page = format!("{link}.1");
+        assert!(
+            files.contains(&page),
+            "packaging/man has no page {page} for {link}, a link to pepsi-queue"
+        );
+        let text = std::fs::read_to_string(packaging(&format!("man/{page}"))).unwrap();
+        let name = text
+            .split(".SH NAME\n")
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap_or_default();
+        assert!(
+            name.starts_with(link),
+            "{page} names {link} in NAME: {name:?}"
+        );
+        assert!(
+            description.contains(&format!("{link} (1)")),
+            "pepsi.conf.5 names {link}(1) among the programs that read the file"
+        );
+        help_of(link);
     }
 }
 

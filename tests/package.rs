@@ -4,12 +4,14 @@
 //! `lintian` must report no error and no warning beyond `packaging/lintian-overrides`;
 //! `dpkg -i` installs it (systemd need not be running); then the test checks the
 //! `pepsi` account, every file's place, owner and mode, the stage links against the
-//! built-in stages, `systemd-analyze verify` of every installed unit, and runs the
-//! installed programs — started as root, so they switch to `pepsi` — against a
-//! throwaway database: `pepsi-setup schema`, `pepsi-dispatch check`, `pepsi-queue
-//! status` when the package has it, `pepsi-failure-bouncer sweep`, a dispatcher that
-//! runs a message through two stages, and, when the package has it, `pepsi-ingress`
-//! taking a message over LMTP on a Unix socket it made as root before switching. Last,
+//! built-in stages, the links `pepsi-settings` and `pepsi-config` to `pepsi-queue`,
+//! `systemd-analyze verify` of every installed unit, and runs the installed programs —
+//! started as root, so they switch to `pepsi` — against a throwaway database:
+//! `pepsi-setup schema`, `pepsi-dispatch check`, `pepsi-queue status`,
+//! `pepsi-settings` and `pepsi-config check` when the package has them,
+//! `pepsi-failure-bouncer sweep`, a dispatcher that runs a message through two stages,
+//! and, when the package has it, `pepsi-ingress` taking a message over LMTP on a Unix
+//! socket it made as root before switching. Last,
 //! `dpkg --purge` and what must and must not remain.
 //!
 //! It needs root, dpkg, lintian, systemd-analyze and adduser, and a machine where
@@ -477,6 +479,20 @@ fn the_package_installs_runs_and_purges_cleanly() {
         let help = succeed(Command::new(format!("/usr/bin/pepsi-stage-{stage}")).arg("-h"));
         assert!(help.contains(&format!("pepsi-stage-{stage}")), "{help}");
     }
+    // The other names of pepsi-queue: links to it, each answering to its name.
+    if Path::new("/usr/bin/pepsi-queue").exists() {
+        for name in pepsi::queue::multicall::LINKS {
+            let path = format!("/usr/bin/{name}");
+            assert!(Path::new(&path).is_symlink(), "{path} is a link");
+            assert_eq!(
+                std::fs::canonicalize(&path).unwrap(),
+                Path::new("/usr/bin/pepsi-queue"),
+                "{path} leads to pepsi-queue"
+            );
+            let help = succeed(Command::new(&path).arg("-h"));
+            assert!(help.starts_with(&format!("usage: {name} ")), "{help}");
+        }
+    }
 
     // Manual pages, a link per stage to pepsi-stage(8).
     for page in files_of("packaging/man") {
@@ -691,6 +707,21 @@ fn the_package_installs_runs_and_purges_cleanly() {
     assert!(!check.contains("error"), "{check}");
     if Path::new("/usr/bin/pepsi-queue").exists() {
         run("pepsi-queue", &["status"]);
+        // Its other names, through the installed links: a setting written, read back
+        // and removed; the configuration checked as pepsi-dispatch checks it.
+        run(
+            "pepsi-settings",
+            &["set", "Rcpt@example.org", "in", "MAX_LIFETIME", "2h"],
+        );
+        assert_eq!(
+            run("pepsi-settings", &["list"]),
+            "rcpt@example.org [stage-in] MAX_LIFETIME = 2h\n"
+        );
+        run(
+            "pepsi-settings",
+            &["unset", "rcpt@example.org", "in", "MAX_LIFETIME"],
+        );
+        assert_eq!(run("pepsi-config", &["check"]), check);
     }
     run("pepsi-failure-bouncer", &["sweep"]);
 
@@ -791,6 +822,10 @@ fn the_package_installs_runs_and_purges_cleanly() {
     }
     for stage in &builtins {
         let link = format!("/usr/bin/pepsi-stage-{stage}");
+        assert!(!Path::new(&link).is_symlink(), "{link} is gone");
+    }
+    for name in pepsi::queue::multicall::LINKS {
+        let link = format!("/usr/bin/{name}");
         assert!(!Path::new(&link).is_symlink(), "{link} is gone");
     }
     for unit in &units {

@@ -13,7 +13,7 @@
 //! `queue::PROGRAM`'s.
 
 mod commands;
-mod options;
+pub(in crate::queue) mod options;
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -179,6 +179,9 @@ pub enum Command {
         /// The key.
         key: String,
     },
+    /// `settings COMMAND [ARGS]`: the arguments after `settings`, as given, for
+    /// `queue::settings` to read.
+    Settings(Vec<OsString>),
 }
 
 impl Command {
@@ -199,6 +202,9 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
         return Err(usage("missing command"));
     };
     let sub = text("command", sub)?;
+    if sub == "settings" {
+        return Ok(Command::Settings(rest.collect()));
+    }
     let mut args = Args::new(rest.collect());
     match sub.as_str() {
         "status" => {
@@ -252,7 +258,7 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
         "config" => parse_config(&mut args),
         other => Err(usage(format!(
             "unknown command {other:?} (status, list, show, inject, resume, hold, release, \
-             delete, requeue, metrics, config)"
+             delete, requeue, metrics, config, settings)"
         ))),
     }
 }

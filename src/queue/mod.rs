@@ -11,8 +11,11 @@
 //!   `status` prints and [`metrics`] turns into the Prometheus text format;
 //! - [`list`] is `list` and `show`; [`inject`] and [`message`] are `inject`; [`repair`]
 //!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config
-//!   set|unset` and [`effective`] `config show`; [`format`](mod@format) lays out text
-//!   for people.
+//!   set|unset` and [`effective`] `config show`; [`settings`] is `settings`, the
+//!   per-address settings (§20); [`format`](mod@format) lays out text for people;
+//! - [`multicall`] picks the program by the name the binary was started as:
+//!   `pepsi-settings` (the commands of `settings`), `pepsi-config` (those of
+//!   `config`), or `pepsi-queue`.
 //!
 //! Every write is one stored-function call (one round trip, one NOTIFY on `workqueue`
 //! when something changed), or for `config set|unset` one short transaction that
@@ -28,8 +31,10 @@ pub mod horizon;
 pub mod inject;
 pub mod list;
 pub mod metrics;
+pub mod multicall;
 pub mod overlay;
 pub mod repair;
+pub mod settings;
 pub mod status;
 
 use std::collections::BTreeSet;
@@ -68,7 +73,8 @@ pub const PROGRAM: Program = Program {
             config check [--json]          the checks of pepsi-dispatch check\n  \
             config show [--json]           the stage graph the dispatcher runs, each value with its origin\n  \
             config set SECTION KEY VALUE   write pepsi.config_override after checking the result\n  \
-            config unset SECTION KEY       remove an overlay row after checking the result\n\
+            config unset SECTION KEY       remove an overlay row after checking the result\n  \
+            settings COMMAND [ARGS]        per-address settings: the commands of pepsi-settings\n\
             An id argument - reads ids from standard input. Running messages are never touched.\n\
             Exit status: 0 done; 64 usage; 65 bad data (an unknown id, a message without a header \
             block, a malformed address, an unknown stage); 66 the message file cannot be read; 69 a \
@@ -201,6 +207,8 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
     };
     let command = args::parse(rest, &from_stdin)?;
     match command {
+        // pepsi-settings: it opens its own session, after reading an import file.
+        Command::Settings(rest) => settings::run(&globals, rest),
         // Exactly `pepsi-dispatch check`: it reports a file that does not even parse,
         // so it needs no session.
         Command::ConfigCheck { json } => {
@@ -262,7 +270,9 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
                 Command::ConfigUnset { section, key } => {
                     overlay::change(&mut session, &section, &key, None)
                 }
-                Command::ConfigCheck { .. } | Command::Inject(_) => unreachable!("handled above"),
+                Command::ConfigCheck { .. } | Command::Inject(_) | Command::Settings(_) => {
+                    unreachable!("handled above")
+                }
             }
         }
     }

@@ -43,5 +43,6 @@ mod recovery;
 mod relay;
 mod relay_split;
 mod roles;
+mod settings_tool;
 mod srs;
 mod worker;

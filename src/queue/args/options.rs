@@ -2,8 +2,9 @@
 //! ending the options), and the checks of values several commands share: UTF-8 text,
 //! addresses, stage names, message ids, statuses, and the usage error itself.
 //!
-//! Owns the lexing and those checks; called by [`super`] and [`super::commands`]. It
-//! knows no command's options and must not decide which options a command takes.
+//! Owns the lexing and those checks; called by [`super`], [`super::commands`] and
+//! `queue::settings::args` (the commands of `pepsi-settings`). It knows no command's
+//! options and must not decide which options a command takes.
 
 use std::ffi::{OsStr, OsString};
 
@@ -20,7 +21,7 @@ pub fn usage(message: impl std::fmt::Display) -> Failure {
 }
 
 /// The arguments after the subcommand, one at a time, with `--name=value` split.
-pub(super) struct Args {
+pub(in crate::queue) struct Args {
     items: std::vec::IntoIter<OsString>,
     /// The value of a `--name=value` just read, until taken.
     inline: Option<OsString>,
@@ -29,7 +30,7 @@ pub(super) struct Args {
 }
 
 /// One argument.
-pub(super) enum Arg {
+pub(in crate::queue) enum Arg {
     /// An option (`--name`, `-x`), its inline value kept in `Args::inline`.
     Flag(String),
     /// An operand.
@@ -38,7 +39,7 @@ pub(super) enum Arg {
 
 impl Args {
     /// The arguments after the subcommand.
-    pub(super) fn new(rest: Vec<OsString>) -> Args {
+    pub(in crate::queue) fn new(rest: Vec<OsString>) -> Args {
         Args {
             items: rest.into_iter(),
             inline: None,
@@ -48,7 +49,7 @@ impl Args {
 
     /// The next argument, or None at the end; a `--name=value` value left untaken is
     /// a usage error.
-    pub(super) fn next(&mut self) -> Result<Option<Arg>, Failure> {
+    pub(in crate::queue) fn next(&mut self) -> Result<Option<Arg>, Failure> {
         if let Some(v) = self.inline.take() {
             return Err(usage(format!(
                 "unexpected value {:?} for an option that takes none",
@@ -79,7 +80,7 @@ impl Args {
     }
 
     /// The value of option `name`, as given.
-    pub(super) fn value_os(&mut self, name: &str) -> Result<OsString, Failure> {
+    pub(in crate::queue) fn value_os(&mut self, name: &str) -> Result<OsString, Failure> {
         self.inline
             .take()
             .or_else(|| self.items.next())
@@ -87,13 +88,13 @@ impl Args {
     }
 
     /// The value of option `name`, which must be UTF-8.
-    pub(super) fn value(&mut self, name: &str) -> Result<String, Failure> {
+    pub(in crate::queue) fn value(&mut self, name: &str) -> Result<String, Failure> {
         text(name, self.value_os(name)?)
     }
 }
 
 /// An argument that must be UTF-8.
-pub(super) fn text(what: &str, value: OsString) -> Result<String, Failure> {
+pub(in crate::queue) fn text(what: &str, value: OsString) -> Result<String, Failure> {
     value.into_string().map_err(|v| {
         usage(format!(
             "{what}: {:?} is not valid UTF-8",
@@ -170,7 +171,7 @@ pub(super) fn status(option: &str, value: String, allowed: &[&str]) -> Result<St
 }
 
 /// The error for an argument a command does not take.
-pub(super) fn unexpected(command: &str, arg: Arg) -> Failure {
+pub(in crate::queue) fn unexpected(command: &str, arg: Arg) -> Failure {
     match arg {
         Arg::Flag(f) => usage(format!("{command}: unknown option {f}")),
         Arg::Operand(o) => usage(format!(
