@@ -36,8 +36,12 @@ pub const BUILTIN_STAGES: &[&str] = &[
 pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";
 
 /// The keys an overlay row may never set, whatever the stage (§4 "Containment"):
-/// what an exec stage runs and the account it runs as. The file alone says those.
-pub const FILE_ONLY_KEYS: &[&str] = &["COMMAND", "USER"];
+/// what an exec stage runs and the account it runs as, and the files a stage reads its
+/// keys and secrets from as its account (`dkim-sign`'s `KEY_TABLE`, `srs`'s
+/// `SECRETS_FILE`: an overlay writer who named a file it knows the content of would
+/// sign mail with its own key, or forge SRS addresses that make the forwarder relay
+/// for anyone). The file alone says those.
+pub const FILE_ONLY_KEYS: &[&str] = &["COMMAND", "USER", "KEY_TABLE", "SECRETS_FILE"];
 
 /// `[pepsi] PROGRAM_PATH`: the directories an overlay `PROGRAM` may name a program
 /// under (at any depth) and, with the entry `builtin`, the built-in stage programs; or
@@ -214,8 +218,8 @@ pub fn overlay_refusal(
 ) -> Option<String> {
     if FILE_ONLY_KEYS.contains(&key) {
         return Some(format!(
-            "{key} is refused: the overlay may not set what a stage runs or as whom; \
-             only the file ({}) may",
+            "{key} is refused: the overlay may not set what a stage runs, as whom, or the \
+             files it reads its keys and secrets from; only the file ({}) may",
             FILE_ONLY_KEYS.join(", ")
         ));
     }

@@ -445,3 +445,56 @@ fn a_write_prepends_header_fields_and_refuses_anything_else() {
     expected.extend_from_slice(&stored);
     assert_eq!(headers(&mut owner), (expected, "t".to_string()));
 }
+
+#[test]
+fn the_overlay_cannot_point_a_stage_at_other_keys_or_secrets() {
+    // An overlay writer who could name a key table or secrets file of its own would
+    // sign mail with its key, or forge SRS addresses the forwarder turns back for anyone.
+    let dir = TempDir::new("dkim-overlay");
+    let table = keys(&dir);
+    let host = Smarthost::start(Script::default());
+    let (s, mut c) = Scenario::new("dkim-overlay")
+        .timers("")
+        .stages(&pipeline(&table, &host, ""))
+        .connect();
+    let conf = s.conf.to_str().unwrap();
+    let mine = dir.write("mine", "example.org x ed25519-sha256 /tmp/attacker.pem\n");
+    for (key, value) in [
+        ("KEY_TABLE", mine.to_str().unwrap()),
+        ("SECRETS_FILE", "/tmp/known"),
+    ] {
+        let out = run(
+            &bin("pepsi-queue"),
+            &["-c", conf, "config", "set", "stage-sign", key, value],
+        );
+        assert_eq!(out.status.code(), Some(78), "{key}: {}", stderr(&out));
+        assert_has!(stderr(&out), &format!("{key} is refused"));
+    }
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.config_override", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing written");
+    // A row planted behind the tool's back is reported and left out.
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES ('stage-sign', 'KEY_TABLE', $1)",
+        &[&mine.to_str().unwrap()],
+    )
+    .unwrap();
+    let out = run(&bin("pepsi-dispatch"), &["-c", conf, "check"]);
+    assert_eq!(out.status.code(), Some(78));
+    assert_has!(stdout(&out), "[stage-sign] KEY_TABLE: KEY_TABLE is refused");
+    // The workers sign with the file's keys: the message verifies with its records.
+    let records = published(&s.conf);
+    inject(
+        &mut c,
+        "sign",
+        "alice@example.org",
+        &["r@dest.example"],
+        b"From: alice@example.org\r\nSubject: planted\r\n",
+        b"x\r\n",
+    );
+    let _d = s.start();
+    wait_until(WAIT, "delivered", || host.deliveries("r@dest.example") == 1);
+    assert!(all_verify(&delivered(&host, "r@dest.example"), &records, 2));
+}
