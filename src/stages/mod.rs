@@ -1,7 +1,9 @@
 //! The built-in stages (§12.7), compiled into the one unified `pepsi-stage`
 //! binary so that they can be fused. Each file is one stage (`dsn.rs` writes the
 //! reports `bounce.rs` sends; `sysexits.rs` reads what an `exec.rs` command's exit
-//! tells the sender; `relay/` is one stage in a folder of its files); [`BUILTINS`]
+//! tells the sender; `read_at_start.rs` keeps what a stage's worker read from files
+//! when it started; `relay/`, `dkim/` and `srs/` are stages in folders of their files);
+//! [`BUILTINS`]
 //! lists them and [`REGISTRY`] hands that
 //! list to the worker runtime (`src/bin/pepsi-stage.rs` gives it to
 //! `worker::runtime::run`). [`find`] maps a name (`pass` for `pepsi-stage-pass`) to
@@ -36,6 +38,7 @@ pub mod dsn;
 pub mod exec;
 pub mod if_stage;
 pub mod pass;
+pub mod read_at_start;
 pub mod relay;
 pub mod srs;
 pub mod sysexits;

@@ -43,13 +43,13 @@ mod verify_tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use keys::KeyTable;
 
 use crate::config::{Config, ConfigError, Section, StageGraph, StageSection};
 use crate::escape::Visible;
+use crate::stages::read_at_start::ReadAtStart;
 use crate::worker::{
     Configured, Context, DsnReason, Load, Message, Outcome, Stage, StageError, required_next,
 };
@@ -72,9 +72,8 @@ struct ConfiguredDkim {
     next: String,
 }
 
-/// The key tables this process read at start, by path (`KEY_TABLE` is never
-/// overridable, so a message's section names one of them).
-static TABLES: Mutex<Vec<(PathBuf, Arc<KeyTable>)>> = Mutex::new(Vec::new());
+/// The key tables this process read at start.
+static TABLES: ReadAtStart<KeyTable> = ReadAtStart::new("KEY_TABLE");
 
 /// Messages this process signed, and passed on unsigned: no single From: address, no
 /// key for its domain.
@@ -83,15 +82,6 @@ static NO_FROM: AtomicU64 = AtomicU64::new(0);
 static NO_KEY: AtomicU64 = AtomicU64::new(0);
 /// Messages `REQUIRE` failed for want of a signature.
 static REFUSED: AtomicU64 = AtomicU64::new(0);
-
-/// The key table read from `path` at start.
-fn table_of(path: &Path) -> Option<Arc<KeyTable>> {
-    let loaded = TABLES.lock().unwrap_or_else(|e| e.into_inner());
-    loaded
-        .iter()
-        .find(|(p, _)| p == path)
-        .map(|(_, t)| Arc::clone(t))
-}
 
 impl Stage for DkimSign {
     fn name(&self) -> &'static str {
@@ -175,9 +165,7 @@ impl Stage for DkimSign {
                 .collect::<Vec<_>>()
                 .join("; ")
         })?;
-        let mut loaded = TABLES.lock().unwrap_or_else(|e| e.into_inner());
-        loaded.retain(|(p, _)| *p != path);
-        loaded.push((path, Arc::new(table)));
+        TABLES.put(path, table);
         Ok(())
     }
 
@@ -277,12 +265,7 @@ impl ConfiguredDkim {
 
 impl Configured for ConfiguredDkim {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        let table = table_of(&self.key_table).ok_or_else(|| {
-            StageError::host(format!(
-                "KEY_TABLE {} was not read when the worker started",
-                self.key_table.display()
-            ))
-        })?;
+        let table = TABLES.get(&self.key_table)?;
         self.sign_with(message, &cx.section.name, &table, SystemTime::now())
     }
 }

@@ -24,7 +24,7 @@ mod scheme_tests;
 mod stage_tests;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use scheme::Srs;
@@ -33,6 +33,7 @@ use crate::config::raw::show_duration;
 use crate::config::{Config, ConfigError, Section, StageSection};
 use crate::escape::Visible;
 use crate::mailbox;
+use crate::stages::read_at_start::ReadAtStart;
 use crate::worker::{
     Configured, Context, DsnReason, Load, Message, Outcome, Stage, StageError, required_next,
 };
@@ -69,23 +70,13 @@ struct ConfiguredSrs {
     local_domains: Vec<String>,
     max_age_days: u32,
     next: String,
+    /// The scheme with the secrets read at start, made at the first message.
+    scheme: OnceLock<Srs>,
 }
 
-/// The secrets files this process read at start, by path (the keys are never
-/// overridable, so a message's section names one of them).
-static SECRETS: Mutex<Vec<(PathBuf, Arc<Secrets>)>> = Mutex::new(Vec::new());
-
-/// The secrets of one file, the first signing.
-type Secrets = Vec<Vec<u8>>;
-
-/// The secrets read from `path` at start.
-fn secrets_of(path: &Path) -> Option<Arc<Secrets>> {
-    let loaded = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
-    loaded
-        .iter()
-        .find(|(p, _)| p == path)
-        .map(|(_, s)| Arc::clone(s))
-}
+/// The secrets files this process read at start, each file's secrets (the first
+/// signing).
+static SECRETS: ReadAtStart<Vec<Vec<u8>>> = ReadAtStart::new("SECRETS_FILE");
 
 /// A domain as `LOCAL_DOMAINS` and `SRS_DOMAIN` take it: what `mailbox::check` takes
 /// after `x@`, lower-cased.
@@ -170,6 +161,7 @@ impl Stage for SrsStage {
             local_domains,
             max_age_days: u32::try_from(days).unwrap_or(u32::MAX),
             next: required_next(section)?,
+            scheme: OnceLock::new(),
         }))
     }
 
@@ -192,23 +184,21 @@ impl Stage for SrsStage {
                 .map_err(|e| e.to_string())?,
         );
         let secrets = secrets::load(&path)?;
-        let mut loaded = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
-        loaded.retain(|(p, _)| *p != path);
-        loaded.push((path, Arc::new(secrets)));
+        SECRETS.put(path, secrets);
         Ok(())
     }
 }
 
 impl ConfiguredSrs {
-    /// The scheme with the secrets read at start.
-    fn scheme(&self) -> Result<Srs, StageError> {
-        let secrets = secrets_of(&self.secrets_file).ok_or_else(|| {
-            StageError::host(format!(
-                "SECRETS_FILE {} was not read when the worker started",
-                self.secrets_file.display()
-            ))
-        })?;
-        Srs::new(secrets.to_vec(), &self.domain, self.max_age_days).map_err(StageError::host)
+    /// The scheme with the secrets read at start, made once.
+    fn scheme(&self) -> Result<&Srs, StageError> {
+        if let Some(srs) = self.scheme.get() {
+            return Ok(srs);
+        }
+        let secrets = SECRETS.get(&self.secrets_file)?;
+        let srs = Srs::new(secrets.to_vec(), &self.domain, self.max_age_days)
+            .map_err(StageError::host)?;
+        Ok(self.scheme.get_or_init(|| srs))
     }
 
     /// Forward mode: the sender of mail from elsewhere rewritten to `SRS_DOMAIN`. A
@@ -297,8 +287,8 @@ impl Configured for ConfiguredSrs {
         let srs = self.scheme()?;
         let (stage, now) = (&cx.section.name, SystemTime::now());
         match self.mode {
-            Mode::Forward => Ok(self.forward(message, stage, &srs, now)),
-            Mode::Reverse => self.reverse(message, stage, &srs, now),
+            Mode::Forward => Ok(self.forward(message, stage, srs, now)),
+            Mode::Reverse => self.reverse(message, stage, srs, now),
         }
     }
 }

@@ -29,6 +29,7 @@ fn configured(mode: Mode) -> ConfiguredSrs {
         local_domains: vec!["local.example".into()],
         max_age_days: 21,
         next: "out".into(),
+        scheme: std::sync::OnceLock::new(),
     }
 }
 
