@@ -91,6 +91,11 @@ mod tests {
     fn a_discard_names_a_few_recipients_escaped_and_counts_the_rest() {
         let few: Vec<String> = vec!["a@x.example".into(), "b\r\n@x.example".into()];
         assert_eq!(named(&few), "<a@x.example>, <b\\r\\n@x.example>");
+        let bidi: Vec<String> = vec!["\u{202e}moc.x@a".into()];
+        assert_eq!(named(&bidi), "<\\u{202e}moc.x@a>");
+        let ten_thousand: Vec<String> = (0..10_000).map(|i| format!("r{i}@x.example")).collect();
+        assert!(named(&ten_thousand).ends_with(" and 9995 more"));
+        assert!(named(&ten_thousand).len() < 200);
         let many: Vec<String> = (0..8).map(|i| format!("r{i}@x.example")).collect();
         assert_eq!(
             named(&many),

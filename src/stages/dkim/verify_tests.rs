@@ -150,6 +150,26 @@ fn eight_bit_bodies_and_headers_verify() {
 }
 
 #[test]
+fn a_100_kb_signed_field_bidi_and_control_characters_and_10000_recipients_in_to_verify() {
+    let (_dir, t) = dual();
+    let long: String = "x".repeat(100 * 1024);
+    let to: String = (0..10_000)
+        .map(|i| format!("r{i}@example.net"))
+        .collect::<Vec<_>>()
+        .join(",\r\n ");
+    let headers = format!(
+        "From: j@example.com\r\nSubject: \u{202e}evil\u{202c} \x01bell\r\nTo: {to}\r\nReferences: {long}\r\n"
+    );
+    let body = b"a NUL \0 and a bare CR \r here\r\n";
+    let (message, records) = signed(&t, headers.as_bytes(), body, &Options::default());
+    assert_eq!(dkimpy(&message, &records), [true, true]);
+    let mut changed = message.clone();
+    let at = changed.len() - 10;
+    changed[at] ^= 1;
+    assert_eq!(dkimpy(&changed, &records), [false, false]);
+}
+
+#[test]
 fn folded_and_odd_header_fields_verify() {
     let (_dir, t) = dual();
     let headers = b"FROM:   Joe   Six\t\tPack <joe@example.com>  \r\n\
