@@ -765,6 +765,7 @@ fn fair_claim_ms(depth: i64) -> f64 {
                 &100i32,
                 &None::<Vec<i64>>,
                 &None::<Vec<bool>>,
+                &None::<Vec<i64>>,
             ],
         )
         .unwrap();

@@ -1,5 +1,5 @@
 //! The two claim statements (§6, §7), as named constants: the oldest-first claim
-//! and the fair claim, each one call of its function (schema 13) with its parameters,
+//! and the fair claim, each one call of its function (schemas 13 and 18) with its parameters,
 //! re-exported by [`super::sql`] where every other statement lives. Only the
 //! coordinator runs them, on its one session; the tests and benchmarks call them too.
 //!
@@ -46,22 +46,24 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
        FROM pepsi.workqueue_claim_oldest($1::text[], $2::int4[], $4::int8[], $3::int4) c";
 
 /// The batched fair claim (§7), one round trip: `pepsi.workqueue_claim_fair` (schema
-/// 13) for every stage with free capacity at once. $1 stages (text[]), $2 capacities
+/// 18) for every stage with free capacity at once. $1 stages (text[]), $2 capacities
 /// (int4[], never exceeded), $3 of each capacity the slots for the stage's oldest rows
 /// whoever sent them (int4[]), $4 each stage's average worker time per message in µs
 /// (float8[]), $5 each stage's sender cursor (text[], NULL elements: from the first
 /// sender), $6 $7 $8 the known leads in µs as parallel arrays of stage (text[]),
 /// sender key (text[]) and lead (float8[]), $9 MAX_HOPS (int4), $10 each stage's
 /// floor (int8[], NULL elements or a NULL array: none), $11 whether each stage may walk
-/// its senders (bool[], NULL elements or a NULL array: yes). Returns (0 id, 1 stage, 2
-/// sender key, 3 token, 4 seconds until the earliest paused row is due or NULL, 5
-/// looped, 6 window end, 7 next floor): one row per claimed row (window end and next
-/// floor NULL), and one row per stage of $1 with a NULL id, its window end — the last
-/// sender considered when its window of 64 senders was full, to pass as its next
-/// cursor; NULL when the window reached every waiting sender, so the cursor starts
-/// over (a stage asked with no capacity returns its cursor unmoved) — and its next
-/// floor (NULL: the claim read no row there). The due time is on every row; with no
-/// stage asked the one row holds only it.
+/// its senders (bool[], NULL elements or a NULL array: yes), $12 each stage's sweep
+/// (int8[], schema 18; NULL elements or a NULL array: none, the set read from the
+/// floor). Returns (0 id, 1 stage, 2 sender key, 3 token, 4 seconds until the earliest
+/// paused row is due or NULL, 5 looped, 6 window end, 7 next floor, 8 next sweep): one
+/// row per claimed row (the last three NULL), and one row per stage of $1 with a NULL
+/// id, its window end — the last sender considered when its window of 64 senders was
+/// full, to pass as its next cursor; NULL when the window reached every waiting sender,
+/// so the cursor starts over (a stage asked with no capacity returns its cursor
+/// unmoved) — its next floor (NULL: the claim read no row there) and its next sweep
+/// (NULL: none, the stage's rows fitted without a set read). The due time is on every
+/// row; with no stage asked the one row holds only it.
 ///
 /// It keeps every property of [`CLAIM_OLDEST`]:
 /// - Pending-index-only access, whatever the backlog: the senders waiting at a stage
@@ -96,8 +98,14 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 ///
 /// The next floor: the lowest id the claim read from the floor in id order (at most
 /// 65) and did not claim, or just past the highest when it claimed them all.
+///
+/// The sweep (schema 18): given one, the 513 rows the window and candidates come from
+/// are read from it, then (when fewer wait there) from the floor up to it; the oldest
+/// rows' slots are read from the floor alone, and the next sweep is just past the last
+/// row of those 513, in that order, that the claim took. The dispatcher passes sweeps
+/// only while a snapshot holds the horizon (`dispatch/floors.rs`).
 pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, f.due, f.looped, \
-            f.window_end, f.next_floor \
+            f.window_end, f.next_floor, f.next_sweep \
        FROM pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], \
                  $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4, $10::int8[], \
-                 $11::bool[]) f";
+                 $11::bool[], $12::int8[]) f";

@@ -103,6 +103,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("015_hardening.sql"),
     migration!("016_writes_by_id.sql"),
     migration!("017_prepended_headers.sql"),
+    migration!("018_claim_sweep.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
-use super::floors::{self, Starts};
+use super::floors::{self, Next, Starts};
 use super::ledger::Ledger;
 use super::scheduler::ClaimRequest;
 use crate::config::DispatchOptions;
@@ -208,9 +208,14 @@ impl ClaimSide {
         let stages: Vec<&str> = self.asked.iter().map(String::as_str).collect();
         let floors = self.ledger.floors().for_claim(&stages, now);
         let walks = self.ledger.floors().walks(&stages, now);
+        let sweeps = self.ledger.floors().sweeps(&stages);
         Some((
             self.ledger.policy().request(asked),
-            Starts { floors, walks },
+            Starts {
+                floors,
+                walks,
+                sweeps,
+            },
         ))
     }
 
@@ -222,14 +227,14 @@ impl ClaimSide {
         &mut self,
         claims: &[Claim],
         windows: &[(String, Option<String>)],
-        floors: &[(String, Option<i64>)],
+        (floors, sweeps): (&[Next], &[Next]),
         next_paused: Option<f64>,
         now: Instant,
     ) -> Vec<String> {
         self.gate.in_flight = false;
         self.paused.learn(next_paused, now);
         self.ledger.claimed(claims, windows);
-        self.ledger.floors().answered(floors);
+        self.ledger.floors().answered(floors, sweeps);
         std::mem::take(&mut self.asked)
     }
 
@@ -425,7 +430,7 @@ mod tests {
         assert_eq!(starts.walks, [true, true]);
         assert_eq!(request.asked(), &asked[..]);
         assert!(side.in_flight() && !side.due());
-        assert_eq!(side.answered(&[], &[], &[], None, now), ["a", "b"]);
+        assert_eq!(side.answered(&[], &[], (&[], &[]), None, now), ["a", "b"]);
         side.want();
         side.begin(vec![("c".to_string(), 2)], poll, now);
         assert_eq!(side.failed(now), ["c"]);
@@ -443,7 +448,7 @@ mod tests {
         let poll = Duration::from_secs(30);
         let mut side = ClaimSide::new(&options(), now);
         side.begin(vec![("a".to_string(), 1)], poll, now);
-        side.answered(&[], &[], &[("a".to_string(), Some(10))], None, now);
+        side.answered(&[], &[], (&[("a".to_string(), Some(10))], &[]), None, now);
         let t = now + Duration::from_millis(100);
         side.notified(t);
         assert!(side.due());
@@ -453,7 +458,7 @@ mod tests {
         // catch-up time does, and it reads without the floor.
         let (_, starts) = side.begin(vec![("a".to_string(), 1)], poll, t).unwrap();
         assert_eq!(starts.floors, [Some(10)]);
-        side.answered(&[], &[], &[], None, t);
+        side.answered(&[], &[], (&[], &[]), None, t);
         assert_eq!(side.retry_at(), Some(catch_up));
         side.retry_due();
         let (_, starts) = side
@@ -463,7 +468,7 @@ mod tests {
         assert_eq!(side.retry_at(), None);
         // With no capacity anywhere at the catch-up time, it is spent all the same (no
         // timer left in the past to spin on).
-        side.answered(&[], &[], &[], None, catch_up);
+        side.answered(&[], &[], (&[], &[]), None, catch_up);
         side.notified(catch_up);
         let later = catch_up + floors::FULL_PICK_EVERY;
         side.retry_due();

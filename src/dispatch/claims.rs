@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use super::claim::Claim;
 use super::coordinator::Command;
 use super::event_loop::Dispatcher;
+use super::floors::Next;
 
 impl Dispatcher {
     /// A claim answered: the claim side takes in the rows (the policy learns where a
@@ -27,14 +28,14 @@ impl Dispatcher {
         claims: Vec<Claim>,
         next_paused: Option<f64>,
         windows: &[(String, Option<String>)],
-        floors: &[(String, Option<i64>)],
+        (floors, sweeps): (&[Next], &[Next]),
         took: Duration,
     ) {
         let now = Instant::now();
         self.claim_side.took(took, now);
         let asked = self
             .claim_side
-            .answered(&claims, windows, floors, next_paused, now);
+            .answered(&claims, windows, (floors, sweeps), next_paused, now);
         self.pools.release(&asked);
         // The dispatcher's own claims succeed: the database answers again.
         if self.pools.database_is_back() {

@@ -348,8 +348,9 @@ impl Dispatcher {
                 next_paused,
                 windows,
                 floors,
+                sweeps,
                 took,
-            } => self.on_claimed(claims, next_paused, &windows, &floors, took),
+            } => self.on_claimed(claims, next_paused, &windows, (&floors, &sweeps), took),
             Event::ClaimFailed => self.on_claim_failed(),
             Event::Flipped { count, next_paused } => {
                 self.claim_side.flipped(count, next_paused, Instant::now())

@@ -35,6 +35,10 @@ pub enum Event {
         /// Per stage asked, where its next pick may start (`None`: the claim read no
         /// row there), as `floors.rs` takes it.
         floors: Vec<(String, Option<i64>)>,
+        /// A fair claim's sweeps: per stage asked, where its next read of the rows it
+        /// takes its senders from may start (schema 18). Empty for an oldest-first
+        /// claim.
+        sweeps: Vec<(String, Option<i64>)>,
         /// How long the statement took (a slow one pauses the senders' walks).
         took: Duration,
     },

@@ -31,6 +31,15 @@
 //! A claim raises a stage's floor to what its answer says (the lowest id it read and
 //! left, or just past the highest it took), lowered again by whatever ended while it
 //! was in flight.
+//!
+//! The sweep (schema 18): per stage, where the fair claim's read of the 513 rows it
+//! takes its senders and their candidates from begins while the horizon is held —
+//! just past the last row of those the previous claim took, wrapping round to the
+//! floor. The floor stays where the oldest row left waits, so without the sweep every
+//! claim over a backlog read again the entries of the rows it took above the floor.
+//! The sweep is no bound on what a claim may leave unread (the floor is): nothing
+//! lowers it but a reset, and a row that comes back below it is read by the head of
+//! the stage, its oldest rows' slots, and the sweep's next round.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -38,6 +47,9 @@ use std::time::{Duration, Instant};
 /// How often at most a stage's claim reads from the start of its index, catching rows
 /// another session moved back below the floor.
 pub const FULL_PICK_EVERY: Duration = Duration::from_secs(1);
+
+/// Per stage asked, where its next read starts (a floor or a sweep; `None`: none).
+pub type Next = (String, Option<i64>);
 
 /// No floor: the pick reads from the stage's first entry.
 const NONE: i64 = i64::MIN;
@@ -65,6 +77,8 @@ pub struct Starts {
     pub floors: Vec<Option<i64>>,
     /// Whether each stage may walk its senders ([`Floors::walks`]).
     pub walks: Vec<bool>,
+    /// Each stage's sweep, while the horizon is held ([`Floors::sweeps`]).
+    pub sweeps: Vec<Option<i64>>,
 }
 
 /// One stage's floor.
@@ -72,6 +86,8 @@ pub struct Starts {
 struct Stage {
     /// The floor ([`NONE`]: none).
     key: i64,
+    /// The sweep ([`NONE`]: none).
+    sweep: i64,
     /// When the stage's claim last went without a floor.
     last_full: Option<Instant>,
     /// Until when the stage's claims do not walk its senders (a slow claim paused it).
@@ -138,6 +154,7 @@ impl Floors {
             .map(|stage| {
                 let s = self.stages.entry((*stage).to_string()).or_insert(Stage {
                     key: NONE,
+                    sweep: NONE,
                     last_full: None,
                     walk_after: None,
                     full_after: None,
@@ -171,6 +188,21 @@ impl Floors {
                     self.walking.push((*stage).to_string());
                 }
                 walk
+            })
+            .collect()
+    }
+
+    /// The sweeps of the claim about to be sent for `stages` (after [`Self::for_claim`]):
+    /// while the horizon is held, each stage's where it is above the floor that claim
+    /// reads from; otherwise none, and the fair claim reads its 513 rows from the floor
+    /// as without a held snapshot.
+    pub fn sweeps(&self, stages: &[&str]) -> Vec<Option<i64>> {
+        stages
+            .iter()
+            .map(|stage| {
+                let s = self.stages.get(*stage)?;
+                let floored = !self.unfloored.iter().any(|u| u == stage);
+                (self.held && floored && s.key != NONE && s.sweep > s.key).then_some(s.sweep)
             })
             .collect()
     }
@@ -211,12 +243,22 @@ impl Floors {
     }
 
     /// The claim in flight answered: per stage, its next floor (`None`: it read no row
-    /// there, so the floor stays), lowered by whatever ended meanwhile.
-    pub fn answered(&mut self, next: &[(String, Option<i64>)]) {
+    /// there, so the floor stays), lowered by whatever ended meanwhile, and for a fair
+    /// claim its next sweep (`None`: the stage's rows fitted without a set read, so
+    /// none; an oldest-first claim answers no sweeps).
+    pub fn answered(&mut self, next: &[(String, Option<i64>)], sweeps: &[(String, Option<i64>)]) {
         for (stage, floor) in next {
             if let (Some(s), Some(floor)) = (self.stages.get_mut(stage), floor) {
                 let passed = self.lowered_stages.get(stage).copied().unwrap_or(i64::MAX);
                 s.key = (*floor).min(self.lowered_in_flight).min(passed);
+            }
+        }
+        // A reset while the claim was in flight forgets its sweeps too.
+        if self.lowered_in_flight != NONE {
+            for (stage, sweep) in sweeps {
+                if let Some(s) = self.stages.get_mut(stage) {
+                    s.sweep = sweep.unwrap_or(NONE);
+                }
             }
         }
         self.lowered_in_flight = i64::MAX;
@@ -289,6 +331,7 @@ impl Floors {
     pub fn reset(&mut self) {
         for s in self.stages.values_mut() {
             s.key = NONE;
+            s.sweep = NONE;
         }
         self.lowered_in_flight = NONE;
     }
@@ -323,10 +366,10 @@ mod tests {
         let t = Instant::now();
         let mut f = Floors::new(EVERY);
         assert_eq!(f.for_claim(&["a", "b"], t), [None, None]);
-        f.answered(&[("a".into(), Some(50)), ("b".into(), None)]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), None)], &[]);
         let t1 = t + Duration::from_millis(10);
         assert_eq!(f.for_claim(&["a", "b"], t1), [Some(50), None]);
-        f.answered(&[("a".into(), Some(60)), ("b".into(), Some(7))]);
+        f.answered(&[("a".into(), Some(60)), ("b".into(), Some(7))], &[]);
         let t2 = t + Duration::from_millis(20);
         assert_eq!(f.for_claim(&["a", "b"], t2), [Some(60), Some(7)]);
     }
@@ -336,12 +379,12 @@ mod tests {
         let t = Instant::now();
         let mut f = Floors::new(EVERY);
         f.for_claim(&["a"], t);
-        f.answered(&[("a".into(), Some(50))]);
+        f.answered(&[("a".into(), Some(50))], &[]);
         assert_eq!(f.for_claim(&["a"], t + EVERY / 2), [Some(50)]);
-        f.answered(&[("a".into(), None)]);
+        f.answered(&[("a".into(), None)], &[]);
         assert_eq!(f.for_claim(&["a"], t + EVERY), [None], "the period is up");
         // A claim without a floor that read nothing leaves the floor where it was.
-        f.answered(&[("a".into(), None)]);
+        f.answered(&[("a".into(), None)], &[]);
         assert_eq!(f.for_claim(&["a"], t + EVERY * 3 / 2), [Some(50)]);
     }
 
@@ -350,15 +393,15 @@ mod tests {
         let t = Instant::now();
         let mut f = Floors::new(EVERY);
         f.for_claim(&["a", "b"], t);
-        f.answered(&[("a".into(), Some(100)), ("b".into(), Some(200))]);
+        f.answered(&[("a".into(), Some(100)), ("b".into(), Some(200))], &[]);
         f.released(150);
         assert_eq!(f.for_claim(&["a", "b"], t), [Some(100), Some(150)]);
         // While that claim is in flight, row 120 comes back: its answer cannot raise
         // a floor past it.
         f.released(120);
-        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))]);
+        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))], &[]);
         assert_eq!(f.for_claim(&["a", "b"], t), [Some(120), Some(120)]);
-        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))]);
+        f.answered(&[("a".into(), Some(300)), ("b".into(), Some(400))], &[]);
         assert_eq!(f.for_claim(&["a", "b"], t), [Some(300), Some(400)]);
     }
 
@@ -367,10 +410,10 @@ mod tests {
         let t = Instant::now();
         let mut f = Floors::new(EVERY);
         f.for_claim(&["a"], t);
-        f.answered(&[("a".into(), Some(100))]);
+        f.answered(&[("a".into(), Some(100))], &[]);
         f.for_claim(&["a"], t);
         f.reset();
-        f.answered(&[("a".into(), Some(300))]);
+        f.answered(&[("a".into(), Some(300))], &[]);
         assert_eq!(f.for_claim(&["a"], t), [None]);
     }
 
@@ -416,11 +459,11 @@ mod tests {
         let ms = Duration::from_millis;
         let mut f = Floors::new(EVERY);
         assert_eq!(f.for_claim(&["a", "b"], t), [None, None]);
-        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))], &[]);
         f.took(ms(200), t);
         // No snapshot held: the period alone decides.
         assert_eq!(f.for_claim(&["a", "b"], t + EVERY), [None, None]);
-        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))]);
+        f.answered(&[("a".into(), Some(50)), ("b".into(), Some(60))], &[]);
         f.horizon_held(true);
         f.took(ms(200), t + EVERY);
         // Held, and the claim without floors took 200 ms: the next waits 20 times as
@@ -459,7 +502,7 @@ mod tests {
                 .map(|s| (s.to_string(), Some(n)))
                 .collect()
         };
-        f.answered(&at(100));
+        f.answered(&at(100), &[]);
         f.passed(40, "a");
         let floors = |f: &mut Floors| f.for_claim(&["a", "b", "c", "d", "e"], t);
         assert_eq!(
@@ -467,7 +510,7 @@ mod tests {
             [Some(100), Some(40), Some(40), Some(40), Some(100)],
             "a's own floor stays; b and what b reaches go down"
         );
-        f.answered(&at(100));
+        f.answered(&at(100), &[]);
         f.passed(30, "c");
         f.passed(20, "e");
         assert_eq!(
@@ -477,15 +520,70 @@ mod tests {
         );
         // While a claim is in flight, a pass at a holds b's answer down, not a's.
         f.passed(50, "a");
-        f.answered(&at(200));
+        f.answered(&at(200), &[]);
         assert_eq!(
             floors(&mut f),
             [Some(200), Some(50), Some(50), Some(50), Some(200)]
         );
         // A stage the routes do not know may send a row anywhere.
-        f.answered(&at(200));
+        f.answered(&at(200), &[]);
         f.passed(10, "gone");
         assert_eq!(floors(&mut f), [Some(10); 5]);
+    }
+
+    #[test]
+    fn a_sweep_is_passed_only_while_the_horizon_is_held_and_only_a_reset_lowers_it() {
+        let t = Instant::now();
+        let mut f = Floors::new(EVERY);
+        let ab = ["a", "b"];
+        f.for_claim(&ab, t);
+        assert_eq!(
+            f.sweeps(&ab),
+            [None, None],
+            "no floor yet: from the first entry"
+        );
+        f.answered(
+            &[("a".into(), Some(10)), ("b".into(), Some(20))],
+            &[("a".into(), Some(500)), ("b".into(), None)],
+        );
+        let t1 = t + Duration::from_millis(10);
+        f.for_claim(&ab, t1);
+        assert_eq!(f.sweeps(&ab), [None, None], "no snapshot held");
+        f.answered(&[], &[]);
+        f.horizon_held(true);
+        f.for_claim(&ab, t1);
+        assert_eq!(
+            f.sweeps(&ab),
+            [Some(500), None],
+            "b's rows fitted: no sweep"
+        );
+        // Rows ending below it lower the floor, not the sweep.
+        f.released(5);
+        f.passed(7, "gone");
+        f.answered(&[], &[("a".into(), Some(900))]);
+        assert_eq!(f.for_claim(&ab, t1), [Some(5), Some(5)]);
+        assert_eq!(f.sweeps(&ab), [Some(900), None]);
+        // The periodic claim from the first entry reads without a sweep.
+        f.answered(&[], &[]);
+        assert_eq!(f.for_claim(&ab, t1 + EVERY), [None, None]);
+        assert_eq!(f.sweeps(&ab), [None, None]);
+        f.answered(&[("a".into(), Some(950))], &[]);
+        f.for_claim(&ab, t1 + EVERY);
+        assert_eq!(
+            f.sweeps(&ab),
+            [None, None],
+            "a sweep at or below the floor is none"
+        );
+        // A reset forgets the sweeps, also those a claim in flight answers.
+        f.answered(&[("a".into(), Some(10))], &[("a".into(), Some(900))]);
+        f.for_claim(&ab, t1 + EVERY);
+        assert_eq!(f.sweeps(&ab), [Some(900), None]);
+        f.reset();
+        f.answered(&[("a".into(), Some(10))], &[("a".into(), Some(1000))]);
+        assert_eq!(f.for_claim(&ab, t1 + EVERY), [None, None]);
+        f.answered(&[("a".into(), Some(10))], &[]);
+        assert_eq!(f.for_claim(&ab, t1 + EVERY), [Some(10), None]);
+        assert_eq!(f.sweeps(&ab), [None, None]);
     }
 
     #[test]

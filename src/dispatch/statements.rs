@@ -83,6 +83,7 @@ pub fn claim(
                     Type::INT4,
                     Type::INT8_ARRAY,
                     Type::BOOL_ARRAY,
+                    Type::INT8_ARRAY,
                 ],
                 &[
                     &stages,
@@ -96,6 +97,7 @@ pub fn claim(
                     &max_hops,
                     floors,
                     &starts.walks,
+                    &starts.sweeps,
                 ],
             )
         })?,
@@ -149,6 +151,14 @@ pub fn claim(
             })
             .collect(),
     };
+    let sweeps = match request {
+        ClaimRequest::Oldest(_) => Vec::new(),
+        ClaimRequest::Fair(_) => rows
+            .iter()
+            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
+            .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(8))))
+            .collect(),
+    };
     let claimed_at = Instant::now();
     let claims = rows
         .iter()
@@ -167,6 +177,7 @@ pub fn claim(
         next_paused,
         windows,
         floors: next_floors,
+        sweeps,
         took,
     })
 }

@@ -65,6 +65,7 @@ fn claim_fair_walking(
                 &100i32,
                 &vec![floor],
                 &walk.map(|w| vec![w]),
+                &None::<Vec<i64>>,
             ],
         )
         .unwrap();

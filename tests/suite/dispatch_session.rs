@@ -126,6 +126,7 @@ mod coordinator {
             Starts {
                 floors: vec![None],
                 walks: vec![true],
+                sweeps: vec![None],
             },
         )
     }

@@ -126,6 +126,7 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
                 &max_hops,
                 &None::<Vec<i64>>,
                 &None::<Vec<bool>>,
+                &None::<Vec<i64>>,
             ],
         )
         .unwrap();
@@ -864,10 +865,10 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     // Seven calls in one session: the first five with custom plans, the later ones
     // with the generic plans PL/pgSQL switches to.
     let call = format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[]) AS {};\n",
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
         sql::CLAIM_FAIR
     ) + &"BEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL, NULL);\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL, NULL, NULL);\n\
           ROLLBACK;\n"
         .repeat(7);
     for when in ["a fresh burst", "after ANALYZE"] {

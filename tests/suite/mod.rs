@@ -4,6 +4,7 @@ mod batching;
 mod bounce;
 mod bouncer;
 mod claim_floors;
+mod claim_sweep;
 mod config_check;
 mod config_tool;
 mod contained_worker;

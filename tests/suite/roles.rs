@@ -496,6 +496,7 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&100i32, Type::INT4),
                 (&None::<Vec<i64>>, Type::INT8_ARRAY),
                 (&None::<Vec<bool>>, Type::BOOL_ARRAY),
+                (&None::<Vec<i64>>, Type::INT8_ARRAY),
             ],
         )
         .unwrap();
