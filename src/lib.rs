@@ -50,14 +50,16 @@
 //! invisible formatting characters escaped; [`conninfo`] reads a connection string's
 //! `target_session_attrs` as the programs need it; [`durability`] names the
 //! `synchronous_commit` levels a stage or the dispatcher may choose; [`signals`] is the
-//! three daemons' signal handling; [`random`] draws from the system's random source.
+//! three daemons' signal handling; [`random`] draws from the system's random source;
+//! [`tls`] holds what the relay and the ingress share of TLS (rustls: the levels, the
+//! trust store, certificates and keys).
 //!
 //! # Layers
 //!
 //! The top-level modules form layers, each using only those below it (`tests/layout.rs`
 //! holds the order and fails on an import against it): `escape`, `exit`, `logging`,
 //! `cli`, `privilege`, `random`, `conninfo`, `durability`, `protocol`, `mailbox`,
-//! `signals`; then `db`; `intake`; `config`; `keeper`, `launcher`; `worker`, `stages`;
+//! `signals`, `tls`; then `db`; `intake`; `config`; `keeper`, `launcher`; `worker`, `stages`;
 //! `bouncer`, `ingress`; `check`; and the programs on top, `queue`, `dispatch`, `setup`.
 //!
 //! A `§N` in a comment names a section of `doc/design.md`, the design in the project's
@@ -129,4 +131,5 @@ pub mod random;
 pub mod setup;
 pub mod signals;
 pub mod stages;
+pub mod tls;
 pub mod worker;

@@ -39,6 +39,7 @@ const LAYERS: &[&str] = &[
     "protocol",
     "mailbox",
     "signals",
+    "tls",
     "db",
     "intake",
     "config",

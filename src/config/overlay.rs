@@ -91,7 +91,7 @@ pub fn lay_over(file: &[Section], overlay: &[OverrideRow], programs: &ProgramPat
             });
             continue;
         }
-        if let Some(why) = overlay_refusal(file, programs, &row.key, &row.value) {
+        if let Some(why) = overlay_refusal(file, programs, &row.section, &row.key, &row.value) {
             refused.push(ConfigError {
                 section: Some(row.section.clone()),
                 key: Some(row.key.clone()),

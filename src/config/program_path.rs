@@ -40,8 +40,20 @@ pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";
 /// keys and secrets from as its account (`dkim-sign`'s `KEY_TABLE`, `srs`'s
 /// `SECRETS_FILE`: an overlay writer who named a file it knows the content of would
 /// sign mail with its own key, or forge SRS addresses that make the forwarder relay
-/// for anyone). The file alone says those.
-pub const FILE_ONLY_KEYS: &[&str] = &["COMMAND", "USER", "KEY_TABLE", "SECRETS_FILE"];
+/// for anyone), and the relay's transport security (`TLS`, `TLS_WRAPPER`, `TLS_NAME`,
+/// `CA_FILE`: lowered or pointed at a trust store of its own, mail would go in clear
+/// or to whoever it likes; `AUTH_FILE`: the login). The file alone says those.
+pub const FILE_ONLY_KEYS: &[&str] = &[
+    "COMMAND",
+    "USER",
+    "KEY_TABLE",
+    "SECRETS_FILE",
+    "TLS",
+    "TLS_WRAPPER",
+    "TLS_NAME",
+    "CA_FILE",
+    "AUTH_FILE",
+];
 
 /// `[pepsi] PROGRAM_PATH`: the directories an overlay `PROGRAM` may name a program
 /// under (at any depth) and, with the entry `builtin`, the built-in stage programs; or
@@ -208,19 +220,31 @@ pub fn is_builtin_program(program: &str) -> bool {
 /// "Least privilege", "Containment"): never a [`FILE_ONLY_KEYS`] key (unsetting one
 /// included: the file's value stays what runs); a `PROGRAM` only when empty (which
 /// unsets it; the graph check decides about the section), a program a stage section of
-/// the file names exactly as written, or one `programs` allows. Every other key may be
-/// set.
+/// the file names exactly as written, or one `programs` allows; never the `SMARTHOST`
+/// of a section `section` of the file that logs in (`AUTH_FILE`: the password goes
+/// only where the file sends it). Every other key may be set.
 pub fn overlay_refusal(
     file: &[Section],
     programs: &ProgramPath,
+    section: &str,
     key: &str,
     value: &str,
 ) -> Option<String> {
     if FILE_ONLY_KEYS.contains(&key) {
         return Some(format!(
-            "{key} is refused: the overlay may not set what a stage runs, as whom, or the \
-             files it reads its keys and secrets from; only the file ({}) may",
+            "{key} is refused: the overlay may not set what a stage runs, as whom, the \
+             files it reads its keys and secrets from, or how securely it sends; only the \
+             file ({}) may",
             FILE_ONLY_KEYS.join(", ")
+        ));
+    }
+    let logs_in = file
+        .iter()
+        .any(|s| s.name == section && s.get("AUTH_FILE").is_some());
+    if key == "SMARTHOST" && logs_in {
+        return Some(format!(
+            "SMARTHOST is refused: [{section}] logs in with the file's AUTH_FILE, and its \
+             password goes only to the smarthost the file names"
         ));
     }
     if key != "PROGRAM" {
@@ -328,18 +352,45 @@ mod tests {
         let p = ProgramPath::default();
         for key in ["COMMAND", "USER"] {
             for value in ["/bin/sh -c id", "/bin/true", ""] {
-                let why = overlay_refusal(&file, &p, key, value).expect("refused");
+                let why = overlay_refusal(&file, &p, "stage-x", key, value).expect("refused");
                 assert!(why.starts_with(&format!("{key} is refused")), "{why}");
             }
         }
-        assert_eq!(overlay_refusal(&file, &p, "PROGRAM", "/opt/mine"), None);
         assert_eq!(
-            overlay_refusal(&file, &p, "PROGRAM", "pepsi-stage-exec"),
+            overlay_refusal(&file, &p, "stage-x", "PROGRAM", "/opt/mine"),
             None
         );
-        assert_eq!(overlay_refusal(&file, &p, "PROGRAM", ""), None);
-        assert_eq!(overlay_refusal(&file, &p, "TIMEOUT", "5s"), None);
-        assert!(overlay_refusal(&file, &p, "PROGRAM", "/usr/bin/env").is_some());
+        assert_eq!(
+            overlay_refusal(&file, &p, "stage-x", "PROGRAM", "pepsi-stage-exec"),
+            None
+        );
+        assert_eq!(overlay_refusal(&file, &p, "stage-x", "PROGRAM", ""), None);
+        assert_eq!(overlay_refusal(&file, &p, "stage-x", "TIMEOUT", "5s"), None);
+        assert!(overlay_refusal(&file, &p, "stage-x", "PROGRAM", "/usr/bin/env").is_some());
+    }
+
+    #[test]
+    fn the_overlay_may_not_touch_the_relays_security_nor_move_a_login_elsewhere() {
+        let file = super::super::raw::parse(
+            Path::new("/f.conf"),
+            "[stage-out]\nPROGRAM = pepsi-stage-relay\nSMARTHOST = smtp.example.net:587\n\
+             AUTH_FILE = /etc/pepsi/relay-auth\n\n\
+             [stage-local]\nPROGRAM = pepsi-stage-relay\nSMARTHOST = 127.0.0.1:10026\n",
+        )
+        .unwrap();
+        let p = ProgramPath::default();
+        for key in ["TLS", "TLS_WRAPPER", "TLS_NAME", "CA_FILE", "AUTH_FILE"] {
+            let why = overlay_refusal(&file, &p, "stage-local", key, "none").expect("refused");
+            assert!(why.starts_with(&format!("{key} is refused")), "{why}");
+        }
+        let why = overlay_refusal(&file, &p, "stage-out", "SMARTHOST", "evil.example:587")
+            .expect("refused");
+        assert!(why.contains("AUTH_FILE"), "{why}");
+        assert_eq!(
+            overlay_refusal(&file, &p, "stage-local", "SMARTHOST", "127.0.0.1:10027"),
+            None,
+            "a section that does not log in may be moved"
+        );
     }
 
     #[test]

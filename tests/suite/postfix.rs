@@ -571,7 +571,7 @@ fn the_guide_gives_every_piece_of_the_recipe_the_loop_runs_where_the_loop_expect
     assert_eq!(
         recipe.reinject_stage,
         "[stage-reinject]\nPROGRAM = /srv/pepsi-stage-relay\nSMARTHOST = 127.0.0.1:20026\n",
-        "the relay stage, loopback so without REQUIRE_TLS"
+        "the relay stage, loopback so without TLS"
     );
     assert!(recipe.pepsi.starts_with("HOSTNAME = "), "{}", recipe.pepsi);
     // The built-in stage the recipe names exists and takes every key it is given.

@@ -2,6 +2,7 @@
 //! against a scripted smarthost (`tests/util/smarthost.rs`), which counts connections
 //! and records every command and every message it took.
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use postgres::Client;
@@ -12,7 +13,7 @@ use crate::util::rows::{due_now, queue_len, wait_empty};
 use crate::util::scenario::Scenario;
 use crate::util::smarthost::{Script, Smarthost};
 use crate::util::worker::{Worker, code};
-use crate::util::{assert_has, claim, stage, state_of, wait_until};
+use crate::util::{assert_has, assert_lacks, claim, stage, state_of, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -607,38 +608,59 @@ fn a_message_the_smarthost_cannot_take_fails_with_the_matching_status() {
     );
 }
 
-#[test]
-fn a_smarthost_beyond_this_host_without_require_tls_no_stops_the_worker_and_fails_the_check() {
-    let (s, _c) = Scenario::new("relay-tls")
-        .timers("")
-        .stages("[stage-relay]\nPROGRAM = {relay}\nSMARTHOST = 192.0.2.1:25\n")
-        .connect();
-    let mut w = Worker::start(&stage("relay"), &s.conf);
+/// A worker of `relay` started with `conf` stops before its ready line (exit 78) and
+/// `pepsi-dispatch check` fails (78), both saying each of `says`.
+#[track_caller]
+fn refused_by_worker_and_check(conf: &std::path::Path, says: &[&str]) {
+    let mut w = Worker::start(&stage("relay"), conf);
     assert_eq!(w.next_line(), None, "no ready line");
     let (status, err) = w.finish();
     assert_eq!(status.code(), Some(78), "{err}");
-    assert_has!(err, "[stage-relay] SMARTHOST");
-    assert_has!(err, "REQUIRE_TLS = no");
+    let out = crate::util::run(
+        &crate::util::bin("pepsi-dispatch"),
+        &["-c", conf.to_str().unwrap(), "check"],
+    );
+    let text = format!("{}{}", crate::util::stdout(&out), crate::util::stderr(&out));
+    assert_eq!(out.status.code(), Some(78), "{text}");
+    for s in says {
+        assert_has!(err, s);
+        assert!(text.contains(s), "check does not say {s:?}: {text}");
+    }
+}
+
+#[test]
+fn require_tls_and_a_login_file_open_to_others_stop_the_worker_and_fail_the_check() {
+    let (s, _c) = Scenario::new("relay-tls")
+        .timers("")
+        .stages("[stage-relay]\nPROGRAM = {relay}\nSMARTHOST = 192.0.2.1:25\nREQUIRE_TLS = no\n")
+        .connect();
+    refused_by_worker_and_check(&s.conf, &["[stage-relay] REQUIRE_TLS", "TLS = none"]);
+    // Its replacement is taken.
+    let conf = std::fs::read_to_string(&s.conf).unwrap();
+    let conf = conf.replace("REQUIRE_TLS = no\n", "TLS = none\n");
+    std::fs::write(&s.conf, &conf).unwrap();
+    let mut w = Worker::ready(&stage("relay"), &s.conf);
+    let (status, err) = w.finish();
+    assert!(status.success(), "{err}");
+    // A login file its group may read: refused, and nothing of it shown.
+    let auth = s.dir.path("relay-auth");
+    std::fs::write(&auth, "relay@example.net Hunter2-secret\n").unwrap();
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(
+        &s.conf,
+        conf.replace(
+            "TLS = none\n",
+            &format!("TLS = encrypt\nAUTH_FILE = {}\n", auth.display()),
+        ),
+    )
+    .unwrap();
+    refused_by_worker_and_check(&s.conf, &["[stage-relay] AUTH_FILE", "chmod 600"]);
     let out = crate::util::run(
         &crate::util::bin("pepsi-dispatch"),
         &["-c", s.conf.to_str().unwrap(), "check"],
     );
-    let text = format!("{}{}", crate::util::stdout(&out), crate::util::stderr(&out));
-    assert_eq!(out.status.code(), Some(78), "{text}");
-    assert!(text.contains("REQUIRE_TLS = no"), "{text}");
-    // Written out, it is allowed.
-    let conf = std::fs::read_to_string(&s.conf).unwrap();
-    std::fs::write(
-        &s.conf,
-        conf.replace(
-            "SMARTHOST = 192.0.2.1:25\n",
-            "SMARTHOST = 192.0.2.1:25\nREQUIRE_TLS = no\n",
-        ),
-    )
-    .unwrap();
-    let mut w = Worker::ready(&stage("relay"), &s.conf);
-    let (status, err) = w.finish();
-    assert!(status.success(), "{err}");
+    assert_lacks!(crate::util::stderr(&out), "Hunter2");
+    assert_lacks!(crate::util::stdout(&out), "Hunter2");
 }
 
 #[test]

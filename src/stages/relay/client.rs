@@ -7,13 +7,15 @@
 //! of one message) and `mod.rs` (keeping the connection across messages); it decides
 //! nothing about a message.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::reply::{Broken, Reply, read_reply};
+use super::stream::{Socket, Timed, Transport};
+use crate::tls::Negotiated;
 
 /// Where the smarthost listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +158,10 @@ pub struct Offers {
     pub size: Option<u64>,
     /// The XFORWARD attributes offered (upper-case), empty when not offered.
     pub xforward: Vec<String>,
+    /// STARTTLS (RFC 3207).
+    pub starttls: bool,
+    /// The SASL mechanisms of AUTH (RFC 4954, upper-case), empty when not offered.
+    pub auth: Vec<String>,
 }
 
 impl Offers {
@@ -178,6 +184,15 @@ impl Offers {
                 "XFORWARD" => {
                     offers.xforward = words.map(|w| w.to_ascii_uppercase()).collect();
                 }
+                "STARTTLS" => offers.starttls = true,
+                // `AUTH=PLAIN LOGIN` is how servers written before RFC 4954 say it.
+                "AUTH" | "AUTH=" => {
+                    offers.auth.extend(words.map(|w| w.to_ascii_uppercase()));
+                }
+                k if k.starts_with("AUTH=") => {
+                    offers.auth.push(k["AUTH=".len()..].to_string());
+                    offers.auth.extend(words.map(|w| w.to_ascii_uppercase()));
+                }
                 _ => {}
             }
         }
@@ -185,100 +200,21 @@ impl Offers {
     }
 }
 
-/// The socket, either kind.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> std::io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-
-    /// Sets both timeouts (socket options: they hold for every handle of the socket).
-    fn set_timeouts(&self, read: Duration, write: Duration) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(Some(read))?;
-                s.set_write_timeout(Some(write))
-            }
-            Stream::Unix(s) => {
-                s.set_read_timeout(Some(read))?;
-                s.set_write_timeout(Some(write))
-            }
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.flush(),
-            Stream::Unix(s) => s.flush(),
-        }
-    }
-}
-
-/// The reading side of the socket: each read waits at most what is left before
-/// `until`, so a reply dripped a byte at a time still ends by then.
-struct Reading {
-    stream: Stream,
-    until: Option<Instant>,
-}
-
-impl Read for Reading {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if let Some(until) = self.until {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the reply did not end in time",
-                ));
-            }
-            let read_timeout = match &self.stream {
-                Stream::Tcp(s) => s.set_read_timeout(Some(left)),
-                Stream::Unix(s) => s.set_read_timeout(Some(left)),
-            };
-            read_timeout?;
-        }
-        self.stream.read(buf)
-    }
-}
-
-/// An open session with the smarthost, greeted and past EHLO or LHLO.
+/// An open session with the smarthost, greeted and past EHLO or LHLO (and STARTTLS
+/// and AUTH, when `secure.rs` opened it).
 pub struct Connection {
-    reader: BufReader<Reading>,
-    writer: Stream,
+    io: BufReader<Transport>,
     timeouts: Timeouts,
     /// When the current message's time is up: no wait goes beyond it.
     deadline: Instant,
-    /// What the smarthost offers.
+    /// What the smarthost offers (after STARTTLS, what it offers then).
     pub offers: Offers,
     /// When it was opened (`CONNECTION_REUSE_TIME`).
     pub opened: Instant,
     /// Messages sent over it so far (`CONNECTION_REUSE_LIMIT`).
     pub messages: u32,
+    /// What its TLS session negotiated; `None` in clear text.
+    pub tls: Option<Negotiated>,
 }
 
 /// Connects to a TCP target, trying each of its addresses in turn.
@@ -304,7 +240,8 @@ fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Br
 impl Connection {
     /// Connects, reads the greeting and says EHLO (LHLO for `lmtp`) as `hostname`; a
     /// smarthost that does not recognise EHLO in SMTP (500, 501, 502, 504) is greeted
-    /// with HELO and offers nothing; any other refusal fails the connection.
+    /// with HELO and offers nothing; any other refusal fails the connection. In clear
+    /// text: `secure.rs` opens one with TLS and AUTH from the same steps.
     pub fn open(
         target: &Target,
         lmtp: bool,
@@ -312,44 +249,91 @@ impl Connection {
         timeouts: Timeouts,
         deadline: Instant,
     ) -> Result<Connection, Broken> {
+        let mut c = Connection::connect(target, timeouts, deadline)?;
+        c.greeting()?;
+        c.hello(lmtp, hostname)?;
+        Ok(c)
+    }
+
+    /// Connects, within the connect timeout; nothing read or said yet.
+    pub fn connect(
+        target: &Target,
+        timeouts: Timeouts,
+        deadline: Instant,
+    ) -> Result<Connection, Broken> {
         let connect = within(deadline, timeouts.connect)?;
-        let stream = match target {
-            Target::Tcp { host, port } => Stream::Tcp(connect_tcp(host, *port, connect)?),
-            Target::Unix(path) => Stream::Unix(connect_unix(path, connect)?),
+        let socket = match target {
+            Target::Tcp { host, port } => Socket::Tcp(connect_tcp(host, *port, connect)?),
+            Target::Unix(path) => Socket::Unix(connect_unix(path, connect)?),
         };
         let wait = within(deadline, timeouts.command)?;
-        stream.set_timeouts(wait, wait)?;
-        let mut c = Connection {
-            reader: BufReader::new(Reading {
-                stream: stream.try_clone()?,
-                until: None,
-            }),
-            writer: stream,
+        Ok(Connection {
+            io: BufReader::new(Transport::Plain(Timed::new(socket, Instant::now() + wait))),
             timeouts,
             deadline,
             offers: Offers::default(),
             opened: Instant::now(),
             messages: 0,
-        };
-        let greeting = c.reply()?;
+            tls: None,
+        })
+    }
+
+    /// Reads the greeting, which must be 2xx.
+    pub fn greeting(&mut self) -> Result<(), Broken> {
+        let greeting = self.reply()?;
         if !greeting.is_ok() {
             return Err(Broken(format!("the smarthost greeted with {greeting}")));
         }
+        Ok(())
+    }
+
+    /// EHLO (LHLO for `lmtp`), or HELO to a smarthost that does not know EHLO; what it
+    /// offers.
+    pub fn hello(&mut self, lmtp: bool, hostname: &str) -> Result<(), Broken> {
         let hello = if lmtp { "LHLO" } else { "EHLO" };
-        let reply = c.command(&format!("{hello} {hostname}"))?;
+        let reply = self.command(&format!("{hello} {hostname}"))?;
         if reply.is_ok() {
-            c.offers = Offers::parse(&reply);
+            self.offers = Offers::parse(&reply);
         } else if lmtp || !matches!(reply.code, 500 | 501 | 502 | 504) {
             // Only a smarthost that does not know EHLO is greeted with HELO: a 4xx is
             // a failure of this connection, not a lack of extensions for its life.
             return Err(Broken(format!("the smarthost refused {hello}: {reply}")));
         } else {
-            let helo = c.command(&format!("HELO {hostname}"))?;
+            let helo = self.command(&format!("HELO {hostname}"))?;
             if !helo.is_ok() {
                 return Err(Broken(format!("the smarthost refused HELO: {helo}")));
             }
+            self.offers = Offers::default();
         }
-        Ok(c)
+        Ok(())
+    }
+
+    /// The stream, to move into a TLS session (`secure.rs`): only when no byte the
+    /// smarthost sent is still unread (RFC 3207 §5: what came before the handshake
+    /// must not be read as if it came inside it).
+    pub fn take_transport(&mut self) -> Result<Transport, Broken> {
+        if !self.io.buffer().is_empty() {
+            return Err(Broken(
+                "the smarthost sent more after its reply to STARTTLS: refusing to read it as if it were encrypted".into(),
+            ));
+        }
+        Ok(std::mem::replace(self.io.get_mut(), Transport::Gone))
+    }
+
+    /// Puts the stream (now inside TLS) back, with what it negotiated.
+    pub fn put_transport(&mut self, transport: Transport, tls: Negotiated) {
+        self.io = BufReader::new(transport);
+        self.tls = Some(tls);
+    }
+
+    /// Sets when the stream's current wait ends: `timeout` from now, cut short by the
+    /// message's deadline.
+    pub fn arm(&mut self, timeout: Duration) -> Result<(), Broken> {
+        let wait = within(self.deadline, timeout)?;
+        if let Some(t) = self.io.get_mut().timed() {
+            t.until = Instant::now() + wait;
+        }
+        Ok(())
     }
 
     /// Gives the next message its time: no wait goes beyond `deadline`.
@@ -361,11 +345,11 @@ impl Connection {
     /// them by the message's deadline.
     pub fn send(&mut self, bytes: &[u8], timeout: Duration) -> Result<(), Broken> {
         for chunk in bytes.chunks(64 * 1024) {
-            let wait = within(self.deadline, timeout)?;
-            self.writer.set_timeouts(wait, wait)?;
-            self.writer.write_all(chunk)?;
+            self.arm(timeout)?;
+            self.io.get_mut().write_all(chunk)?;
         }
-        self.writer.flush()?;
+        self.arm(timeout)?;
+        self.io.get_mut().flush()?;
         Ok(())
     }
 
@@ -377,12 +361,8 @@ impl Connection {
     /// Reads one reply within `timeout` (the whole reply, however it trickles in); a
     /// 421 closes the session.
     pub fn reply_within(&mut self, timeout: Duration) -> Result<Reply, Broken> {
-        let wait = within(self.deadline, timeout)?;
-        self.writer.set_timeouts(wait, wait)?;
-        self.reader.get_mut().until = Some(Instant::now() + wait);
-        let reply = read_reply(&mut self.reader);
-        self.reader.get_mut().until = None;
-        let reply = reply?;
+        self.arm(timeout)?;
+        let reply = read_reply(&mut self.io)?;
         if reply.code == 421 {
             return Err(Broken(format!("the smarthost closed the session: {reply}")));
         }

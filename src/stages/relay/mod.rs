@@ -13,30 +13,48 @@
 //! without a reply yet; so is a protocol error (a reply no command may get there: only
 //! `354` to DATA lets the data go) and a refused XFORWARD, which drop the connection.
 //! Each message has one deadline, the four timeouts summed (4 min by default, below
-//! the dispatcher's `MAX_RUNTIME`): no wait of its transaction goes beyond it. There is
-//! no TLS: a `SMARTHOST` that is not a unix socket or a loopback address needs
-//! `REQUIRE_TLS = no` written out.
+//! the dispatcher's `MAX_RUNTIME`): no wait of its transaction goes beyond it.
 //!
-//! The files: `client.rs` (the connection), `transaction.rs` (one message's commands
-//! and results), `reply.rs` (reading replies from the network, the enhanced codes).
+//! TLS (§21) as Postfix's levels, `TLS = none | may | encrypt | verify`, `none` by
+//! default for a unix socket or a loopback smarthost and `verify` for any other;
+//! `TLS_WRAPPER` for a port that speaks TLS from its first byte (465, where it is the
+//! default). `AUTH_FILE` logs in (PLAIN, else LOGIN) inside TLS only; a refused login
+//! defers the message, and the worker tries again at most once a minute (a smarthost
+//! that counts failed logins is not hammered), saying so each time. The trust store
+//! (for `verify`) and the login are read when the worker starts.
+//!
+//! The files: `client.rs` (the connection), `stream.rs` (its socket, in clear or in
+//! TLS), `secure.rs` (STARTTLS and AUTH), `auth_file.rs` (`AUTH_FILE`),
+//! `transaction.rs` (one message's commands and results), `reply.rs` (reading replies
+//! from the network, the enhanced codes).
 //! Listed in `stages::BUILTINS`; it must not write to the database (the runtime writes
 //! its outcome) nor know about batches, fusion or the protocol.
 
+pub mod auth_file;
 pub mod client;
 pub mod reply;
+pub mod secure;
+pub mod stream;
+#[cfg(test)]
+mod tls_tests;
 pub mod transaction;
 #[cfg(test)]
 mod wire_tests;
 
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::{Connection, Target, Timeouts};
+use rustls::ClientConfig;
+use secure::{Credentials, Security};
 use transaction::Envelope;
 
+use super::read_at_start::ReadAtStart;
 use crate::config::raw::show_duration;
-use crate::config::{ConfigError, Section, StageSection};
+use crate::config::{Config, ConfigError, Section, StageSection};
 use crate::escape::Visible;
+use crate::tls::{self, Level};
 use crate::worker::{
     Configured, Context, Load, Message, Outcome, RecipientOutcomes, Stage, StageError,
 };
@@ -69,6 +87,105 @@ fn budget_of(s: &Section) -> Option<Duration> {
     )
 }
 
+/// A section's TLS and AUTH settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TlsSettings {
+    level: Level,
+    wrapper: bool,
+    /// The name the certificate must bear (`TLS_NAME`, else the smarthost's host).
+    name: String,
+    /// The trust store's file (`CA_FILE`, else the system's bundle).
+    trust: PathBuf,
+    auth_file: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// The settings of section `s` for `target` (§21). `REQUIRE_TLS` is gone: an error
+    /// names what replaces it.
+    fn of(s: &Section, target: &Target) -> Result<TlsSettings, ConfigError> {
+        if let Some(v) = s.get("REQUIRE_TLS") {
+            return Err(s.error(
+                "REQUIRE_TLS",
+                format!(
+                    "REQUIRE_TLS is replaced by TLS = none | may | encrypt | verify (REQUIRE_TLS = {v} is TLS = {})",
+                    if v == "no" { "none" } else { "verify" }
+                ),
+            ));
+        }
+        let port = match target {
+            Target::Tcp { port, .. } => Some(*port),
+            Target::Unix(_) => None,
+        };
+        let wrapper = s
+            .optional_boolean("TLS_WRAPPER")?
+            .unwrap_or(port == Some(465));
+        let level = match s.get("TLS") {
+            Some(v) => Level::parse(v).map_err(|e| s.error("TLS", e))?,
+            None if wrapper => Level::Verify,
+            None if target.is_local() => Level::None,
+            None => Level::Verify,
+        };
+        if level != Level::None && port.is_none() {
+            return Err(s.error(
+                "TLS",
+                "a unix socket stays on this host: TLS = none (or leave TLS out)",
+            ));
+        }
+        if wrapper && level < Level::Encrypt {
+            return Err(s.error(
+                "TLS_WRAPPER",
+                format!(
+                    "a port that speaks TLS from its first byte needs TLS = encrypt or verify, not {}",
+                    level.name()
+                ),
+            ));
+        }
+        let name = match (s.get("TLS_NAME"), target) {
+            (Some(n), _) => n.to_string(),
+            (None, Target::Tcp { host, .. }) => host.clone(),
+            (None, Target::Unix(_)) => String::new(),
+        };
+        if level != Level::None {
+            tls::server_name(&name).map_err(|e| s.error("TLS_NAME", e))?;
+        }
+        let absolute = |key: &str| -> Result<Option<PathBuf>, ConfigError> {
+            match s.get(key) {
+                None => Ok(None),
+                Some(p) if Path::new(p).is_absolute() => Ok(Some(PathBuf::from(p))),
+                Some(p) => Err(s.error(key, format!("{p:?} is not an absolute path"))),
+            }
+        };
+        let trust = absolute("CA_FILE")?.unwrap_or_else(|| PathBuf::from(tls::SYSTEM_ROOTS));
+        let auth_file = absolute("AUTH_FILE")?;
+        if auth_file.is_some() && level == Level::None {
+            return Err(s.error(
+                "AUTH_FILE",
+                "AUTH sends a password, which never goes in clear text: set TLS = may, encrypt or verify",
+            ));
+        }
+        Ok(TlsSettings {
+            level,
+            wrapper,
+            name,
+            trust,
+            auth_file,
+        })
+    }
+}
+
+/// The client configurations for `verify`, made when the worker starts, by trust
+/// store file.
+static VERIFYING: ReadAtStart<Arc<ClientConfig>> = ReadAtStart::new("CA_FILE");
+
+/// The logins, read when the worker starts, by `AUTH_FILE`.
+static LOGINS: ReadAtStart<Credentials> = ReadAtStart::new("AUTH_FILE");
+
+/// The last refused login (the connection's key, when): the next try waits a minute.
+static REFUSED_LOGIN: Mutex<Option<(String, Instant)>> = Mutex::new(None);
+
+/// How long after a refused login the worker does not log in again.
+const LOGIN_PAUSE: Duration = Duration::from_secs(60);
+
 /// The section's settings.
 struct ConfiguredRelay {
     target: Target,
@@ -80,6 +197,9 @@ struct ConfiguredRelay {
     /// 0: no limit.
     reuse_limit: u32,
     next: Option<String>,
+    tls: TlsSettings,
+    /// The client configuration of `may` and `encrypt` (which read no file).
+    unverified: Option<Arc<ClientConfig>>,
 }
 
 /// The connection this worker keeps, with what it was opened for (smarthost,
@@ -110,6 +230,11 @@ impl Stage for Relay {
             "SMARTHOST",
             "PROTOCOL",
             "HOSTNAME",
+            "TLS",
+            "TLS_WRAPPER",
+            "TLS_NAME",
+            "CA_FILE",
+            "AUTH_FILE",
             "REQUIRE_TLS",
             "CONNECT_TIMEOUT",
             "COMMAND_TIMEOUT",
@@ -153,23 +278,13 @@ impl Stage for Relay {
             "lmtp" => true,
             other => return Err(s.error("PROTOCOL", format!("{other:?} is neither smtp nor lmtp"))),
         };
-        match s.optional_boolean("REQUIRE_TLS")? {
-            Some(true) => {
-                return Err(s.error(
-                    "REQUIRE_TLS",
-                    "this relay does not speak TLS: use a unix socket or a loopback smarthost (a local MTA that does TLS), or write REQUIRE_TLS = no",
-                ));
+        let tls = TlsSettings::of(s, &target)?;
+        let unverified = match tls.level {
+            Level::May | Level::Encrypt => {
+                Some(tls::client_config(tls.level, None).map_err(|e| s.error("TLS", e))?)
             }
-            None if !target.is_local() => {
-                return Err(s.error(
-                    "SMARTHOST",
-                    format!(
-                        "{target} is not a unix socket or a loopback address, and this relay does not speak TLS: mail would cross the network in clear; write REQUIRE_TLS = no to allow it"
-                    ),
-                ));
-            }
-            _ => {}
-        }
+            Level::None | Level::Verify => None,
+        };
         let hostname = s.get("HOSTNAME").map(str::to_string);
         if let Some(h) = &hostname {
             let ok = !h.is_empty()
@@ -201,7 +316,48 @@ impl Stage for Relay {
             reuse_time: s.duration("CONNECTION_REUSE_TIME", Duration::from_secs(300))?,
             reuse_limit: s.number("CONNECTION_REUSE_LIMIT", 0u32, 0..=u32::MAX)?,
             next: section.next.clone(),
+            tls,
+            unverified,
         }))
+    }
+
+    /// The trust store of `verify` and the `AUTH_FILE`, as the workers read them.
+    fn file_errors(&self, section: &Section) -> Vec<ConfigError> {
+        let Ok(target) = Target::parse(section.get("SMARTHOST").unwrap_or_default()) else {
+            return Vec::new();
+        };
+        let Ok(tls) = TlsSettings::of(section, &target) else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        if tls.level == Level::Verify {
+            if let Err(e) = tls::roots(Some(&tls.trust)) {
+                errors.push(section.error("CA_FILE", e));
+            }
+        }
+        if let Some(Err(e)) = tls.auth_file.as_deref().map(auth_file::load) {
+            errors.push(section.error("AUTH_FILE", e));
+        }
+        errors
+    }
+
+    /// Reads the trust store of `verify` and the login, once, as the workers' account.
+    fn start(&self, _config: &Config, section: &StageSection) -> Result<(), String> {
+        let s = &section.section;
+        let target = Target::parse(s.required("SMARTHOST").map_err(|e| e.to_string())?)?;
+        let tls = TlsSettings::of(s, &target).map_err(|e| e.to_string())?;
+        let named = |key: &str, e: String| s.error(key, e).to_string();
+        if tls.level == Level::Verify {
+            let roots = tls::roots(Some(&tls.trust)).map_err(|e| named("CA_FILE", e))?;
+            let config =
+                tls::client_config(Level::Verify, Some(roots)).map_err(|e| named("TLS", e))?;
+            VERIFYING.put(tls.trust.clone(), config);
+        }
+        if let Some(path) = &tls.auth_file {
+            let login = auth_file::load(path).map_err(|e| named("AUTH_FILE", e))?;
+            LOGINS.put(path.clone(), login);
+        }
+        Ok(())
     }
 }
 
@@ -233,8 +389,69 @@ impl ConfiguredRelay {
                 }
             }
         }
-        Connection::open(&self.target, self.lmtp, hostname, self.timeouts, deadline)
-            .map_err(|e| format!("smarthost {}: {}", self.target, e.0))
+        let security = self.security()?;
+        secure::open(
+            &self.target,
+            self.lmtp,
+            hostname,
+            self.timeouts,
+            deadline,
+            &security,
+        )
+        .map_err(|e| {
+            if e.0.starts_with(secure::LOGIN_REFUSED) {
+                let mut refused = REFUSED_LOGIN.lock().unwrap_or_else(|p| p.into_inner());
+                *refused = Some((key.to_string(), Instant::now()));
+            }
+            format!("smarthost {}: {}", self.target, e.0)
+        })
+    }
+
+    /// What the connection's security is, from the section and what the worker read
+    /// at start.
+    fn security(&self) -> Result<Security, String> {
+        let config = match self.tls.level {
+            Level::None => None,
+            Level::Verify => Some(
+                (*VERIFYING
+                    .get(&self.tls.trust)
+                    .map_err(|e| e.message.clone())?)
+                .clone(),
+            ),
+            Level::May | Level::Encrypt => self.unverified.clone(),
+        };
+        let name = match self.tls.level {
+            Level::None => None,
+            _ => Some(tls::server_name(&self.tls.name)?),
+        };
+        let auth = match &self.tls.auth_file {
+            Some(path) => Some(LOGINS.get(path).map_err(|e| e.message.clone())?),
+            None => None,
+        };
+        Ok(Security {
+            level: self.tls.level,
+            wrapper: self.tls.wrapper,
+            config,
+            name,
+            auth,
+        })
+    }
+
+    /// A login refused less than a minute ago on a connection like this one: why the
+    /// message waits without trying again.
+    fn login_paused(&self, key: &str) -> Option<String> {
+        let refused = REFUSED_LOGIN.lock().unwrap_or_else(|p| p.into_inner());
+        let (k, at) = refused.as_ref()?;
+        let left = LOGIN_PAUSE.checked_sub(at.elapsed())?;
+        (k == key).then(|| {
+            format!(
+                "smarthost {}: {} {}s ago; not logging in again for {}s",
+                self.target,
+                secure::LOGIN_REFUSED,
+                at.elapsed().as_secs(),
+                left.as_secs() + 1
+            )
+        })
     }
 }
 
@@ -243,11 +460,15 @@ impl Configured for ConfiguredRelay {
         // One deadline for the whole message, the connection's opening included.
         let deadline = Instant::now() + self.timeouts.budget();
         let hostname = self.hostname.as_deref().unwrap_or(&cx.pepsi.hostname);
-        let key = format!("{}|{}|{hostname}", self.target, self.lmtp);
+        let key = format!("{}|{}|{hostname}|{:?}", self.target, self.lmtp, self.tls);
+        if let Some(why) = self.login_paused(&key) {
+            return Err(StageError::deferred(why));
+        }
         let mut slot = CONNECTION.lock().unwrap_or_else(|p| p.into_inner());
         let mut connection = self
             .connection(&key, hostname, slot.take(), deadline)
             .map_err(StageError::deferred)?;
+        let negotiated = connection.tls.clone();
         let envelope = Envelope {
             mail_from: message.mail_from(),
             rcpt_to: message.rcpt_to(),
@@ -274,8 +495,12 @@ impl Configured for ConfiguredRelay {
             }
         };
         let count = |kind: u8| results.iter().filter(|(_, r)| r.kind() == kind).count();
+        let tls = match &negotiated {
+            Some(t) => format!("{} TLS, {t}", t.trust()),
+            None => "no TLS".to_string(),
+        };
         log::info!(
-            "relay: message {} to {}: {} delivered, {} deferred, {} refused",
+            "relay: message {} to {} ({tls}): {} delivered, {} deferred, {} refused",
             message.id,
             self.target,
             count(0),
@@ -310,30 +535,82 @@ mod tests {
         }
     }
 
+    fn tls_of(lines: &[(&str, &str)]) -> Result<TlsSettings, String> {
+        let s = section(lines);
+        let target = Target::parse(s.section.get("SMARTHOST").unwrap()).unwrap();
+        TlsSettings::of(&s.section, &target).map_err(|e| e.to_string())
+    }
+
     #[test]
-    fn a_smarthost_beyond_this_host_needs_require_tls_no_written_out() {
-        assert!(
-            Relay
-                .configure(&section(&[("SMARTHOST", "127.0.0.1:25")]))
-                .is_ok()
+    fn tls_is_none_on_this_host_verify_beyond_it_and_wrapper_mode_on_port_465() {
+        let level = |lines: &[(&str, &str)]| tls_of(lines).unwrap().level;
+        assert_eq!(level(&[("SMARTHOST", "127.0.0.1:25")]), Level::None);
+        assert_eq!(level(&[("SMARTHOST", "[::1]:25")]), Level::None);
+        assert_eq!(level(&[("SMARTHOST", "mx.example:587")]), Level::Verify);
+        assert_eq!(
+            level(&[("SMARTHOST", "mx.example:587"), ("TLS", "may")]),
+            Level::May
         );
-        assert!(
-            Relay
-                .configure(&section(&[
-                    ("SMARTHOST", "unix:/run/lmtp"),
-                    ("PROTOCOL", "lmtp")
-                ]))
-                .is_ok()
+        let wrapped = tls_of(&[("SMARTHOST", "smtp.example.net:465")]).unwrap();
+        assert!(wrapped.wrapper && wrapped.level == Level::Verify);
+        assert_eq!(wrapped.name, "smtp.example.net");
+        let named = tls_of(&[
+            ("SMARTHOST", "192.0.2.7:587"),
+            ("TLS_NAME", "relay.example.net"),
+            ("CA_FILE", "/etc/pepsi/ca.pem"),
+        ])
+        .unwrap();
+        assert_eq!(named.name, "relay.example.net");
+        assert_eq!(named.trust, PathBuf::from("/etc/pepsi/ca.pem"));
+        assert_eq!(
+            tls_of(&[("SMARTHOST", "mx.example:25")]).unwrap().trust,
+            PathBuf::from(tls::SYSTEM_ROOTS)
         );
-        assert!(error(&[("SMARTHOST", "mx.example:25")]).contains("REQUIRE_TLS = no"));
-        assert!(error(&[("SMARTHOST", "127.0.0.1:25"), ("REQUIRE_TLS", "yes")]).contains("TLS"));
+    }
+
+    #[test]
+    fn require_tls_is_refused_naming_tls_and_bad_tls_settings_name_their_key() {
+        let e = tls_of(&[("SMARTHOST", "mx.example:25"), ("REQUIRE_TLS", "no")]).unwrap_err();
+        assert!(e.contains("REQUIRE_TLS") && e.contains("TLS = none"), "{e}");
+        for (lines, key) in [
+            (
+                vec![("SMARTHOST", "mx.example:25"), ("TLS", "always")],
+                "TLS",
+            ),
+            (vec![("SMARTHOST", "unix:/run/s"), ("TLS", "may")], "TLS"),
+            (
+                vec![("SMARTHOST", "mx.example:465"), ("TLS", "may")],
+                "TLS_WRAPPER",
+            ),
+            (
+                vec![("SMARTHOST", "mx.example:25"), ("TLS_NAME", "a b")],
+                "TLS_NAME",
+            ),
+            (
+                vec![("SMARTHOST", "mx.example:25"), ("CA_FILE", "ca.pem")],
+                "CA_FILE",
+            ),
+            (
+                vec![
+                    ("SMARTHOST", "127.0.0.1:25"),
+                    ("AUTH_FILE", "/etc/pepsi/auth"),
+                ],
+                "AUTH_FILE",
+            ),
+        ] {
+            let e = tls_of(&lines).unwrap_err();
+            assert!(
+                e.contains(&format!("{key}:")) || e.contains(key),
+                "{lines:?}: {e}"
+            );
+        }
+        // AUTH over TLS is fine.
         assert!(
-            Relay
-                .configure(&section(&[
-                    ("SMARTHOST", "mx.example:25"),
-                    ("REQUIRE_TLS", "no")
-                ]))
-                .is_ok()
+            tls_of(&[
+                ("SMARTHOST", "mx.example:587"),
+                ("AUTH_FILE", "/etc/pepsi/relay-auth")
+            ])
+            .is_ok()
         );
     }
 

@@ -19,10 +19,9 @@
 //! secrets). The file must be a regular file of at most [`MAX_FILE`] bytes with no
 //! permission for its group or others, and hold at least one secret.
 
-use std::fs::OpenOptions;
-use std::io::{self, Read};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+use crate::stages::read_at_start::read_private;
 
 /// The largest secrets file read, in bytes: a few secrets are a few lines.
 pub const MAX_FILE: u64 = 64 * 1024;
@@ -36,42 +35,13 @@ pub const MAX_LINE: usize = 1023;
 /// (`chmod 600`), too large, a line postsrsd would read differently, or no secret.
 pub fn load(path: &Path) -> Result<Vec<Vec<u8>>, String> {
     let name = path.display();
-    // Non-blocking, so that a FIFO planted at the path fails the checks below instead
-    // of holding the open; a regular file reads the same either way.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => format!("secrets file {name}: no such file"),
-            _ => format!("secrets file {name}: cannot be opened: {e}"),
-        })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("secrets file {name}: cannot be read: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("secrets file {name}: not a regular file"));
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o044 != 0 {
-        return Err(format!(
-            "secrets file {name}: readable by others (mode {mode:04o}): chmod 600"
-        ));
-    }
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "secrets file {name}: open to its group or others (mode {mode:04o}): chmod 600"
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("secrets file {name}: cannot be read: {e}"))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!(
-            "secrets file {name}: larger than {MAX_FILE} bytes; it holds one secret a line"
-        ));
-    }
+    let bytes = read_private(path, "secrets file", MAX_FILE).map_err(|e| {
+        if e.ends_with(" bytes") {
+            format!("{e}; it holds one secret a line")
+        } else {
+            e
+        }
+    })?;
     parse(&bytes).map_err(|why| format!("secrets file {name}: {why}"))
 }
 
