@@ -4,7 +4,7 @@
 //! [`install`] gives the read ends of sockets signal-hook writes a byte to from the
 //! handler, for a poll loop: the dispatcher's loop (`dispatch::event_loop`) drains them
 //! and acts on the flag (SIGHUP there is the same as a `config_changed` notification),
-//! and the ingress waits on the shutdown one; both install them before their wait for
+//! and the ingress waits on both ([`wait_any`]: SIGHUP reloads its certificate); both install them before their wait for
 //! the database. [`stop_flag`] is the failure bouncer's form: a flag its loop reads
 //! between calls, and [`hup_flag`] its SIGHUP, which must not end it (the default
 //! action). Below the programs that use it; it decides nothing.
@@ -57,6 +57,39 @@ pub fn wait_for(stream: &mut mio::net::UnixStream, timeout: std::time::Duration)
     // waits again.
     unsafe { libc::poll(&mut pfd, 1, ms) };
     drain(stream)
+}
+
+/// What [`wait_any`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrived {
+    /// SIGINT or SIGTERM (first, when both came).
+    Shutdown,
+    /// SIGHUP.
+    Reload,
+    /// Nothing within the time.
+    Nothing,
+}
+
+/// Waits up to `timeout` for any of the signals (the ingress's main thread, which has
+/// nothing else to wait for).
+pub fn wait_any(signals: &mut Signals, timeout: std::time::Duration) -> Arrived {
+    use std::os::fd::AsRawFd;
+    let mut pfds =
+        [signals.shutdown.as_raw_fd(), signals.reload.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: two valid pollfds. An interrupted poll is a spurious wake-up.
+    unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
+    if drain(&mut signals.shutdown) {
+        Arrived::Shutdown
+    } else if drain(&mut signals.reload) {
+        Arrived::Reload
+    } else {
+        Arrived::Nothing
+    }
 }
 
 /// Reads everything pending on a signal socket; true when a signal arrived.

@@ -207,6 +207,15 @@ fixed_keys! {
     /// The clients whose XFORWARD is believed: addresses, networks (`/bits`) and
     /// `unix`; none by default.
     XFORWARD_FROM = Text(None),
+    /// The certificate chain (PEM, the server's first) STARTTLS presents; with
+    /// `TLS_KEY`, every listener offers STARTTLS. Read as `[pepsi] RUN_AS` at start
+    /// and on SIGHUP.
+    TLS_CERT = Text(None),
+    /// The private key of `TLS_CERT` (PEM).
+    TLS_KEY = Text(None),
+    /// The listeners (as `LISTEN` writes them) that refuse mail before STARTTLS
+    /// (530 5.7.0), or `none` (the default).
+    REQUIRE_TLS = Text(None),
 }
 
 impl<K> Key<K> {

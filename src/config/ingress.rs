@@ -4,7 +4,7 @@
 //! and key. Pure; called by `config/mod.rs`. It binds nothing.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::fixed;
@@ -121,6 +121,10 @@ pub struct IngressOptions {
     pub max_errors: u32,
     /// `XFORWARD_FROM`.
     pub xforward_from: Vec<Trusted>,
+    /// `TLS_CERT` and `TLS_KEY`, both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// `REQUIRE_TLS`: listeners of `LISTEN`.
+    pub require_tls: Vec<Listen>,
 }
 
 /// Reads one `LISTEN` entry.
@@ -175,6 +179,33 @@ fn trusted_entry(entry: &str) -> Result<Trusted, String> {
     Ok(Trusted::Network(addr, bits))
 }
 
+/// `TLS_CERT` and `TLS_KEY`: both absolute paths, or neither set.
+fn tls_files(section: &Section, f: &[Section], p: &mut Problems) -> Option<(PathBuf, PathBuf)> {
+    let path = |key: &str, value: Option<&str>, p: &mut Problems| -> Option<PathBuf> {
+        let v = value?;
+        if Path::new(v).is_absolute() {
+            Some(PathBuf::from(v))
+        } else {
+            p.push(section.error(key, format!("{v:?} is not an absolute path")));
+            None
+        }
+    };
+    let cert = path("TLS_CERT", fixed::TLS_CERT.read(f), p);
+    let key = path("TLS_KEY", fixed::TLS_KEY.read(f), p);
+    match (cert, key, fixed::TLS_CERT.read(f), fixed::TLS_KEY.read(f)) {
+        (Some(c), Some(k), _, _) => Some((c, k)),
+        (_, _, Some(_), None) => {
+            p.push(section.error("TLS_CERT", "is set without TLS_KEY, its private key"));
+            None
+        }
+        (_, _, None, Some(_)) => {
+            p.push(section.error("TLS_KEY", "is set without TLS_CERT, its certificate"));
+            None
+        }
+        _ => None,
+    }
+}
+
 /// The entries of a list value: separated by commas or blanks.
 fn entries(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| c == ',' || c.is_whitespace())
@@ -207,6 +238,25 @@ impl IngressOptions {
                 xforward_from.push(t);
             }
         }
+        let tls = tls_files(&section, f, p);
+        let mut require_tls = Vec::new();
+        let required = fixed::REQUIRE_TLS.read(f).unwrap_or("none");
+        for entry in entries(required).filter(|_| required.trim() != "none") {
+            let parsed = listen_entry(entry).and_then(|l| {
+                if !listen.contains(&l) {
+                    Err(format!("{entry:?} is not one of LISTEN's listeners"))
+                } else if tls.is_none() {
+                    Err(format!(
+                        "{entry:?}: no STARTTLS without TLS_CERT and TLS_KEY, so no mail at all"
+                    ))
+                } else {
+                    Ok(l)
+                }
+            });
+            if let Some(l) = p.ok(parsed.map_err(|why| section.error("REQUIRE_TLS", why))) {
+                require_tls.push(l);
+            }
+        }
         let max_sessions = fixed::MAX_SESSIONS.read(f, p) as usize;
         let trusted_sessions = fixed::TRUSTED_SESSIONS.read(f, p) as usize;
         if trusted_sessions >= max_sessions {
@@ -232,6 +282,8 @@ impl IngressOptions {
             min_data_rate: u64::from(fixed::MIN_DATA_RATE.read(f, p)),
             max_errors: fixed::MAX_ERRORS.read(f, p),
             xforward_from,
+            tls,
+            require_tls,
         }
     }
 
@@ -279,6 +331,46 @@ mod tests {
         );
         assert!(!o.trusts(Some("127.0.0.1".parse().unwrap())));
         assert!(!o.trusts(None));
+    }
+
+    #[test]
+    fn starttls_needs_a_certificate_and_its_key_and_require_tls_names_listeners() {
+        let o = read(
+            "[pepsi-ingress]\nLISTEN = smtp:127.0.0.1:10587 lmtp:127.0.0.1:10025\n\
+             TLS_CERT = /etc/pepsi/cert.pem\nTLS_KEY = /etc/pepsi/key.pem\n\
+             REQUIRE_TLS = smtp:127.0.0.1:10587\n",
+        )
+        .unwrap();
+        assert_eq!(
+            o.tls,
+            Some(("/etc/pepsi/cert.pem".into(), "/etc/pepsi/key.pem".into()))
+        );
+        assert_eq!(o.require_tls, vec![o.listen[0].clone()]);
+        assert!(
+            read("[pepsi-ingress]\nREQUIRE_TLS = none\n")
+                .unwrap()
+                .require_tls
+                .is_empty()
+        );
+        for (text, says) in [
+            ("TLS_CERT = /c.pem\n", "TLS_CERT: is set without TLS_KEY"),
+            ("TLS_KEY = /k.pem\n", "TLS_KEY: is set without TLS_CERT"),
+            (
+                "TLS_CERT = c.pem\nTLS_KEY = /k.pem\n",
+                "TLS_CERT: \"c.pem\" is not an absolute path",
+            ),
+            (
+                "TLS_CERT = /c.pem\nTLS_KEY = /k.pem\nREQUIRE_TLS = smtp:127.0.0.1:25\n",
+                "is not one of LISTEN's listeners",
+            ),
+            (
+                "REQUIRE_TLS = lmtp:127.0.0.1:10025\n",
+                "no STARTTLS without TLS_CERT and TLS_KEY",
+            ),
+        ] {
+            let errs = read(&format!("[pepsi-ingress]\n{text}")).unwrap_err();
+            assert!(errs.iter().any(|e| e.contains(says)), "{text}: {errs:?}");
+        }
     }
 
     #[test]

@@ -15,9 +15,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use rustls::ServerConfig;
 
 use super::admission::{Admission, Client, Ticket};
 use super::commit::Committer;
@@ -134,6 +136,9 @@ pub struct Shared {
     pub sessions: Arc<Sessions>,
     /// Who gets a session.
     pub admission: Arc<Admission>,
+    /// The TLS configuration new sessions' STARTTLS uses (SIGHUP replaces it; a
+    /// session keeps the one it started with).
+    pub tls: Arc<RwLock<Option<Arc<ServerConfig>>>>,
 }
 
 /// A running acceptor.
@@ -196,9 +201,10 @@ fn accept_loop(bound: Bound, shared: Shared) {
         };
         let shared = shared.clone();
         let protocol = bound.spec.protocol;
+        let require_tls = shared.options.require_tls.contains(&bound.spec);
         let started = std::thread::Builder::new()
             .name("session".into())
-            .spawn(move || run_session(conn, protocol, &shared, ticket));
+            .spawn(move || run_session(conn, (protocol, require_tls), &shared, ticket));
         if let Err(e) = started {
             log::error!("cannot start a session thread: {e}");
         }
@@ -282,7 +288,7 @@ fn peer_uid(fd: RawFd) -> Option<u32> {
 
 fn run_session(
     conn: Connection,
-    protocol: crate::config::ingress::Protocol,
+    (protocol, require_tls): (crate::config::ingress::Protocol, bool),
     shared: &Shared,
     ticket: Ticket,
 ) {
@@ -300,6 +306,8 @@ fn run_session(
         stopping: &shared.stopping,
         timeout: shared.options.timeout,
         min_data_rate: shared.options.min_data_rate,
+        tls: shared.tls.read().unwrap_or_else(|p| p.into_inner()).clone(),
+        require_tls,
     };
     let read_timeout = |t: Duration| conn.read_timeout(t);
     let summary = match conn.set_timeout(shared.options.timeout) {
@@ -340,8 +348,12 @@ fn run_session(
             End::ShuttingDown => "shutting down".to_string(),
             End::Failed(e) => format!("failed: {e}"),
         };
+        let tls = s
+            .tls
+            .as_ref()
+            .map_or_else(String::new, |t| format!(", TLS {t}"));
         log::info!(
-            "session from {shown} ({}): {} accepted ({} recipients), {} deferred, {} refused; {end}",
+            "session from {shown} ({}{tls}): {} accepted ({} recipients), {} deferred, {} refused; {end}",
             s.helo.as_deref().unwrap_or("no HELO"),
             s.accepted,
             s.recipients,

@@ -18,15 +18,17 @@
 //! exits 0. The database away never stops it: mail is answered 451 until it is back.
 
 pub mod admission;
+pub mod channel;
 pub mod commit;
 pub mod counters;
 pub mod listen;
 pub mod params;
 pub mod reply;
 pub mod session;
+mod starttls;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cli::{Invocation, Program};
@@ -68,6 +70,15 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         Failure::general(format!("{}: {e}", config.postgres.key_for(DbRole::Inject)))
     })?;
     check_at_start(&config, &pg, &stage)?;
+    // Read as RUN_AS, as every reload reads them: a key only root may read fails now,
+    // not at the first SIGHUP.
+    let tls = Arc::new(RwLock::new(match &config.ingress.tls {
+        Some((cert, key)) => Some(
+            crate::tls::server_config(cert, key)
+                .map_err(|e| Failure::config(format!("[pepsi-ingress] TLS_CERT, TLS_KEY: {e}")))?,
+        ),
+        None => None,
+    }));
     let mut signals = crate::signals::install()?;
     let counters = Arc::new(counters::Counters::default());
     let (committer, committer_thread) =
@@ -90,6 +101,7 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
                     stopping: stopping.clone(),
                     sessions: sessions.clone(),
                     admission: admission.clone(),
+                    tls: tls.clone(),
                 },
             )
             .map_err(|e| Failure::general(format!("cannot start a thread: {e}")))?,
@@ -100,7 +112,13 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         "pepsi-ingress {} accepting mail for stage {stage}",
         env!("CARGO_PKG_VERSION")
     );
-    while !crate::signals::wait_for(&mut signals.shutdown, Duration::from_secs(3600)) {}
+    loop {
+        match crate::signals::wait_any(&mut signals, Duration::from_secs(3600)) {
+            crate::signals::Arrived::Shutdown => break,
+            crate::signals::Arrived::Reload => reload_tls(&config, &tls),
+            crate::signals::Arrived::Nothing => {}
+        }
+    }
     log::info!("shutdown requested by signal");
     stopping.store(true, Ordering::SeqCst);
     for acceptor in acceptors {
@@ -127,6 +145,29 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         log::error!("the committer thread panicked");
     }
     Ok(())
+}
+
+/// SIGHUP: reads `TLS_CERT` and `TLS_KEY` again (a renewed certificate); new sessions
+/// use them, sessions in progress keep theirs. A file that does not read leaves the
+/// old ones in use and says why. Nothing else of the configuration is read again.
+fn reload_tls(config: &Config, tls: &RwLock<Option<Arc<rustls::ServerConfig>>>) {
+    let Some((cert, key)) = &config.ingress.tls else {
+        log::info!(
+            "SIGHUP: no TLS_CERT to reload; pepsi-ingress reads the rest of its configuration when it starts"
+        );
+        return;
+    };
+    match crate::tls::server_config(cert, key) {
+        Ok(new) => {
+            *tls.write().unwrap_or_else(|p| p.into_inner()) = Some(new);
+            log::info!(
+                "SIGHUP: reloaded {} and {}; new sessions use them",
+                cert.display(),
+                key.display()
+            );
+        }
+        Err(e) => log::error!("SIGHUP: cannot reload the certificate, keeping the old one: {e}"),
+    }
 }
 
 /// The start-up checks that need the database, when it can be reached now: the schema

@@ -24,15 +24,20 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use rustls::ServerConfig;
+
+use super::channel::{Channel, Duplex};
 use super::commit::{Committer, Message, Outcome};
 use super::counters::Counters;
 use super::params::{self, MailFrom, RcptTo};
 use super::reply::Reply;
 use crate::config::ingress::Protocol;
 use crate::intake;
+use crate::tls::Negotiated;
 
 /// The longest command line read whole (RFC 5321 §4.5.3.1.4 says 512 octets; the
 /// extensions' parameters need more).
@@ -58,6 +63,11 @@ pub struct Settings<'a> {
     pub timeout: Duration,
     /// `MIN_DATA_RATE`, bytes per second: what extends the data's deadline.
     pub min_data_rate: u64,
+    /// The TLS configuration STARTTLS uses (`TLS_CERT`, `TLS_KEY`, as read last);
+    /// `None`: no STARTTLS.
+    pub tls: Option<Arc<ServerConfig>>,
+    /// `REQUIRE_TLS` names this listener: no mail before STARTTLS.
+    pub require_tls: bool,
 }
 
 /// How a session ended.
@@ -92,6 +102,8 @@ pub struct Summary {
     pub refused: u64,
     /// How it ended.
     pub end: End,
+    /// What its TLS session negotiated; `None` in clear text.
+    pub tls: Option<Negotiated>,
 }
 
 /// A line read from the client.
@@ -129,46 +141,43 @@ struct Forwarded {
     login: Option<String>,
 }
 
-/// A session.
-struct Session<'a, R: Read, W: Write> {
-    settings: &'a Settings<'a>,
+/// A session (its fields are `starttls.rs`'s too).
+pub(super) struct Session<'a, R: Read, W: Write> {
+    pub(super) settings: &'a Settings<'a>,
     peer: Option<IpAddr>,
-    /// Sets how long the connection's next read may wait.
-    read_timeout: &'a dyn Fn(Duration) -> io::Result<()>,
     deadline: Deadline,
     committer: &'a Committer,
     counters: &'a Counters,
-    reader: BufReader<R>,
-    writer: W,
+    /// The connection, in clear text or inside TLS.
+    pub(super) io: BufReader<Channel<'a, R, W>>,
     out: Vec<u8>,
     errors: u32,
-    helo: Option<String>,
+    pub(super) helo: Option<String>,
     tx: Transaction,
     forwarded: Forwarded,
-    summary: Summary,
+    pub(super) summary: Summary,
 }
 
 /// Serves one session on `reader`/`writer` (two handles of one connection, whose reads
 /// wait as long as `read_timeout` last said) with a client at `peer` (`None`: a Unix
 /// socket's).
-pub fn serve<R: Read, W: Write>(
+pub fn serve<'a, R: Read, W: Write>(
     reader: R,
     writer: W,
-    settings: &Settings<'_>,
+    settings: &'a Settings<'a>,
     peer: Option<IpAddr>,
-    read_timeout: &dyn Fn(Duration) -> io::Result<()>,
-    committer: &Committer,
-    counters: &Counters,
+    read_timeout: &'a dyn Fn(Duration) -> io::Result<()>,
+    committer: &'a Committer,
+    counters: &'a Counters,
 ) -> Summary {
+    let channel = Channel::Plain(Duplex::new(reader, writer, read_timeout));
     let mut s = Session {
         settings,
         peer,
-        read_timeout,
         deadline: Deadline::At(Instant::now() + settings.timeout),
         committer,
         counters,
-        reader: BufReader::with_capacity(64 * 1024, reader),
-        writer,
+        io: BufReader::with_capacity(64 * 1024, channel),
         out: Vec::new(),
         errors: 0,
         helo: None,
@@ -181,6 +190,7 @@ pub fn serve<R: Read, W: Write>(
             deferred: 0,
             refused: 0,
             end: End::Closed,
+            tls: None,
         },
     };
     let end = s.run();
@@ -210,7 +220,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         loop {
             // Everything the client pipelined is answered in one write, before waiting
             // for more (RFC 2920).
-            if self.reader.buffer().is_empty() {
+            if self.io.buffer().is_empty() {
                 if let Err(e) = self.flush() {
                     return End::Failed(e.to_string());
                 }
@@ -280,22 +290,22 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     }
 
     /// Queues a reply.
-    fn say(&mut self, reply: &Reply) {
+    pub(super) fn say(&mut self, reply: &Reply) {
         self.out.extend_from_slice(&reply.wire());
     }
 
     /// Writes the queued replies.
-    fn flush(&mut self) -> io::Result<()> {
+    pub(super) fn flush(&mut self) -> io::Result<()> {
         if !self.out.is_empty() {
-            self.writer.write_all(&self.out)?;
-            self.writer.flush()?;
+            self.io.get_mut().write_all(&self.out)?;
+            self.io.get_mut().flush()?;
             self.out.clear();
         }
         Ok(())
     }
 
     /// Queues an error reply, counting it; `Some` when the session must end.
-    fn error(&mut self, reply: Reply) -> Option<End> {
+    pub(super) fn error(&mut self, reply: Reply) -> Option<End> {
         self.say(&reply);
         if reply.code >= 500 {
             self.errors += 1;
@@ -331,14 +341,14 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         // The last byte taken, for a line too long: did it end in CRLF?
         let mut last = 0u8;
         loop {
-            if self.reader.buffer().is_empty() {
-                let left = self.due().saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+            if self.io.buffer().is_empty() {
+                // Every read of the connection ends by then (TLS may need several).
+                let due = self.due();
+                if let Some(d) = self.io.get_mut().duplex() {
+                    d.due = Some(due);
                 }
-                (self.read_timeout)(left)?;
             }
-            let buf = match self.reader.fill_buf() {
+            let buf = match self.io.fill_buf() {
                 Ok(b) => b,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
@@ -368,7 +378,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
                     line.extend_from_slice(&buf[..take]);
                 }
             }
-            self.reader.consume(take);
+            self.io.consume(take);
             if done {
                 return Ok(if too_long {
                     Line::TooLong(crlf)
@@ -423,6 +433,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
             "VRFY" => Reply::new(252, "2.5.2", "Cannot VRFY a user; send some mail"),
             "HELP" => Reply::new(214, "2.0.0", "See RFC 5321 and RFC 2033"),
             "XFORWARD" => self.xforward(arg),
+            "STARTTLS" if self.settings.tls.is_some() => return Ok(self.starttls(arg)),
             "" => Reply::new(500, "5.5.2", "Error: bad syntax"),
             _ => Reply::new(500, "5.5.2", "Error: command not recognized"),
         };
@@ -453,6 +464,9 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         if self.settings.xforward {
             lines.push("XFORWARD NAME ADDR PROTO HELO LOGIN".to_string());
         }
+        if self.settings.tls.is_some() && !self.io.get_ref().is_tls() {
+            lines.push("STARTTLS".to_string());
+        }
         self.out.extend_from_slice(&Reply::lines(250, "", &lines));
         Ok(())
     }
@@ -461,6 +475,9 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     fn mail(&mut self, arg: &str) -> Reply {
         if self.helo.is_none() {
             return Reply::new(503, "5.5.1", "Error: send EHLO or LHLO first");
+        }
+        if self.settings.require_tls && !self.io.get_ref().is_tls() {
+            return Reply::new(530, "5.7.0", "Must issue a STARTTLS command first");
         }
         if self.tx.mail.is_some() {
             return Reply::new(503, "5.5.1", "Error: nested MAIL command");
@@ -524,7 +541,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     }
 
     /// Ends the transaction (and what XFORWARD said for it).
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.tx = Transaction::default();
         self.forwarded = Forwarded::default();
     }

@@ -36,6 +36,8 @@ fn settings(protocol: Protocol, stopping: &AtomicBool, timeout: Duration) -> Set
         stopping,
         timeout,
         min_data_rate: 500,
+        tls: None,
+        require_tls: false,
     }
 }
 
@@ -178,18 +180,21 @@ fn the_data_gets_a_second_more_per_min_data_rate_bytes() {
     let (committer, _) = commit::answered_by(|_| Outcome::Queued(7));
     let stopping = AtomicBool::new(false);
     let settings = settings(Protocol::Smtp, &stopping, Duration::from_secs(10));
+    let no_timeout = |_| Ok(());
     let session = Session {
         settings: &settings,
         peer: None,
-        read_timeout: &|_| Ok(()),
         deadline: Deadline::Data {
             started: Instant::now(),
             received: 1500,
         },
         committer: &committer,
         counters: &Counters::default(),
-        reader: BufReader::new(&b""[..]),
-        writer: Vec::new(),
+        io: BufReader::new(Channel::Plain(Duplex::new(
+            &b""[..],
+            Vec::new(),
+            &no_timeout,
+        ))),
         out: Vec::new(),
         errors: 0,
         helo: None,
@@ -202,6 +207,7 @@ fn the_data_gets_a_second_more_per_min_data_rate_bytes() {
             deferred: 0,
             refused: 0,
             end: End::Closed,
+            tls: None,
         },
     };
     let left = session.due().saturating_duration_since(Instant::now());
