@@ -303,4 +303,11 @@ impl Raw {
         let mut rest = Vec::new();
         self.reader.read_to_end(&mut rest).is_ok() && rest.is_empty()
     }
+
+    /// Does the server end the connection, whatever it sends before (a TLS alert),
+    /// within the read timeout?
+    pub fn ended(&mut self) -> bool {
+        let mut rest = Vec::new();
+        self.reader.read_to_end(&mut rest).is_ok()
+    }
 }

@@ -1,0 +1,238 @@
+//! The relay's TLS and SMTP AUTH (§21) against a real Postfix as the smarthost
+//! (`tls_peer::Smarthost`: a private instance with a certificate from a test CA and
+//! Cyrus SASL), the relay stages run by the dispatcher: `verify` delivers, a
+//! certificate for another name or from an unknown CA defers and sends nothing; `may`
+//! uses TLS when offered and clear text when not; wrapper mode; AUTH PLAIN logs in, a
+//! wrong password defers with one log line and appears in no log or row.
+
+use std::path::Path;
+use std::time::Duration;
+
+use postgres::Client;
+
+use crate::util::rows::wait_empty;
+use crate::util::scenario::Scenario;
+use crate::util::tls_peer::{self, NAME, Smarthost, TestCa, TlsOptions};
+use crate::util::{assert_has, assert_lacks, wait_until};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A message from alice to `to`, injected at `stage`.
+fn inject(c: &mut Client, stage: &str, to: &str) -> i64 {
+    let headers = format!("From: <alice@origin.example>\r\nTo: <{to}>\r\nSubject: tls\r\n");
+    c.query_one(
+        "SELECT pepsi.workqueue_inject($1, 'alice@origin.example', ARRAY[$2], $3, \
+         'Over the relay.\r\n'::bytea, NULL, NULL, NULL, NULL, '{}'::jsonb)",
+        &[&stage, &to, &headers.as_bytes()],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// A relay stage `name` to `port` of the loopback with `extra` lines.
+fn relay(name: &str, port: u16, extra: &str) -> String {
+    format!("[stage-{name}]\nPROGRAM = {{relay}}\nSMARTHOST = 127.0.0.1:{port}\n{extra}\n")
+}
+
+/// The paused rows at `stage`: each one's last error.
+fn paused(c: &mut Client, stage: &str) -> Vec<String> {
+    c.query(
+        "SELECT coalesce(state->>'last_error', '') FROM pepsi.workqueue \
+          WHERE stage = $1 AND status = 'paused'",
+        &[&stage],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// `TLS`, `TLS_NAME` and `CA_FILE` lines.
+fn verifying(ca: &Path) -> String {
+    format!("TLS = verify\nTLS_NAME = {NAME}\nCA_FILE = {}\n", ca.display())
+}
+
+#[test]
+fn verify_delivers_inside_tls_and_both_ends_say_so() {
+    if !tls_peer::available("verify_delivers_inside_tls_and_both_ends_say_so") {
+        return;
+    }
+    let ca = TestCa::new("relay-verify");
+    let host = Smarthost::start(
+        "relay-verify",
+        &TlsOptions {
+            cert: Some(ca.server_cert(NAME)),
+            wrapper_port: true,
+            ..TlsOptions::default()
+        },
+        &["a", "w"],
+    );
+    let wrapper = host.wrapper_port.unwrap();
+    let stages = relay("out", host.port, &verifying(&ca.cert_path()))
+        + &relay(
+            "wrapped",
+            wrapper,
+            &format!("TLS_WRAPPER = yes\n{}", verifying(&ca.cert_path())),
+        );
+    let (s, mut c) = Scenario::new("relay-verify").timers("").stages(&stages).connect();
+    inject(&mut c, "out", "a@local.test");
+    inject(&mut c, "wrapped", "w@local.test");
+    let mut d = s.start();
+    let a = host.wait_mailbox("a", 1, WAIT);
+    host.wait_mailbox("w", 1, WAIT);
+    wait_empty(&mut c, WAIT);
+    assert!(d.terminate().success());
+    let received = String::from_utf8_lossy(&a[0]);
+    assert_has!(received, "using TLSv1.");
+    let log = d.log();
+    assert_has!(log, &format!("Verified TLS connection established to {NAME}: TLSv1."));
+    assert_has!(log, "(Verified TLS, TLSv1.");
+    assert_has!(host.maillog(), "TLS connection established from");
+}
+
+#[test]
+fn a_certificate_for_another_name_or_from_an_unknown_ca_defers_and_sends_nothing() {
+    if !tls_peer::available("a_certificate_for_another_name_or_from_an_unknown_ca") {
+        return;
+    }
+    let ca = TestCa::new("relay-wrong");
+    let stranger = TestCa::new("relay-stranger");
+    let host = Smarthost::start(
+        "relay-wrong",
+        &TlsOptions {
+            cert: Some(ca.server_cert("other.test")),
+            ..TlsOptions::default()
+        },
+        &["a"],
+    );
+    // `named` trusts the CA but wants mx.pepsi.test; `unknown` wants the certificate's
+    // own name but trusts another CA.
+    let stages = relay("named", host.port, &verifying(&ca.cert_path()))
+        + &relay(
+            "unknown",
+            host.port,
+            &format!(
+                "TLS = verify\nTLS_NAME = other.test\nCA_FILE = {}\n",
+                stranger.cert_path().display()
+            ),
+        );
+    let (s, mut c) = Scenario::new("relay-wrong").timers("").stages(&stages).connect();
+    inject(&mut c, "named", "a@local.test");
+    inject(&mut c, "unknown", "a@local.test");
+    let mut d = s.start();
+    wait_until(WAIT, "both messages wait", || {
+        paused(&mut c, "named").len() == 1 && paused(&mut c, "unknown").len() == 1
+    });
+    assert!(d.terminate().success());
+    let named = paused(&mut c, "named").remove(0);
+    let unknown = paused(&mut c, "unknown").remove(0);
+    assert_has!(named, "TLS handshake failed");
+    assert_has!(named, "certificate not valid for name");
+    assert_has!(unknown, "UnknownIssuer");
+    assert!(host.mailbox("a").is_empty());
+    let maillog = host.maillog();
+    assert_lacks!(maillog, "alice@origin.example");
+    assert_lacks!(maillog, "from=<");
+}
+
+#[test]
+fn may_uses_tls_when_offered_and_clear_text_when_not() {
+    if !tls_peer::available("may_uses_tls_when_offered_and_clear_text_when_not") {
+        return;
+    }
+    let ca = TestCa::new("relay-may");
+    let with = Smarthost::start(
+        "relay-may-tls",
+        &TlsOptions {
+            cert: Some(ca.server_cert(NAME)),
+            ..TlsOptions::default()
+        },
+        &["a"],
+    );
+    let without = Smarthost::start("relay-may-clear", &TlsOptions::default(), &["b"]);
+    let stages = relay("tls", with.port, "TLS = may\n") + &relay("clear", without.port, "TLS = may\n");
+    let (s, mut c) = Scenario::new("relay-may").timers("").stages(&stages).connect();
+    inject(&mut c, "tls", "a@local.test");
+    inject(&mut c, "clear", "b@local.test");
+    let mut d = s.start();
+    with.wait_mailbox("a", 1, WAIT);
+    let b = without.wait_mailbox("b", 1, WAIT);
+    assert!(d.terminate().success());
+    assert_has!(with.maillog(), "Anonymous TLS connection established from");
+    assert_lacks!(without.maillog(), "TLS connection established");
+    assert_lacks!(String::from_utf8_lossy(&b[0]), "using TLS");
+    let log = d.log();
+    assert_has!(log, "Untrusted TLS connection established to");
+    assert_has!(log, "(no TLS)");
+}
+
+#[test]
+fn auth_plain_logs_in_and_a_wrong_password_defers_with_one_line_and_shows_nowhere() {
+    if !tls_peer::available("auth_plain_logs_in_and_a_wrong_password_defers") {
+        return;
+    }
+    const PASSWORD: &str = "Correct-Horse-42";
+    const WRONG: &str = "Wrong-Battery-17";
+    let ca = TestCa::new("relay-auth");
+    let host = Smarthost::start(
+        "relay-auth",
+        &TlsOptions {
+            cert: Some(ca.server_cert(NAME)),
+            auth: Some(("relay", PASSWORD)),
+            auth_required: true,
+            ..TlsOptions::default()
+        },
+        &["a", "b"],
+    );
+    let dir = crate::util::TempDir::new("relay-auth-files");
+    let login = |name: &str, password: &str| {
+        let path = dir.path(name);
+        std::fs::write(&path, format!("# the smarthost's login\nrelay {password}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    };
+    let good = login("good", PASSWORD);
+    let bad = login("bad", WRONG);
+    let stages = relay(
+        "good",
+        host.port,
+        &format!("{}AUTH_FILE = {}\n", verifying(&ca.cert_path()), good.display()),
+    ) + &relay(
+        "bad",
+        host.port,
+        &format!("{}AUTH_FILE = {}\n", verifying(&ca.cert_path()), bad.display()),
+    );
+    let (s, mut c) = Scenario::new("relay-auth").timers("").stages(&stages).connect();
+    inject(&mut c, "good", "a@local.test");
+    inject(&mut c, "bad", "b@local.test");
+    let mut d = s.start();
+    let a = host.wait_mailbox("a", 1, WAIT);
+    wait_until(WAIT, "the message with the wrong password waits", || {
+        paused(&mut c, "bad").len() == 1
+    });
+    assert!(d.terminate().success());
+    assert_has!(host.maillog(), "sasl_method=PLAIN");
+    assert_has!(host.maillog(), &format!("sasl_username={}", host.sasl_username.clone().unwrap()));
+    assert_has!(String::from_utf8_lossy(&a[0]), "Authenticated sender");
+    assert!(host.mailbox("b").is_empty());
+    let error = paused(&mut c, "bad").remove(0);
+    assert_has!(error, "the smarthost refused the login for relay: 535");
+    let log = d.log();
+    assert_eq!(log.matches("refused the login").count(), 1, "{log}");
+    // Neither password, nor the base64 that carried it, anywhere.
+    let rows: String = c
+        .query("SELECT row_to_json(q)::text FROM pepsi.workqueue q", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    use base64::Engine;
+    for secret in [PASSWORD, WRONG] {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("\0relay\0{secret}"));
+        for (what, text) in [("the log", &log), ("the rows", &rows)] {
+            assert!(!text.contains(secret), "{what} shows a password");
+            assert!(!text.contains(&b64), "{what} shows the AUTH PLAIN token");
+        }
+    }
+}
