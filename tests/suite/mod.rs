@@ -46,4 +46,5 @@ mod relay_split;
 mod roles;
 mod settings_tool;
 mod srs;
+mod tls_smarthost;
 mod worker;

@@ -21,6 +21,7 @@ pub mod replica;
 pub mod rows;
 pub mod scenario;
 pub mod smarthost;
+pub mod tls_peer;
 pub mod worker;
 
 use std::path::{Path, PathBuf};

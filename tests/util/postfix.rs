@@ -104,6 +104,22 @@ impl Postfix {
     /// (`postfix check`) and starts it, and returns once its `smtpd` greets.
     #[track_caller]
     pub fn start(tag: &str, main: &str, master: &str, mailboxes: &[&str]) -> Postfix {
+        Postfix::start_prepared(tag, main, master, mailboxes, |_| {})
+    }
+
+    /// [`Postfix::start`], with `prepare` called on the configuration directory once
+    /// the instance's own files are written there and before `postfix check`: for the
+    /// files that `main` names as `$config_directory/…` (a private Postfix's directory
+    /// is known only here, and Debian's `smtpd` reads its Cyrus SASL configuration from
+    /// `$config_directory/sasl/` and nowhere else of the instance's).
+    #[track_caller]
+    pub fn start_prepared(
+        tag: &str,
+        main: &str,
+        master: &str,
+        mailboxes: &[&str],
+        prepare: impl FnOnce(&Path),
+    ) -> Postfix {
         static STALE: std::sync::Once = std::sync::Once::new();
         STALE.call_once(remove_stale);
         let dir = TempDir::new(&format!("{DIR_TAG}-{tag}"));
@@ -142,6 +158,7 @@ impl Postfix {
             port,
             running: false,
         };
+        prepare(&postfix.config_dir());
         postfix.postfix("check");
         postfix.running = true;
         postfix.postfix("start");
