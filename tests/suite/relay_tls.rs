@@ -49,7 +49,10 @@ fn paused(c: &mut Client, stage: &str) -> Vec<String> {
 
 /// `TLS`, `TLS_NAME` and `CA_FILE` lines.
 fn verifying(ca: &Path) -> String {
-    format!("TLS = verify\nTLS_NAME = {NAME}\nCA_FILE = {}\n", ca.display())
+    format!(
+        "TLS = verify\nTLS_NAME = {NAME}\nCA_FILE = {}\n",
+        ca.display()
+    )
 }
 
 #[test]
@@ -74,7 +77,10 @@ fn verify_delivers_inside_tls_and_both_ends_say_so() {
             wrapper,
             &format!("TLS_WRAPPER = yes\n{}", verifying(&ca.cert_path())),
         );
-    let (s, mut c) = Scenario::new("relay-verify").timers("").stages(&stages).connect();
+    let (s, mut c) = Scenario::new("relay-verify")
+        .timers("")
+        .stages(&stages)
+        .connect();
     inject(&mut c, "out", "a@local.test");
     inject(&mut c, "wrapped", "w@local.test");
     let mut d = s.start();
@@ -85,7 +91,10 @@ fn verify_delivers_inside_tls_and_both_ends_say_so() {
     let received = String::from_utf8_lossy(&a[0]);
     assert_has!(received, "using TLSv1.");
     let log = d.log();
-    assert_has!(log, &format!("Verified TLS connection established to {NAME}: TLSv1."));
+    assert_has!(
+        log,
+        &format!("Verified TLS connection established to {NAME}: TLSv1.")
+    );
     assert_has!(log, "(Verified TLS, TLSv1.");
     assert_has!(host.maillog(), "TLS connection established from");
 }
@@ -116,7 +125,10 @@ fn a_certificate_for_another_name_or_from_an_unknown_ca_defers_and_sends_nothing
                 stranger.cert_path().display()
             ),
         );
-    let (s, mut c) = Scenario::new("relay-wrong").timers("").stages(&stages).connect();
+    let (s, mut c) = Scenario::new("relay-wrong")
+        .timers("")
+        .stages(&stages)
+        .connect();
     inject(&mut c, "named", "a@local.test");
     inject(&mut c, "unknown", "a@local.test");
     let mut d = s.start();
@@ -150,8 +162,12 @@ fn may_uses_tls_when_offered_and_clear_text_when_not() {
         &["a"],
     );
     let without = Smarthost::start("relay-may-clear", &TlsOptions::default(), &["b"]);
-    let stages = relay("tls", with.port, "TLS = may\n") + &relay("clear", without.port, "TLS = may\n");
-    let (s, mut c) = Scenario::new("relay-may").timers("").stages(&stages).connect();
+    let stages =
+        relay("tls", with.port, "TLS = may\n") + &relay("clear", without.port, "TLS = may\n");
+    let (s, mut c) = Scenario::new("relay-may")
+        .timers("")
+        .stages(&stages)
+        .connect();
     inject(&mut c, "tls", "a@local.test");
     inject(&mut c, "clear", "b@local.test");
     let mut d = s.start();
@@ -187,7 +203,11 @@ fn auth_plain_logs_in_and_a_wrong_password_defers_with_one_line_and_shows_nowher
     let dir = crate::util::TempDir::new("relay-auth-files");
     let login = |name: &str, password: &str| {
         let path = dir.path(name);
-        std::fs::write(&path, format!("# the smarthost's login\nrelay {password}\n")).unwrap();
+        std::fs::write(
+            &path,
+            format!("# the smarthost's login\nrelay {password}\n"),
+        )
+        .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         path
@@ -197,13 +217,24 @@ fn auth_plain_logs_in_and_a_wrong_password_defers_with_one_line_and_shows_nowher
     let stages = relay(
         "good",
         host.port,
-        &format!("{}AUTH_FILE = {}\n", verifying(&ca.cert_path()), good.display()),
+        &format!(
+            "{}AUTH_FILE = {}\n",
+            verifying(&ca.cert_path()),
+            good.display()
+        ),
     ) + &relay(
         "bad",
         host.port,
-        &format!("{}AUTH_FILE = {}\n", verifying(&ca.cert_path()), bad.display()),
+        &format!(
+            "{}AUTH_FILE = {}\n",
+            verifying(&ca.cert_path()),
+            bad.display()
+        ),
     );
-    let (s, mut c) = Scenario::new("relay-auth").timers("").stages(&stages).connect();
+    let (s, mut c) = Scenario::new("relay-auth")
+        .timers("")
+        .stages(&stages)
+        .connect();
     inject(&mut c, "good", "a@local.test");
     inject(&mut c, "bad", "b@local.test");
     let mut d = s.start();
@@ -213,7 +244,10 @@ fn auth_plain_logs_in_and_a_wrong_password_defers_with_one_line_and_shows_nowher
     });
     assert!(d.terminate().success());
     assert_has!(host.maillog(), "sasl_method=PLAIN");
-    assert_has!(host.maillog(), &format!("sasl_username={}", host.sasl_username.clone().unwrap()));
+    assert_has!(
+        host.maillog(),
+        &format!("sasl_username={}", host.sasl_username.clone().unwrap())
+    );
     assert_has!(String::from_utf8_lossy(&a[0]), "Authenticated sender");
     assert!(host.mailbox("b").is_empty());
     let error = paused(&mut c, "bad").remove(0);
