@@ -21,6 +21,7 @@ pub mod admission;
 pub mod channel;
 pub mod commit;
 pub mod counters;
+mod data;
 pub mod listen;
 pub mod params;
 pub mod reply;

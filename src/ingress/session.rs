@@ -31,12 +31,11 @@ use std::time::{Duration, Instant};
 use rustls::ServerConfig;
 
 use super::channel::{Channel, Duplex};
-use super::commit::{Committer, Message, Outcome};
+use super::commit::Committer;
 use super::counters::Counters;
 use super::params::{self, MailFrom, RcptTo};
 use super::reply::Reply;
 use crate::config::ingress::Protocol;
-use crate::intake;
 use crate::tls::Negotiated;
 
 /// The longest command line read whole (RFC 5321 §4.5.3.1.4 says 512 octets; the
@@ -107,7 +106,7 @@ pub struct Summary {
 }
 
 /// A line read from the client.
-enum Line {
+pub(super) enum Line {
     /// A line, with its line end.
     Text(Vec<u8>),
     /// A line longer than the limit (read and dropped up to its end), and whether it
@@ -119,7 +118,7 @@ enum Line {
 
 /// When a read must be done by.
 #[derive(Clone, Copy)]
-enum Deadline {
+pub(super) enum Deadline {
     /// A command line: by this instant.
     At(Instant),
     /// A message's data: `TIMEOUT` after it started, and a second more per
@@ -129,32 +128,32 @@ enum Deadline {
 
 /// The transaction in progress.
 #[derive(Default)]
-struct Transaction {
-    mail: Option<MailFrom>,
-    rcpts: Vec<RcptTo>,
+pub(super) struct Transaction {
+    pub(super) mail: Option<MailFrom>,
+    pub(super) rcpts: Vec<RcptTo>,
 }
 
 /// What XFORWARD said about the real client.
 #[derive(Default)]
-struct Forwarded {
-    addr: Option<IpAddr>,
-    login: Option<String>,
+pub(super) struct Forwarded {
+    pub(super) addr: Option<IpAddr>,
+    pub(super) login: Option<String>,
 }
 
 /// A session (its fields are `starttls.rs`'s too).
 pub(super) struct Session<'a, R: Read, W: Write> {
     pub(super) settings: &'a Settings<'a>,
-    peer: Option<IpAddr>,
-    deadline: Deadline,
-    committer: &'a Committer,
-    counters: &'a Counters,
+    pub(super) peer: Option<IpAddr>,
+    pub(super) deadline: Deadline,
+    pub(super) committer: &'a Committer,
+    pub(super) counters: &'a Counters,
     /// The connection, in clear text or inside TLS.
     pub(super) io: BufReader<Channel<'a, R, W>>,
     out: Vec<u8>,
     errors: u32,
     pub(super) helo: Option<String>,
-    tx: Transaction,
-    forwarded: Forwarded,
+    pub(super) tx: Transaction,
+    pub(super) forwarded: Forwarded,
     pub(super) summary: Summary,
 }
 
@@ -270,7 +269,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     /// The end of the client's input: its own close, or the daemon's shutdown ending
     /// the wait (the read side shut down), which the client is told with a 421
     /// (RFC 5321 §3.8); a message whose data had not ended is then sent again later.
-    fn closed(&mut self) -> End {
+    pub(super) fn closed(&mut self) -> End {
         if self.settings.stopping.load(Ordering::Relaxed) {
             self.shutting_down()
         } else {
@@ -335,7 +334,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     }
 
     /// Reads one line (up to LF) of at most `max` bytes, by the current deadline.
-    fn read_line(&mut self, max: usize) -> io::Result<Line> {
+    pub(super) fn read_line(&mut self, max: usize) -> io::Result<Line> {
         let mut line = Vec::new();
         let mut too_long = false;
         // The last byte taken, for a line too long: did it end in CRLF?
@@ -544,166 +543,6 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     pub(super) fn reset(&mut self) {
         self.tx = Transaction::default();
         self.forwarded = Forwarded::default();
-    }
-
-    /// DATA (its line ended in CRLF: `crlf`): the message, then its fate.
-    fn data(&mut self, arg: &str, crlf: bool) -> io::Result<Option<End>> {
-        if !arg.trim().is_empty() {
-            return Ok(self.error(Reply::new(501, "5.5.4", "Syntax: DATA")));
-        }
-        if self.tx.mail.is_none() {
-            return Ok(self.error(Reply::new(503, "5.5.1", "Error: need MAIL command")));
-        }
-        if self.tx.rcpts.is_empty() {
-            return Ok(self.error(Reply::new(554, "5.5.1", "Error: no valid recipients")));
-        }
-        self.say(&Reply::plain(354, "End data with <CR><LF>.<CR><LF>"));
-        self.flush()?;
-        let max = self.settings.max_size as usize;
-        // The size the client announced, so the buffer need not grow by doubling (and
-        // end up to twice the message); never more than the limit.
-        let announced = self.tx.mail.as_ref().and_then(|m| m.size).unwrap_or(0);
-        let mut data = Vec::with_capacity((announced as usize).min(max));
-        let mut too_big = false;
-        // The whole data by its deadline, which grows with what arrives.
-        self.deadline = Deadline::Data {
-            started: Instant::now(),
-            received: 0,
-        };
-        // Did the line before end in CRLF (as sent)? Only <CR><LF>.<CR><LF> ends the
-        // data; the DATA command's own line end counts for a message that is empty.
-        let mut after_crlf = crlf;
-        loop {
-            let line = match self.read_line(max + 2)? {
-                Line::Text(l) => l,
-                Line::TooLong(ended_crlf) => {
-                    too_big = true;
-                    after_crlf = ended_crlf;
-                    continue;
-                }
-                Line::Eof => return Ok(Some(self.closed())),
-            };
-            if let Deadline::Data { received, .. } = &mut self.deadline {
-                *received += line.len() as u64;
-            }
-            if after_crlf && line == b".\r\n" {
-                break;
-            }
-            after_crlf = line.ends_with(b"\r\n");
-            let content = content_line(&line);
-            if !too_big {
-                if data.len() + content.len() > max {
-                    too_big = true;
-                    data = Vec::new();
-                } else {
-                    data.extend_from_slice(&content);
-                }
-            }
-        }
-        let tx = std::mem::take(&mut self.tx);
-        let forwarded = std::mem::take(&mut self.forwarded);
-        let reply_ok = |id: i64| Reply::new(250, "2.0.0", format!("Ok: queued as {id}"));
-        let outcome = if too_big {
-            Err(Reply::new(
-                552,
-                "5.3.4",
-                format!("Message size exceeds the limit of {max} bytes"),
-            ))
-        } else {
-            self.queue(&tx, forwarded, data)
-        };
-        let lmtp = self.settings.protocol == Protocol::Lmtp;
-        let replies: Vec<Reply> = match &outcome {
-            Ok(id) if lmtp => tx
-                .rcpts
-                .iter()
-                .map(|_| Reply::new(250, "2.1.5", format!("Ok: queued as {id}")))
-                .collect(),
-            Ok(id) => vec![reply_ok(*id)],
-            Err(r) if lmtp => vec![r.clone(); tx.rcpts.len()],
-            Err(r) => vec![r.clone()],
-        };
-        match &outcome {
-            Ok(_) => {
-                self.summary.accepted += 1;
-                self.summary.recipients += tx.rcpts.len() as u64;
-            }
-            Err(r) if r.code < 500 => {
-                self.summary.deferred += 1;
-                Counters::bump(&self.counters.deferred, 1);
-            }
-            Err(_) => {
-                self.summary.refused += 1;
-                Counters::bump(&self.counters.refused, 1);
-            }
-        }
-        for r in &replies {
-            self.say(r);
-        }
-        Ok(None)
-    }
-
-    /// Hands a received message to the committer: its id once committed, or the reply
-    /// that says why not.
-    fn queue(&self, tx: &Transaction, forwarded: Forwarded, data: Vec<u8>) -> Result<i64, Reply> {
-        let mail = tx.mail.as_ref().expect("DATA needs MAIL");
-        let parsed = intake::read_owned(data).map_err(|why| {
-            Reply::new(
-                554,
-                "5.6.0",
-                format!("Message refused: {}", crate::escape::Visible(&why)),
-            )
-        })?;
-        let mut state = serde_json::Map::new();
-        if let Some(dsn) = params::dsn_state(mail, &tx.rcpts) {
-            state.insert("dsn".into(), dsn);
-        }
-        let msg = Message {
-            mail_from: mail.address.clone(),
-            rcpt_to: tx.rcpts.iter().map(|r| r.address.clone()).collect(),
-            headers: parsed.headers,
-            body: parsed.body,
-            auth_user: forwarded.login,
-            client_ip: forwarded.addr.or(self.peer),
-            header_from: parsed.header_from,
-            subject: parsed.subject,
-            state: serde_json::Value::Object(state),
-        };
-        match self.committer.commit(msg) {
-            Outcome::Queued(id) => Ok(id),
-            Outcome::Deferred => Err(Reply::new(
-                451,
-                "4.3.0",
-                "Temporary failure: the mail queue is unavailable, try again later",
-            )),
-            Outcome::Refused(why) => {
-                log::warn!(
-                    "a message from <{}> was refused by the queue: {}",
-                    crate::escape::Visible(&mail.address),
-                    crate::escape::Visible(&why)
-                );
-                Err(Reply::new(
-                    554,
-                    "5.6.0",
-                    "Message refused by the mail queue",
-                ))
-            }
-        }
-    }
-}
-
-/// A line of the data as it is stored: without the dot a client doubles at the start
-/// of a line (RFC 5321 §4.5.2), and ending in CRLF where it ended in a bare LF.
-fn content_line(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    let line = line.strip_prefix(b".").unwrap_or(line);
-    match line.strip_suffix(b"\n") {
-        Some(rest) if !rest.ends_with(b"\r") => {
-            let mut fixed = Vec::with_capacity(line.len() + 1);
-            fixed.extend_from_slice(rest);
-            fixed.extend_from_slice(b"\r\n");
-            std::borrow::Cow::Owned(fixed)
-        }
-        _ => std::borrow::Cow::Borrowed(line),
     }
 }
 

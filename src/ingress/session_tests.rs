@@ -2,7 +2,7 @@
 //! in-memory streams, with a committer that answers as the test says.
 
 use super::*;
-use crate::ingress::commit::{self, Message};
+use crate::ingress::commit::{self, Message, Outcome};
 use std::sync::{Arc, Mutex};
 
 /// A session of `protocol` fed `input` whole; what it wrote and what it queued.

@@ -1,7 +1,7 @@
 //! STARTTLS in a session of `pepsi-ingress` (RFC 3207, §21): offered in the EHLO or
 //! LHLO reply of a listener with a certificate (`TLS_CERT`, `TLS_KEY`) until TLS is on;
-//! 220, then the handshake within `TIMEOUT`, then the session starts over as RFC 3207
-//! §4.2 says: whatever the client said before (its EHLO name, a transaction, XFORWARD)
+//! 220, then the handshake within `TIMEOUT`, then the session starts over (RFC 3207 §4.2):
+//! whatever the client said before (its EHLO name, a transaction, XFORWARD)
 //! is forgotten, and whatever it sent after the STARTTLS line before the handshake is
 //! discarded unread, so nothing an attacker injects in clear text is taken as if it
 //! came inside TLS. A listener that `REQUIRE_TLS` names answers MAIL 530 before it
