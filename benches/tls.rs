@@ -46,10 +46,10 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A 4 KiB body.
+/// A body of about 4 KiB, whole lines.
 fn body() -> Vec<u8> {
     let line = b"The quick brown fox jumps over the lazy dog, again and again.\r\n";
-    line.iter().copied().cycle().take(4096).collect()
+    line.repeat(4096 / line.len())
 }
 
 // ---------------------------------------------------------------------------------
