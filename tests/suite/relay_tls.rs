@@ -270,3 +270,30 @@ fn auth_plain_logs_in_and_a_wrong_password_defers_with_one_line_and_shows_nowher
         }
     }
 }
+
+#[test]
+fn a_chain_of_100_certificates_defers_at_verify_within_the_deadline_and_sends_nothing() {
+    if !tls_peer::available("a_chain_of_100_certificates_defers_at_verify") {
+        return;
+    }
+    let ca = TestCa::new("relay-chain");
+    let host = Smarthost::start(
+        "relay-chain",
+        &TlsOptions {
+            cert: Some(ca.long_chain(NAME, 100)),
+            ..TlsOptions::default()
+        },
+        &["a"],
+    );
+    let (s, mut c) = Scenario::new("relay-chain")
+        .timers("")
+        .stages(&relay("out", host.port, &verifying(&ca.cert_path())))
+        .connect();
+    inject(&mut c, "out", "a@local.test");
+    let mut d = s.start();
+    wait_until(WAIT, "the message waits", || paused(&mut c, "out").len() == 1);
+    assert!(d.terminate().success());
+    assert_has!(paused(&mut c, "out").remove(0), "TLS handshake failed");
+    assert!(host.mailbox("a").is_empty());
+    assert_lacks!(host.maillog(), "from=<");
+}
