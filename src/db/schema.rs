@@ -104,6 +104,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("016_writes_by_id.sql"),
     migration!("017_prepended_headers.sql"),
     migration!("018_claim_sweep.sql"),
+    migration!("019_ingress_tls.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

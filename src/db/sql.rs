@@ -410,10 +410,10 @@ pub const QUEUE_DISPATCH_STATS: &str = "SELECT stages_executed, claims, rows_cla
        FROM pepsi.dispatch_stats";
 
 /// `pepsi-ingress`'s counters (one row, `pepsi.ingress_stats`). No parameters.
-/// Returns (sessions, accepted, recipients, deferred, refused, commits (int8 each),
-/// updated as epoch seconds float8). Locks nothing.
+/// Returns (sessions, accepted, recipients, deferred, refused, commits, tls_sessions
+/// (int8 each), updated as epoch seconds float8). Locks nothing.
 pub const QUEUE_INGRESS_STATS: &str = "SELECT sessions, accepted, recipients, deferred, refused, \
-            commits, extract(epoch FROM updated)::float8 \
+            commits, tls_sessions, extract(epoch FROM updated)::float8 \
        FROM pepsi.ingress_stats";
 
 /// Is a dispatcher running: does a session hold the dispatcher's advisory lock (see
@@ -479,11 +479,12 @@ pub const INJECT_MANY: &str = "SELECT m.n, m.workqueue_id \
             $9::text[], $10::text[]::jsonb[]) m";
 
 /// `pepsi-ingress`'s counters, added to (one round trip). $1 sessions, $2 accepted,
-/// $3 recipients, $4 deferred, $5 refused, $6 commits (all int8).
+/// $3 recipients, $4 deferred, $5 refused, $6 commits, $7 sessions that went on inside
+/// TLS (all int8; schema 19).
 pub const INGRESS_STATS_ADD: &str = "UPDATE pepsi.ingress_stats \
         SET sessions = sessions + $1, accepted = accepted + $2, recipients = recipients + $3, \
             deferred = deferred + $4, refused = refused + $5, commits = commits + $6, \
-            updated = now()";
+            tls_sessions = tls_sessions + $7, updated = now()";
 
 /// `pepsi-ingress`'s session settings: every acceptance waits for the WAL flush (a
 /// message answered 250 is never lost), and no statement or lock holds a batch of

@@ -20,10 +20,12 @@ pub struct Counters {
     pub refused: AtomicU64,
     /// Commits of accepted messages.
     pub commits: AtomicU64,
+    /// Sessions whose STARTTLS handshake completed.
+    pub tls_sessions: AtomicU64,
 }
 
 /// A snapshot of the deltas, in `sql::INGRESS_STATS_ADD`'s order.
-pub type Deltas = [i64; 6];
+pub type Deltas = [i64; 7];
 
 impl Counters {
     /// Adds one to a counter.
@@ -32,7 +34,7 @@ impl Counters {
     }
 
     /// The counters in the order of [`Deltas`] (the table's columns).
-    fn all(&self) -> [&AtomicU64; 6] {
+    fn all(&self) -> [&AtomicU64; 7] {
         [
             &self.sessions,
             &self.accepted,
@@ -40,6 +42,7 @@ impl Counters {
             &self.deferred,
             &self.refused,
             &self.commits,
+            &self.tls_sessions,
         ]
     }
 
@@ -67,11 +70,12 @@ mod tests {
         assert_eq!(c.take(), None);
         Counters::bump(&c.accepted, 3);
         Counters::bump(&c.commits, 1);
+        Counters::bump(&c.tls_sessions, 2);
         let d = c.take().unwrap();
-        assert_eq!(d, [0, 3, 0, 0, 0, 1]);
+        assert_eq!(d, [0, 3, 0, 0, 0, 1, 2]);
         assert_eq!(c.take(), None);
         c.restore(d);
         Counters::bump(&c.accepted, 1);
-        assert_eq!(c.take(), Some([0, 4, 0, 0, 0, 1]));
+        assert_eq!(c.take(), Some([0, 4, 0, 0, 0, 1, 2]));
     }
 }

@@ -10,6 +10,7 @@
 use std::io::{BufRead, Read, Write};
 use std::time::Instant;
 
+use super::counters::Counters;
 use super::reply::Reply;
 use super::session::{End, Session};
 
@@ -41,6 +42,7 @@ impl<R: Read, W: Write> Session<'_, R, W> {
         let due = Instant::now() + self.settings.timeout;
         match self.io.get_mut().start_tls(&config, due) {
             Ok(negotiated) => {
+                Counters::bump(&self.counters.tls_sessions, 1);
                 self.summary.tls = Some(negotiated);
                 self.helo = None;
                 self.reset();

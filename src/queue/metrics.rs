@@ -111,13 +111,14 @@ const DISPATCH_HELP: [&str; 4] = [
 ];
 
 /// The help text of each ingress counter, by column.
-const INGRESS_HELP: [&str; 6] = [
+const INGRESS_HELP: [&str; 7] = [
     "LMTP and SMTP sessions pepsi-ingress served.",
     "Messages pepsi-ingress accepted: committed to the queue and answered 250.",
     "Recipients of the messages pepsi-ingress accepted.",
     "Messages pepsi-ingress answered 4xx at the end of their data (the database away).",
     "Messages pepsi-ingress answered 5xx at the end of their data (too large, no header block, refused).",
     "Transactions that queued accepted messages (several messages each under load).",
+    "Sessions pepsi-ingress served inside TLS (their STARTTLS handshake completed).",
 ];
 
 /// The snapshot in the text format.
@@ -326,7 +327,7 @@ mod tests {
                 updated_text: String::new(),
             }],
             ingress: IngressStats {
-                counters: [7, 20, 31, 2, 1, 9],
+                counters: [7, 20, 31, 2, 1, 9, 4],
                 updated: 99.25,
             },
             ..Snapshot::default()
@@ -356,6 +357,7 @@ mod tests {
         assert!(text.contains("# TYPE pepsi_ingress_accepted_total counter\n"));
         assert!(text.contains("pepsi_ingress_sessions_total 7\n"));
         assert!(text.contains("pepsi_ingress_commits_total 9\n"));
+        assert!(text.contains("pepsi_ingress_tls_sessions_total 4\n"));
         assert!(text.contains("pepsi_ingress_stats_updated_timestamp_seconds 99.25\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();

@@ -86,20 +86,21 @@ pub const DISPATCH_COUNTERS: [&str; 4] =
 /// The one row of `pepsi.ingress_stats`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct IngressStats {
-    /// sessions, accepted, recipients, deferred, refused, commits.
-    pub counters: [i64; 6],
+    /// sessions, accepted, recipients, deferred, refused, commits, TLS sessions.
+    pub counters: [i64; 7],
     /// When `pepsi-ingress` last added to them (epoch seconds).
     pub updated: f64,
 }
 
 /// The names of [`IngressStats::counters`], as in the table.
-pub const INGRESS_COUNTERS: [&str; 6] = [
+pub const INGRESS_COUNTERS: [&str; 7] = [
     "sessions",
     "accepted",
     "recipients",
     "deferred",
     "refused",
     "commits",
+    "tls_sessions",
 ];
 
 /// Everything `status` and `metrics` show, read at one moment.
@@ -185,7 +186,7 @@ impl Snapshot {
             .map_err(failed)?;
         let ingress = IngressStats {
             counters: std::array::from_fn(|n| i.get(n)),
-            updated: i.get(6),
+            updated: i.get(7),
         };
         let dispatcher_running: bool = tx
             .query_one(sql::DISPATCHER_RUNNING, &[&sql::DISPATCH_LOCK_KEY])

@@ -103,6 +103,11 @@ print(json.dumps({"before": before, "after": after, "tls": tls, "ehlo": code, "t
     t.daemon.wait_log("TLS TLSv1.", Duration::from_secs(10));
     assert!(t.daemon.terminate().success());
     assert_eq!(queued(&mut t.c), 1);
+    // Counted for the metrics (written at the exit at the latest).
+    assert_eq!(
+        count(&mut t.c, "SELECT tls_sessions FROM pepsi.ingress_stats"),
+        1
+    );
 }
 
 #[test]

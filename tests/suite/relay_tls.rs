@@ -291,7 +291,9 @@ fn a_chain_of_100_certificates_defers_at_verify_within_the_deadline_and_sends_no
         .connect();
     inject(&mut c, "out", "a@local.test");
     let mut d = s.start();
-    wait_until(WAIT, "the message waits", || paused(&mut c, "out").len() == 1);
+    wait_until(WAIT, "the message waits", || {
+        paused(&mut c, "out").len() == 1
+    });
     assert!(d.terminate().success());
     assert_has!(paused(&mut c, "out").remove(0), "TLS handshake failed");
     assert!(host.mailbox("a").is_empty());
