@@ -435,6 +435,16 @@ pub fn check(explicit: Option<&Path>, extra: Vec<OverrideRow>, json: bool) -> Re
             }
         }
     }
+    // Its certificate and key, read here as the account running the check: a pair that
+    // does not read keeps pepsi-ingress from starting (and a SIGHUP from renewing it).
+    if let Ok(config) = &config {
+        let section = sections.iter().find(|s| s.name == "pepsi-ingress");
+        if let (Some((cert, key)), Some(section)) = (&config.ingress.tls, section) {
+            if let Err(e) = crate::tls::server_config(cert, key) {
+                found.add_errors([section.error("TLS_CERT", e)]);
+            }
+        }
+    }
     // The workers' account starts the programs: WORKER_AS when it is one of its own.
     let runner = workers_as.as_ref().or(account.as_ref());
     let runner_who = match (&workers_as, &account) {

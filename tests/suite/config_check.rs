@@ -696,6 +696,58 @@ fn a_cycle_is_a_warning_of_check_and_at_start() {
 }
 
 #[test]
+fn check_reads_the_ingress_certificate_and_key_and_names_the_line() {
+    let db = TestDb::new();
+    let dir = TempDir::new("c-ingress-tls");
+    let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=mx.test", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl command");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let with = |key: &Path| {
+        config(
+            &dir,
+            &db,
+            &format!(
+                "{GOOD}\n[pepsi-ingress]\nSTAGE = in\nTLS_CERT = {}\nTLS_KEY = {}\n",
+                cert.display(),
+                key.display()
+            ),
+        )
+    };
+    let conf = with(&key);
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    // A key that is not the certificate's (here: the certificate itself).
+    let conf = with(&cert);
+    let out = check(&conf, &[]);
+    assert_eq!(out.status.code(), Some(78), "{}", both(&out));
+    let expect = format!(
+        "error: {}:{}: [pepsi-ingress] TLS_CERT: ",
+        conf.display(),
+        line_of(&conf, "TLS_CERT")
+    );
+    assert!(stdout(&out).contains(&expect), "{expect}\n{}", both(&out));
+    assert_has!(stdout(&out), "not a PEM private key");
+}
+
+#[test]
 fn check_wants_the_ingress_stage_to_be_an_entry_stage_and_names_its_line() {
     let db = TestDb::new();
     let dir = TempDir::new("c-ingress");
