@@ -70,6 +70,9 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     let pg = db::connection_config(&conninfo, PROGRAM.name).map_err(|e| {
         Failure::general(format!("{}: {e}", config.postgres.key_for(DbRole::Inject)))
     })?;
+    // Before anything that waits: a SIGHUP from `systemctl reload` meanwhile must not
+    // end the process (its default action).
+    let mut signals = crate::signals::install()?;
     check_at_start(&config, &pg, &stage)?;
     // Read as RUN_AS, as every reload reads them: a key only root may read fails now,
     // not at the first SIGHUP.
@@ -80,7 +83,6 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
         ),
         None => None,
     }));
-    let mut signals = crate::signals::install()?;
     let counters = Arc::new(counters::Counters::default());
     let (committer, committer_thread) =
         commit::spawn(pg, stage.clone(), counters.clone(), STATS_EVERY)

@@ -254,6 +254,11 @@ impl<R: Read, W: Write> Session<'_, R, W> {
     /// A read or write that failed: a timeout is told to the client (421 4.4.2,
     /// RFC 5321 §4.5.3.2) before the close; anything else ends the session as it is.
     fn broken(&mut self, e: &io::Error) -> End {
+        // Inside TLS the end of the input without close_notify (the client's close,
+        // or the shutdown's) reads as this.
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            return self.closed();
+        }
         if !timed_out(e) {
             return End::Failed(e.to_string());
         }

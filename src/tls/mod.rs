@@ -13,6 +13,7 @@
 mod any_cert;
 
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -84,7 +85,13 @@ fn provider() -> Arc<CryptoProvider> {
 /// Reads a PEM file of at most [`MAX_PEM_FILE`] bytes; errors name it.
 fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
     let name = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("{name}: cannot open: {e}"))?;
+    // Non-blocking, so that a FIFO planted at the path fails the check below instead
+    // of holding the open (and the ingress's main thread with it).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{name}: cannot open: {e}"))?;
     let meta = file
         .metadata()
         .map_err(|e| format!("{name}: cannot read: {e}"))?;
@@ -296,6 +303,19 @@ mod tests {
         assert!(e.contains("holds no certificate"), "{e}");
         let e = server_config(&empty, &empty).unwrap_err();
         assert!(e.contains("empty.pem"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_planted_at_a_path_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("pepsi-tls-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("ca.pem");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path and a mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = roots(Some(&fifo)).unwrap_err();
+        assert!(e.ends_with("not a regular file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

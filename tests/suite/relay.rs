@@ -650,7 +650,7 @@ fn require_tls_and_a_login_file_open_to_others_stop_the_worker_and_fail_the_chec
         &s.conf,
         conf.replace(
             "TLS = none\n",
-            &format!("TLS = encrypt\nAUTH_FILE = {}\n", auth.display()),
+            &format!("TLS = verify\nAUTH_FILE = {}\n", auth.display()),
         ),
     )
     .unwrap();

@@ -104,11 +104,14 @@ impl TlsSettings {
     /// names what replaces it.
     fn of(s: &Section, target: &Target) -> Result<TlsSettings, ConfigError> {
         if let Some(v) = s.get("REQUIRE_TLS") {
+            let was = match s.optional_boolean("REQUIRE_TLS") {
+                Ok(Some(false)) => "TLS = none",
+                _ => "TLS = verify",
+            };
             return Err(s.error(
                 "REQUIRE_TLS",
                 format!(
-                    "REQUIRE_TLS is replaced by TLS = none | may | encrypt | verify (REQUIRE_TLS = {v} is TLS = {})",
-                    if v == "no" { "none" } else { "verify" }
+                    "REQUIRE_TLS is replaced by TLS = none | may | encrypt | verify (REQUIRE_TLS = {v} is {was})"
                 ),
             ));
         }
@@ -157,10 +160,15 @@ impl TlsSettings {
         };
         let trust = absolute("CA_FILE")?.unwrap_or_else(|| PathBuf::from(tls::SYSTEM_ROOTS));
         let auth_file = absolute("AUTH_FILE")?;
-        if auth_file.is_some() && level == Level::None {
+        // Below verify, whoever intercepts the connection is taken for the smarthost
+        // and would be handed the password.
+        if auth_file.is_some() && level != Level::Verify {
             return Err(s.error(
                 "AUTH_FILE",
-                "AUTH sends a password, which never goes in clear text: set TLS = may, encrypt or verify",
+                format!(
+                    "AUTH sends a password, which goes only to a smarthost whose certificate is verified: set TLS = verify (with CA_FILE or TLS_NAME for a certificate of your own), not {}",
+                    level.name()
+                ),
             ));
         }
         Ok(TlsSettings {
@@ -180,8 +188,9 @@ static VERIFYING: ReadAtStart<Arc<ClientConfig>> = ReadAtStart::new("CA_FILE");
 /// The logins, read when the worker starts, by `AUTH_FILE`.
 static LOGINS: ReadAtStart<Credentials> = ReadAtStart::new("AUTH_FILE");
 
-/// The last refused login (the connection's key, when): the next try waits a minute.
-static REFUSED_LOGIN: Mutex<Option<(String, Instant)>> = Mutex::new(None);
+/// The refused logins of the last minute (the connection's key, when): the next try
+/// on that key waits until the minute is over.
+static REFUSED_LOGIN: Mutex<Vec<(String, Instant)>> = Mutex::new(Vec::new());
 
 /// How long after a refused login the worker does not log in again.
 const LOGIN_PAUSE: Duration = Duration::from_secs(60);
@@ -401,7 +410,8 @@ impl ConfiguredRelay {
         .map_err(|e| {
             if e.0.starts_with(secure::LOGIN_REFUSED) {
                 let mut refused = REFUSED_LOGIN.lock().unwrap_or_else(|p| p.into_inner());
-                *refused = Some((key.to_string(), Instant::now()));
+                refused.retain(|(k, at)| k != key && at.elapsed() < LOGIN_PAUSE);
+                refused.push((key.to_string(), Instant::now()));
             }
             format!("smarthost {}: {}", self.target, e.0)
         })
@@ -441,17 +451,15 @@ impl ConfiguredRelay {
     /// message waits without trying again.
     fn login_paused(&self, key: &str) -> Option<String> {
         let refused = REFUSED_LOGIN.lock().unwrap_or_else(|p| p.into_inner());
-        let (k, at) = refused.as_ref()?;
+        let (_, at) = refused.iter().find(|(k, _)| k == key)?;
         let left = LOGIN_PAUSE.checked_sub(at.elapsed())?;
-        (k == key).then(|| {
-            format!(
-                "smarthost {}: {} {}s ago; not logging in again for {}s",
-                self.target,
-                secure::LOGIN_REFUSED,
-                at.elapsed().as_secs(),
-                left.as_secs() + 1
-            )
-        })
+        Some(format!(
+            "smarthost {}: {} {}s ago; not logging in again for {}s",
+            self.target,
+            secure::LOGIN_REFUSED,
+            at.elapsed().as_secs(),
+            left.as_secs() + 1
+        ))
     }
 }
 
@@ -593,6 +601,14 @@ mod tests {
             (
                 vec![
                     ("SMARTHOST", "127.0.0.1:25"),
+                    ("AUTH_FILE", "/etc/pepsi/auth"),
+                ],
+                "AUTH_FILE",
+            ),
+            (
+                vec![
+                    ("SMARTHOST", "mx.example:587"),
+                    ("TLS", "encrypt"),
                     ("AUTH_FILE", "/etc/pepsi/auth"),
                 ],
                 "AUTH_FILE",

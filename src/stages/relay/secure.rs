@@ -191,11 +191,11 @@ pub fn authenticate(c: &mut Connection, security: &Security) -> Result<(), Broke
     } else if offered("LOGIN") {
         let first = c.command("AUTH LOGIN")?;
         if first.code != 334 {
-            return Err(refused(&first, &credentials.user));
+            return Err(refused(&first));
         }
         let second = c.command(&STANDARD.encode(&credentials.user))?;
         if second.code != 334 {
-            return Err(refused(&second, &credentials.user));
+            return Err(refused(&second));
         }
         c.command(&STANDARD.encode(&credentials.password))?
     } else if c.offers.auth.is_empty() {
@@ -211,17 +211,18 @@ pub fn authenticate(c: &mut Connection, security: &Security) -> Result<(), Broke
     if reply.code == 235 {
         Ok(())
     } else {
-        Err(refused(&reply, &credentials.user))
+        Err(refused(&reply))
     }
 }
 
-/// What a reply refusing the login says: the user and the reply (the smarthost's own
-/// words, never the exchange).
-fn refused(reply: &super::reply::Reply, user: &str) -> Broken {
-    Broken(format!("{LOGIN_REFUSED} for {}: {reply}", Visible(user)))
+/// What a reply refusing the login says: the smarthost's own words, never the
+/// exchange, nor the user (the error reaches the row and its sender's report).
+fn refused(reply: &super::reply::Reply) -> Broken {
+    Broken(format!("{LOGIN_REFUSED}: {reply}"))
 }
 
-/// How an error of a refused login starts (`mod.rs` logs those at most once a minute).
+/// How an error of a refused login starts (`mod.rs` pauses the logins of that
+/// smarthost for a minute after one).
 pub const LOGIN_REFUSED: &str = "the smarthost refused the login";
 
 #[cfg(test)]
