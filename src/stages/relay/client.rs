@@ -218,14 +218,21 @@ pub struct Connection {
 }
 
 /// Connects to a TCP target, trying each of its addresses in turn.
+/// All of them within `timeout`: a host with many addresses that do not answer
+/// cannot take a multiple of it (and the message's time with it).
 fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Broken> {
+    let until = Instant::now() + timeout;
     let addresses: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| Broken(format!("cannot resolve {host}: {e}")))?
         .collect();
     let mut last = Broken(format!("{host} has no address"));
     for address in addresses {
-        match TcpStream::connect_timeout(&address, timeout) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left < Duration::from_millis(1) {
+            break;
+        }
+        match TcpStream::connect_timeout(&address, left) {
             Ok(s) => {
                 // Commands go out whole; no need to wait for more of them.
                 let _ = s.set_nodelay(true);
