@@ -8,8 +8,10 @@
 //! (§6 "Claim tokens", amended 2026-12-04).
 //!
 //! A status line is `STATUS` or `STATUS REPORT`: a decimal status, optionally a space
-//! and a JSON array `[["stage",microseconds],…]` of every stage run in that pass. Only
-//! an unreadable STATUS is fatal (it desynchronises the positional protocol); an
+//! and a JSON array `[["stage",microseconds],…]` of every stage run in that pass; an
+//! entry may carry a third element, an object of the events the stage counted in that
+//! pass (`["relay",812,{"tls-verified":1,"tlsv1.3":1}]`, schema 20). Only an
+//! unreadable STATUS is fatal (it desynchronises the positional protocol); an
 //! unreadable REPORT is kept as a warning so the outcome still counts.
 
 use std::fmt::Write as _;
@@ -147,6 +149,9 @@ pub fn parse_assignment(line: &str) -> Option<Assignment> {
 /// One stage of a pass with the microseconds it took.
 pub type StageTime = (String, u64);
 
+/// An event a stage counted in a pass: (stage, event, count).
+pub type StageEvent = (String, String, u64);
+
 /// The REPORT part of a status line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
@@ -165,16 +170,32 @@ pub struct StatusLine {
     pub status: u8,
     /// The report.
     pub report: Report,
+    /// The events its entries carried, in order (none when the report is unreadable).
+    pub events: Vec<StageEvent>,
 }
 
-/// Formats a status line (without the newline).
-pub fn format_status(status: u8, stages: &[StageTime]) -> String {
+/// Formats a status line (without the newline); each stage's events go on its first
+/// entry.
+pub fn format_status(status: u8, stages: &[StageTime], events: &[StageEvent]) -> String {
     let mut line = status.to_string();
     if !stages.is_empty() {
         let report = serde_json::Value::Array(
             stages
                 .iter()
-                .map(|(s, us)| serde_json::json!([s, us]))
+                .enumerate()
+                .map(|(i, (s, us))| {
+                    let first = stages.iter().position(|(t, _)| t == s) == Some(i);
+                    let mine: serde_json::Map<String, serde_json::Value> = events
+                        .iter()
+                        .filter(|(stage, _, _)| first && stage == s)
+                        .map(|(_, e, n)| (e.clone(), serde_json::json!(n)))
+                        .collect();
+                    if mine.is_empty() {
+                        serde_json::json!([s, us])
+                    } else {
+                        serde_json::json!([s, us, mine])
+                    }
+                })
                 .collect(),
         );
         let _ = write!(line, " {report}");
@@ -195,29 +216,54 @@ pub fn parse_status(line: &str) -> Result<StatusLine, String> {
     let status: u8 = head
         .parse()
         .map_err(|_| format!("status {head:?} is out of range"))?;
-    let report = match rest {
-        None => Report::Absent,
+    let (report, events) = match rest {
+        None => (Report::Absent, Vec::new()),
         Some(text) => parse_report(text.trim()),
     };
-    Ok(StatusLine { status, report })
+    Ok(StatusLine {
+        status,
+        report,
+        events,
+    })
 }
 
-fn parse_report(text: &str) -> Report {
-    let bad = |why: &str| Report::Unreadable(format!("{why}: {:?}", truncate(text)));
+fn parse_report(text: &str) -> (Report, Vec<StageEvent>) {
+    let bad = |why: &str| {
+        (
+            Report::Unreadable(format!("{why}: {:?}", truncate(text))),
+            Vec::new(),
+        )
+    };
     let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(text)
     else {
         return bad("not a JSON array");
     };
     let mut stages = Vec::with_capacity(items.len());
+    let mut events = Vec::new();
     for item in items {
         match item.as_array().map(Vec::as_slice) {
             Some([serde_json::Value::String(s), us]) if us.as_u64().is_some() => {
                 stages.push((s.clone(), us.as_u64().unwrap_or(0)));
             }
-            _ => return bad("an entry is not [\"stage\", microseconds]"),
+            Some(
+                [
+                    serde_json::Value::String(s),
+                    us,
+                    serde_json::Value::Object(counted),
+                ],
+            ) if us.as_u64().is_some() => {
+                stages.push((s.clone(), us.as_u64().unwrap_or(0)));
+                for (event, n) in counted {
+                    let Some(n) = n.as_u64() else {
+                        return bad("an event's count is not a number");
+                    };
+                    events.push((s.clone(), event.clone(), n));
+                }
+            }
+            _ => return bad("an entry is not [\"stage\", microseconds, {events}]"),
         }
     }
-    Report::Stages(stages)
+    (Report::Stages(stages), events)
 }
 
 fn truncate(s: &str) -> &str {
@@ -234,23 +280,41 @@ mod tests {
     #[test]
     fn format_and_parse_round_trip() {
         let stages = vec![("pass".to_string(), 12), ("if".to_string(), 3)];
-        let line = format_status(0, &stages);
+        let line = format_status(0, &stages, &[]);
         assert_eq!(line, r#"0 [["pass",12],["if",3]]"#);
         assert_eq!(
             parse_status(&line),
             Ok(StatusLine {
                 status: 0,
-                report: Report::Stages(stages)
+                report: Report::Stages(stages),
+                events: Vec::new(),
             })
         );
-        assert_eq!(format_status(74, &[]), "74");
+        assert_eq!(format_status(74, &[], &[]), "74");
         assert_eq!(
             parse_status("74"),
             Ok(StatusLine {
                 status: 74,
-                report: Report::Absent
+                report: Report::Absent,
+                events: Vec::new(),
             })
         );
+        // Events ride on their stage's entry.
+        let stages = vec![("pass".to_string(), 12), ("relay".to_string(), 800)];
+        let events = vec![
+            ("relay".to_string(), "tls-verified".to_string(), 1),
+            ("relay".to_string(), "tlsv1.3".to_string(), 1),
+        ];
+        let line = format_status(0, &stages, &events);
+        assert_eq!(
+            line,
+            r#"0 [["pass",12],["relay",800,{"tls-verified":1,"tlsv1.3":1}]]"#
+        );
+        let parsed = parse_status(&line).unwrap();
+        assert_eq!(parsed.report, Report::Stages(stages));
+        assert_eq!(parsed.events, events);
+        let bad = parse_status(r#"0 [["relay",800,{"tls-verified":"many"}]]"#).unwrap();
+        assert!(matches!(bad.report, Report::Unreadable(_)) && bad.events.is_empty());
     }
 
     /// Does `name` match the `LIKE` pattern `pattern`, a literal prefix and `%`?

@@ -105,6 +105,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("017_prepended_headers.sql"),
     migration!("018_claim_sweep.sql"),
     migration!("019_ingress_tls.sql"),
+    migration!("020_stage_events.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -327,8 +327,10 @@ pub const RESUME_DEFERRED: &str = "UPDATE pepsi.workqueue q SET status = 'pendin
 /// always runs to completion). $1 stages (text[]),
 /// $2 passes, $3 fused passes, $4 failures, $5 crashes, $6 timeouts, $7 requeues,
 /// $8 busy microseconds, $9 deferrals, $10 senders served (int8[] each), $11 stages
-/// executed, $12 claims, $13 rows claimed, $14 worker starts (int8). Only the
-/// dispatcher writes these tables.
+/// executed, $12 claims, $13 rows claimed, $14 worker starts (int8), $15 $16 $17 the
+/// events stages counted as parallel arrays of stage (text[]), event (text[]) and
+/// count (int8[]; `pepsi.stage_events`, schema 20). Only the dispatcher writes these
+/// tables.
 pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
          INSERT INTO pepsi.stage_stats AS s \
              (stage, passes, fused_passes, failures, crashes, timeouts, requeues, busy_us, \
@@ -345,7 +347,12 @@ pub const FLUSH_STATS: &str = "WITH per_stage AS ( \
              busy_us = s.busy_us + EXCLUDED.busy_us, \
              deferrals = s.deferrals + EXCLUDED.deferrals, \
              senders_served = s.senders_served + EXCLUDED.senders_served, \
-             updated = now()) \
+             updated = now()), \
+     per_event AS ( \
+         INSERT INTO pepsi.stage_events AS e (stage, event, count) \
+         SELECT * FROM unnest($15::text[], $16::text[], $17::int8[]) \
+         ON CONFLICT (stage, event) DO UPDATE SET \
+             count = e.count + EXCLUDED.count, updated = now()) \
      UPDATE pepsi.dispatch_stats SET \
          stages_executed = stages_executed + $11, claims = claims + $12, \
          rows_claimed = rows_claimed + $13, worker_starts = worker_starts + $14, \
@@ -391,6 +398,11 @@ pub const QUEUE_SHAPE: &str = "SELECT q.stage, q.status::text, width_bucket(q.ag
                     extract(epoch FROM now())::float8 - extract(epoch FROM arrived)::float8 AS age \
                FROM pepsi.workqueue) q \
       GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+
+/// The events stages counted (`pepsi.stage_events`, schema 20). No parameters.
+/// Returns (stage, event, count (int8)), by stage and event.
+pub const QUEUE_STAGE_EVENTS: &str =
+    "SELECT stage, event, count FROM pepsi.stage_events ORDER BY stage, event";
 
 /// The per-stage statistics. No parameters. Returns (stage, passes, fused passes,
 /// failures, crashes, timeouts, requeues, busy µs, deferrals, senders served (int8

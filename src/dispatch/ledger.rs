@@ -24,9 +24,9 @@ use super::claim::{Claim, StrikeKind};
 use super::fair::FairPolicy;
 use super::floors::{FULL_PICK_EVERY, Floors, full_every};
 use super::scheduler::{ClaimPolicy, OldestFirst, served};
-use super::stats::Deltas;
+use super::stats::{self, Deltas};
 use crate::config::DispatchOptions;
-use crate::protocol::Report;
+use crate::protocol::{Report, StageEvent};
 
 /// The transition of a claim its worker's pass settles ([`Ledger::ran`]).
 const PASS: &str = "a pass";
@@ -48,6 +48,11 @@ pub struct Vetted {
     pub unknown: Vec<String>,
     /// Some microseconds were beyond MAX_RUNTIME and were clamped.
     pub clamped: bool,
+    /// The events to count: (stage, event, count), each of a stage counted here.
+    pub events: Vec<(String, String, i64)>,
+    /// Events left out: a name that is not an event name, of a stage not counted here,
+    /// or a count beyond one line's; shown with [`Vetted::unknown`].
+    pub refused_events: Vec<String>,
 }
 
 /// Checks a worker's REPORT: entries naming stages the graph does not have are left
@@ -55,7 +60,7 @@ pub struct Vetted {
 /// unreadable one, only unknown stages) the pass counts at the claimed stage with the
 /// time the dispatcher measured. Pure.
 pub fn vet_report(
-    report: &Report,
+    (report, events): (&Report, &[StageEvent]),
     claimed: &str,
     measured: Duration,
     max_us: u64,
@@ -77,6 +82,18 @@ pub fn vet_report(
     if vetted.stages.is_empty() {
         let us = u64::try_from(measured.as_micros()).unwrap_or(u64::MAX);
         vetted.stages.push((claimed.to_string(), us.min(max_us)));
+    }
+    for (stage, event, n) in events {
+        let counted = vetted.stages.iter().any(|(s, _)| s == stage);
+        if counted && stats::event_name_ok(event) && *n <= stats::MAX_EVENT_COUNT {
+            vetted
+                .events
+                .push((stage.clone(), event.clone(), *n as i64));
+        } else {
+            vetted
+                .refused_events
+                .push(format!("{stage}:{}", crate::escape::Visible(event)));
+        }
     }
     vetted
 }
@@ -218,6 +235,9 @@ impl Ledger {
             let c = self.deltas.stage(&claim.stage);
             c.failures = c.failures.saturating_add(1);
         }
+        for (stage, event, n) in &vetted.events {
+            self.deltas.event(stage, event, *n);
+        }
     }
 
     /// Claims put back to pending without having run (siblings of a death, a start
@@ -336,7 +356,7 @@ mod tests {
         l.claimed(&[a.clone(), b.clone(), c.clone()], &[]);
         assert_eq!(l.live(), 3);
         let v = vet_report(
-            &Report::Absent,
+            (&Report::Absent, &[]),
             "s",
             Duration::from_micros(40),
             1000,
@@ -401,7 +421,7 @@ mod tests {
             ("nosuch".into(), 5),
             ("t".into(), 10),
         ]);
-        let v = vet_report(&report, "s", Duration::from_micros(3), 1_000, |n| {
+        let v = vet_report((&report, &[]), "s", Duration::from_micros(3), 1_000, |n| {
             n != "nosuch"
         });
         assert_eq!(v.stages, vec![("s".into(), 1_000), ("t".into(), 10)]);
@@ -409,16 +429,52 @@ mod tests {
         assert!(v.clamped);
         // Only unknown stages: the pass counts at the claimed stage, measured.
         let only = Report::Stages(vec![("nosuch".into(), 5)]);
-        let v = vet_report(&only, "s", Duration::from_micros(3), 1_000, |n| n == "s");
+        let v = vet_report((&only, &[]), "s", Duration::from_micros(3), 1_000, |n| {
+            n == "s"
+        });
         assert_eq!(v.stages, vec![("s".into(), 3)]);
         let v = vet_report(
-            &Report::Unreadable("x".into()),
+            (&Report::Unreadable("x".into()), &[]),
             "s",
             Duration::from_secs(99),
             1_000,
             |_| true,
         );
         assert_eq!(v.stages, vec![("s".into(), 1_000)]);
+    }
+
+    #[test]
+    fn events_of_counted_stages_with_good_names_are_counted_and_the_rest_refused() {
+        let report = Report::Stages(vec![("s".into(), 5), ("t".into(), 7)]);
+        let events: Vec<StageEvent> = vec![
+            ("s".into(), "tls-verified".into(), 1),
+            ("t".into(), "tlsv1.3".into(), 2),
+            ("nosuch".into(), "x".into(), 1),
+            ("s".into(), "Bad Name\n".into(), 1),
+            ("s".into(), "huge".into(), stats::MAX_EVENT_COUNT + 1),
+        ];
+        let v = vet_report((&report, &events), "s", Duration::ZERO, 1_000, |_| true);
+        assert_eq!(
+            v.events,
+            vec![
+                ("s".into(), "tls-verified".into(), 1),
+                ("t".into(), "tlsv1.3".into(), 2)
+            ]
+        );
+        assert_eq!(v.refused_events, ["nosuch:x", "s:Bad Name\\n", "s:huge"]);
+        let mut l = Ledger::new(Box::new(OldestFirst));
+        let a = claim(1, 7);
+        l.claimed(std::slice::from_ref(&a), &[]);
+        l.ran(&a, Duration::ZERO, &v, false);
+        assert_eq!(l.deltas.events[&("s".into(), "tls-verified".into())], 1);
+        // A stage keeps at most MAX_EVENTS_PER_STAGE names between flushes.
+        let mut d = Deltas::default();
+        for i in 0..stats::MAX_EVENTS_PER_STAGE {
+            assert!(d.event("s", &format!("e{i}"), 1));
+        }
+        assert!(!d.event("s", "one-more", 1));
+        assert!(d.event("s", "e0", 1), "a name it has still counts");
+        assert!(d.event("t", "one-more", 1), "another stage has its own");
     }
 
     #[test]

@@ -64,9 +64,41 @@ pub struct Deltas {
     pub rows_claimed: i64,
     /// Worker processes started.
     pub worker_starts: i64,
+    /// The events stages counted (schema 20), by stage and event.
+    pub events: BTreeMap<(String, String), i64>,
+}
+
+/// The most event names one stage keeps between two flushes: a worker that makes up
+/// names cannot grow the dispatcher's memory or the table without bound.
+pub const MAX_EVENTS_PER_STAGE: usize = 64;
+
+/// The most one status line may add to one event (a pass handles one message).
+pub const MAX_EVENT_COUNT: u64 = 1_000;
+
+/// Is `name` an event name a stage may count: lower-case ASCII letters, digits, dots
+/// and dashes, 1 to 32 bytes?
+pub fn event_name_ok(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
 }
 
 impl Deltas {
+    /// Adds `n` of `event` at `stage`; false when the stage has [`MAX_EVENTS_PER_STAGE`]
+    /// other names already (the count is dropped).
+    pub fn event(&mut self, stage: &str, event: &str, n: i64) -> bool {
+        let key = (stage.to_string(), event.to_string());
+        if !self.events.contains_key(&key)
+            && self.events.keys().filter(|(s, _)| s == stage).count() >= MAX_EVENTS_PER_STAGE
+        {
+            return false;
+        }
+        let c = self.events.entry(key).or_insert(0);
+        *c = c.saturating_add(n);
+        true
+    }
+
     /// Is there nothing to write?
     pub fn is_empty(&self) -> bool {
         self == &Deltas::default()
@@ -90,6 +122,9 @@ impl Deltas {
         self.claims = self.claims.saturating_add(other.claims);
         self.rows_claimed = self.rows_claimed.saturating_add(other.rows_claimed);
         self.worker_starts = self.worker_starts.saturating_add(other.worker_starts);
+        for ((stage, event), n) in &other.events {
+            self.event(stage, event, *n);
+        }
     }
 }
 
@@ -108,6 +143,9 @@ pub fn flush(client: &mut crate::db::Client, d: &Deltas) -> Result<(), postgres:
         col(|c| c.deferrals),
         col(|c| c.senders_served),
     );
+    let event_stages: Vec<&str> = d.events.keys().map(|(s, _)| s.as_str()).collect();
+    let event_names: Vec<&str> = d.events.keys().map(|(_, e)| e.as_str()).collect();
+    let event_counts: Vec<i64> = d.events.values().copied().collect();
     client.query_typed(
         sql::FLUSH_STATS,
         &[
@@ -125,6 +163,9 @@ pub fn flush(client: &mut crate::db::Client, d: &Deltas) -> Result<(), postgres:
             (&d.claims, Type::INT8),
             (&d.rows_claimed, Type::INT8),
             (&d.worker_starts, Type::INT8),
+            (&event_stages, Type::TEXT_ARRAY),
+            (&event_names, Type::TEXT_ARRAY),
+            (&event_counts, Type::INT8_ARRAY),
         ],
     )?;
     Ok(())

@@ -137,9 +137,13 @@ impl Dispatcher {
                 self.pools.answered_fine(&claim.stage);
                 let max_us = u64::try_from(self.opts.max_runtime.as_micros()).unwrap_or(u64::MAX);
                 let graph = &self.graph;
-                let vetted = vet_report(&parsed.report, &claim.stage, took, max_us, |name| {
-                    graph.get(name).is_some()
-                });
+                let vetted = vet_report(
+                    (&parsed.report, &parsed.events),
+                    &claim.stage,
+                    took,
+                    max_us,
+                    |name| graph.get(name).is_some(),
+                );
                 if let protocol::Report::Unreadable(why) = &parsed.report {
                     log::warn!(
                         "{}: message {}: unreadable REPORT from its worker ({why}); its statistics are lost, the outcome counts",
@@ -147,12 +151,14 @@ impl Dispatcher {
                         claim.id
                     );
                 }
-                if !vetted.unknown.is_empty() || vetted.clamped {
+                if !vetted.unknown.is_empty() || vetted.clamped || !vetted.refused_events.is_empty()
+                {
                     if let Some(pid) = self.pools.first_report_warning(serial) {
                         log::warn!(
-                            "{}: worker {serial} (pid {pid}) reports stages not in the configuration {:?} or more than MAX_RUNTIME; those figures are ignored or capped (said once per worker)",
+                            "{}: worker {serial} (pid {pid}) reports stages not in the configuration {:?}, more than MAX_RUNTIME, or events that are not counted {:?}; those figures are ignored or capped (said once per worker)",
                             claim.stage,
-                            vetted.unknown
+                            vetted.unknown,
+                            vetted.refused_events
                         );
                     }
                 }

@@ -187,6 +187,16 @@ pub fn render(s: &Snapshot) -> String {
     for st in &s.stage_stats {
         f.sample(&[("stage", &st.stage)], number(st.updated));
     }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_stage_events_total",
+        "counter",
+        "Events stages counted of their messages (the relay: tls-verified, tls-unverified, \
+         no-tls, tlsv1.2, tlsv1.3 per message handed over).",
+    );
+    for (stage, event, count) in &s.stage_events {
+        f.sample(&[("stage", stage), ("event", event)], count.to_string());
+    }
 
     for (i, column) in DISPATCH_COUNTERS.iter().enumerate() {
         let name = format!("pepsi_dispatch_{column}_total");
@@ -320,6 +330,7 @@ mod tests {
                 updated: 90.0,
                 updated_text: String::new(),
             },
+            stage_events: vec![("out".into(), "tls-verified".into(), 12)],
             stage_stats: vec![StageStats {
                 stage: "in".into(),
                 counters: [5, 0, 0, 0, 0, 0, 1_500_000, 0, 2],
@@ -358,6 +369,10 @@ mod tests {
         assert!(text.contains("pepsi_ingress_sessions_total 7\n"));
         assert!(text.contains("pepsi_ingress_commits_total 9\n"));
         assert!(text.contains("pepsi_ingress_tls_sessions_total 4\n"));
+        assert!(text.contains("# TYPE pepsi_stage_events_total counter\n"));
+        assert!(
+            text.contains("pepsi_stage_events_total{stage=\"out\",event=\"tls-verified\"} 12\n")
+        );
         assert!(text.contains("pepsi_ingress_stats_updated_timestamp_seconds 99.25\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();

@@ -114,6 +114,8 @@ pub struct Snapshot {
     pub configured: BTreeSet<String>,
     /// `pepsi.stage_stats`.
     pub stage_stats: Vec<StageStats>,
+    /// `pepsi.stage_events`: (stage, event, count).
+    pub stage_events: Vec<(String, String, i64)>,
     /// `pepsi.dispatch_stats`.
     pub dispatch: DispatchStats,
     /// `pepsi.ingress_stats`.
@@ -192,6 +194,12 @@ impl Snapshot {
             .query_one(sql::DISPATCHER_RUNNING, &[&sql::DISPATCH_LOCK_KEY])
             .map_err(failed)?
             .get(0);
+        let stage_events = tx
+            .query(sql::QUEUE_STAGE_EVENTS, &[])
+            .map_err(failed)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
         let overlay = db::read_overlay(&mut tx).map_err(failed)?;
         let holders = db::horizon::read(&mut tx).map_err(failed)?;
         tx.commit().map_err(failed)?;
@@ -200,6 +208,7 @@ impl Snapshot {
             cells,
             configured: configured_stages(&session.config, &overlay),
             stage_stats,
+            stage_events,
             dispatch,
             ingress,
             dispatcher_running,

@@ -117,7 +117,11 @@ impl Server {
             // hand them over.
             let mut answers = String::new();
             for plan in &plans {
-                answers.push_str(&protocol::format_status(plan.answer, &plan.report));
+                answers.push_str(&protocol::format_status(
+                    plan.answer,
+                    &plan.report,
+                    &plan.events,
+                ));
                 answers.push('\n');
             }
             let mut out = stdout.lock();

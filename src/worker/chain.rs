@@ -318,14 +318,14 @@ impl Runner {
                 }
             };
             let started = Instant::now();
-            let result = ready.body.run(
-                &mut message,
-                &mut Context {
-                    section: &ready.section,
-                    client: conn,
-                    pepsi: &self.config.pepsi,
-                },
-            );
+            let mut cx = Context {
+                section: &ready.section,
+                client: conn,
+                pepsi: &self.config.pepsi,
+                counted: Vec::new(),
+            };
+            let result = ready.body.run(&mut message, &mut cx);
+            plan.count(&stage, &cx.counted);
             plan.report
                 .push((stage.clone(), started.elapsed().as_micros() as u64));
             let result = match result {

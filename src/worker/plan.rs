@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::message::Message;
 use super::outcome::Notification;
-use crate::protocol::{self, StageTime};
+use crate::protocol::{self, StageEvent, StageTime};
 
 /// The longest pause a stage's outcome may ask for: far beyond any retry policy, and
 /// far within what a `timestamptz` can hold (a pause beyond it would make the write
@@ -63,6 +63,8 @@ pub(super) struct Plan {
     pub(super) answer: u8,
     /// The stages run in this pass, with their times.
     pub(super) report: Vec<StageTime>,
+    /// The events the stages counted in this pass, with how often.
+    pub(super) events: Vec<StageEvent>,
     /// What to write.
     pub(super) write: Write,
 }
@@ -76,6 +78,7 @@ impl Plan {
             claim: 0,
             answer,
             report: Vec::new(),
+            events: Vec::new(),
             write: Write::Nothing,
         }
     }
@@ -89,7 +92,22 @@ impl Plan {
             claim: message.claim,
             answer: protocol::STATUS_OK,
             report: Vec::new(),
+            events: Vec::new(),
             write: Write::Nothing,
+        }
+    }
+
+    /// Adds what `stage` counted of the message.
+    pub(super) fn count(&mut self, stage: &str, counted: &[&'static str]) {
+        for event in counted {
+            match self
+                .events
+                .iter_mut()
+                .find(|(s, e, _)| s == stage && e == event)
+            {
+                Some((_, _, n)) => *n += 1,
+                None => self.events.push((stage.to_string(), event.to_string(), 1)),
+            }
         }
     }
 }

@@ -31,6 +31,17 @@ pub struct Context<'a> {
     pub client: &'a mut crate::db::Client,
     /// `[pepsi]`: the system's own options (its host name, for a report).
     pub pepsi: &'a PepsiOptions,
+    /// The events counted of this message ([`Context::count`]).
+    pub counted: Vec<&'static str>,
+}
+
+impl Context<'_> {
+    /// Counts `event` of this message: it reaches `pepsi.stage_events` under the
+    /// stage's name (schema 20) and `pepsi-queue metrics`. A name of lower-case letters,
+    /// digits, dots and dashes, at most 32 bytes (the dispatcher drops any other).
+    pub fn count(&mut self, event: &'static str) {
+        self.counted.push(event);
+    }
 }
 
 /// A stage program: the static description the runtime and fusion need.

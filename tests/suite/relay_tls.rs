@@ -97,6 +97,26 @@ fn verify_delivers_inside_tls_and_both_ends_say_so() {
     );
     assert_has!(log, "(Verified TLS, TLSv1.");
     assert_has!(host.maillog(), "TLS connection established from");
+    // Counted for the metrics (the dispatcher writes its statistics as it stops).
+    let events: Vec<(String, String, i64)> = c
+        .query(
+            "SELECT stage, event, count FROM pepsi.stage_events ORDER BY 1, 2",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let row = |s: &str, e: &str| (s.to_string(), e.to_string(), 1);
+    assert_eq!(
+        events,
+        [
+            row("out", "tls-verified"),
+            row("out", "tlsv1.3"),
+            row("wrapped", "tls-verified"),
+            row("wrapped", "tlsv1.3"),
+        ]
+    );
 }
 
 #[test]
@@ -180,6 +200,17 @@ fn may_uses_tls_when_offered_and_clear_text_when_not() {
     let log = d.log();
     assert_has!(log, "Untrusted TLS connection established to");
     assert_has!(log, "(no TLS)");
+    let mut counted = |stage: &str, event: &str| -> i64 {
+        c.query_opt(
+            "SELECT count FROM pepsi.stage_events WHERE stage = $1 AND event = $2",
+            &[&stage, &event],
+        )
+        .unwrap()
+        .map_or(0, |r| r.get(0))
+    };
+    assert_eq!(counted("tls", "tls-unverified"), 1);
+    assert_eq!(counted("tls", "no-tls"), 0);
+    assert_eq!(counted("clear", "no-tls"), 1);
 }
 
 #[test]

@@ -507,6 +507,22 @@ impl Configured for ConfiguredRelay {
             Some(t) => format!("{} TLS, {t}", t.trust()),
             None => "no TLS".to_string(),
         };
+        // For the metrics (pepsi.stage_events): how this message went.
+        match &negotiated {
+            Some(t) => {
+                cx.count(if t.verified {
+                    "tls-verified"
+                } else {
+                    "tls-unverified"
+                });
+                cx.count(match t.version.as_str() {
+                    "TLSv1.3" => "tlsv1.3",
+                    "TLSv1.2" => "tlsv1.2",
+                    _ => "tls-other",
+                });
+            }
+            None => cx.count("no-tls"),
+        }
         log::info!(
             "relay: message {} to {} ({tls}): {} delivered, {} deferred, {} refused",
             message.id,
