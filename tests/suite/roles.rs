@@ -470,11 +470,12 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
         .unwrap();
     assert_eq!(requeued.len(), 1);
     let one = vec![1i64];
+    let event = vec!["tls-verified".to_string()];
     d.execute(
         sql::FLUSH_STATS,
         &[
             &stages, &one, &one, &one, &one, &one, &one, &one, &one, &one, &1i64, &1i64, &1i64,
-            &1i64,
+            &1i64, &stages, &event, &one,
         ],
     )
     .unwrap();
