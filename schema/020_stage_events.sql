@@ -20,6 +20,13 @@ COMMENT ON TABLE pepsi.stage_events IS
     'Events stages counted of their messages (the relay: tls-verified, tls-unverified, '
     'no-tls, tlsv1.2, tlsv1.3), cumulative; written only by the dispatcher.';
 
+COMMENT ON INDEX pepsi.stage_events_pkey IS 'One count per stage and event.';
+COMMENT ON COLUMN pepsi.stage_events.stage IS 'The stage that counted the event.';
+COMMENT ON COLUMN pepsi.stage_events.event IS
+    'The event''s name: lower-case letters, digits, dots and dashes, 1 to 32 bytes.';
+COMMENT ON COLUMN pepsi.stage_events.count IS 'How often, since installation.';
+COMMENT ON COLUMN pepsi.stage_events.updated IS 'When the dispatcher last added to it.';
+
 INSERT INTO pepsi.role_grants (role, privilege, object) VALUES
     ('pepsi_dispatch', 'SELECT', 'TABLE pepsi.stage_events'),
     ('pepsi_dispatch', 'INSERT', 'TABLE pepsi.stage_events'),
