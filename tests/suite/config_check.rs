@@ -699,27 +699,11 @@ fn a_cycle_is_a_warning_of_check_and_at_start() {
 fn check_reads_the_ingress_certificate_and_key_and_names_the_line() {
     let db = TestDb::new();
     let dir = TempDir::new("c-ingress-tls");
-    let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=mx.test", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("the openssl command");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !crate::util::tls_peer::ca_available("check_reads_the_ingress_certificate_and_key") {
+        return;
+    }
+    let ca = crate::util::tls_peer::TestCa::new("c-ingress-tls");
+    let (cert, key) = ca.server_cert("mx.test");
     let with = |key: &Path| {
         config(
             &dir,

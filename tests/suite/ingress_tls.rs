@@ -183,6 +183,8 @@ def reply(f):
 reply(f)
 raw.sendall(b"EHLO client.example\r\n")
 reply(f)
+raw.sendall(b"STARTTLS now\r\n")
+with_arg = reply(f)
 raw.sendall(b"STARTTLS\r\nMAIL FROM:<evil@x.example>\r\n")
 started = reply(f)
 ctx = ssl.create_default_context(cafile=sys.argv[2])
@@ -194,9 +196,12 @@ tls.sendall(b"EHLO client.example\r\n")
 reply(g)
 tls.sendall(b"RCPT TO:<b@y.example>\r\n")
 rcpt = reply(g)
+tls.sendall(b"STARTTLS\r\n")
+again = reply(g)
 tls.sendall(b"QUIT\r\n")
 reply(g)
-print(json.dumps({"started": started, "no_helo": no_helo, "rcpt": rcpt}))
+print(json.dumps({"with_arg": with_arg, "started": started, "no_helo": no_helo, "rcpt": rcpt,
+                  "again": again}))
 "#,
         &[&target, ca.cert_path().to_str().unwrap()],
         SCRIPT,
@@ -207,6 +212,14 @@ print(json.dumps({"started": started, "no_helo": no_helo, "rcpt": rcpt}))
     assert!(
         first("rcpt").starts_with("503"),
         "the pipelined MAIL was not run: {out}"
+    );
+    assert!(
+        first("with_arg").starts_with("501"),
+        "STARTTLS takes no argument: {out}"
+    );
+    assert!(
+        first("again").starts_with("554"),
+        "TLS is on already: {out}"
     );
     t.daemon
         .wait_log("bytes sent after STARTTLS", Duration::from_secs(10));
