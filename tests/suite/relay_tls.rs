@@ -330,3 +330,79 @@ fn a_chain_of_100_certificates_defers_at_verify_within_the_deadline_and_sends_no
     assert!(host.mailbox("a").is_empty());
     assert_lacks!(host.maillog(), "from=<");
 }
+
+#[test]
+fn the_overlay_can_neither_lower_the_relays_tls_nor_send_its_login_elsewhere() {
+    if !tls_peer::available("the_overlay_can_neither_lower_the_relays_tls") {
+        return;
+    }
+    use crate::util::{bin, run, stderr, stdout};
+    const PASSWORD: &str = "Overlay-Proof-9";
+    let ca = TestCa::new("relay-overlay");
+    let host = Smarthost::start(
+        "relay-overlay",
+        &TlsOptions {
+            cert: Some(ca.server_cert(NAME)),
+            auth: Some(("relay", PASSWORD)),
+            auth_required: true,
+            ..TlsOptions::default()
+        },
+        &["a"],
+    );
+    let dir = crate::util::TempDir::new("relay-overlay-files");
+    let login = dir.path("login");
+    std::fs::write(&login, format!("relay {PASSWORD}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&login, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (s, mut c) = Scenario::new("relay-overlay")
+        .timers("")
+        .stages(&relay(
+            "out",
+            host.port,
+            &format!(
+                "{}AUTH_FILE = {}\n",
+                verifying(&ca.cert_path()),
+                login.display()
+            ),
+        ))
+        .connect();
+    let conf = s.conf.to_str().unwrap();
+    // The tool refuses each, writing nothing.
+    for (key, value) in [
+        ("TLS", "none"),
+        ("TLS_NAME", "evil.example"),
+        ("CA_FILE", "/tmp/evil-ca.pem"),
+        ("AUTH_FILE", "/tmp/evil-login"),
+        ("SMARTHOST", "192.0.2.66:587"),
+    ] {
+        let out = run(
+            &bin("pepsi-queue"),
+            &["-c", conf, "config", "set", "stage-out", key, value],
+        );
+        assert_eq!(out.status.code(), Some(78), "{key}: {}", stderr(&out));
+        assert_has!(stderr(&out), &format!("{key} is refused"));
+    }
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM pepsi.config_override", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing written");
+    // Rows planted behind the tool's back are reported and left out: the message
+    // still goes to the file's smarthost, verified, logged in.
+    c.execute(
+        "INSERT INTO pepsi.config_override VALUES \
+         ('stage-out', 'TLS', 'none'), ('stage-out', 'SMARTHOST', '192.0.2.66:587')",
+        &[],
+    )
+    .unwrap();
+    let out = run(&bin("pepsi-dispatch"), &["-c", conf, "check"]);
+    assert_eq!(out.status.code(), Some(78), "{}", stdout(&out));
+    assert_has!(stdout(&out), "[stage-out] TLS: TLS is refused");
+    assert_has!(stdout(&out), "[stage-out] SMARTHOST: SMARTHOST is refused");
+    inject(&mut c, "out", "a@local.test");
+    let mut d = s.start();
+    let a = host.wait_mailbox("a", 1, WAIT);
+    assert!(d.terminate().success());
+    assert_has!(String::from_utf8_lossy(&a[0]), "Authenticated sender");
+    assert_has!(d.log(), "Verified TLS connection established to");
+}
