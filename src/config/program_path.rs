@@ -28,6 +28,7 @@ pub const BUILTIN_STAGES: &[&str] = &[
     "exec",
     "bounce",
     "relay",
+    "relay-to-internet",
     "dkim-sign",
     "srs",
 ];

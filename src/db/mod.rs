@@ -12,6 +12,7 @@ pub mod pool;
 pub mod reconnect;
 pub mod schema;
 pub mod sql;
+pub mod sql_destinations;
 pub mod sql_horizon;
 pub mod sql_settings;
 pub mod watch;

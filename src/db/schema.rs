@@ -106,6 +106,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("018_claim_sweep.sql"),
     migration!("019_ingress_tls.sql"),
     migration!("020_stage_events.sql"),
+    migration!("021_destinations.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

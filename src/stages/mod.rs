@@ -37,6 +37,7 @@ pub mod dkim;
 pub mod dsn;
 pub mod exec;
 pub mod if_stage;
+pub mod internet;
 pub mod pass;
 pub mod read_at_start;
 pub mod relay;
@@ -54,6 +55,7 @@ pub const BUILTINS: &[&dyn Stage] = &[
     &exec::Exec,
     &bounce::Bounce,
     &relay::Relay,
+    &internet::RelayToInternet,
     &dkim::DkimSign,
     &srs::SrsStage,
 ];

@@ -75,6 +75,20 @@ fn session_name(own: &dyn Stage, stage: Option<&str>) -> String {
     protocol::own_session_name(stage.unwrap_or(own.name()))
 }
 
+/// The settings of this worker's sessions: the worker role's connection, named as the
+/// dispatcher knows this worker. For the pool, and for a stage that keeps a session of
+/// its own beside it (relay-to-internet's connection slots), which the dispatcher then
+/// terminates with the others when it kills this worker.
+pub fn session_settings(config: &Config, own: &dyn Stage) -> Result<postgres::Config, String> {
+    let name = session_name(own, started_for().as_deref());
+    let mut pg = db::connection_config(config.postgres.connection_for(DbRole::Worker), &name)
+        .map_err(|e| format!("{}: {e}", config.postgres.key_for(DbRole::Worker)))?;
+    // Set after parsing so it wins over an application_name in CONNECTION: the
+    // dispatcher terminates a killed worker's sessions by this name (§8.2).
+    pg.application_name(&name);
+    Ok(pg)
+}
+
 /// The first thing a stage program does, before it reads anything (§4
 /// "Containment"): it makes itself not dumpable, so that no other process of its
 /// account — a sibling worker — can attach to it or take its descriptors (the launcher
@@ -110,14 +124,7 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
         ))
     })?;
     let stage = started_for();
-    let name = session_name(own, stage.as_deref());
-    let mut pg = db::connection_config(config.postgres.connection_for(DbRole::Worker), &name)
-        .map_err(|e| {
-            Failure::config(format!("{}: {e}", config.postgres.key_for(DbRole::Worker)))
-        })?;
-    // Set after parsing so it wins over an application_name in CONNECTION: the
-    // dispatcher terminates a killed worker's sessions by this name (§8.2).
-    pg.application_name(&name);
+    let mut pg = session_settings(&config, own).map_err(Failure::config)?;
     // The start-up session stays in the pool; it gets its `SYNCHRONOUS_COMMIT` once the
     // stages the worker runs are known, and so do the connections made after it.
     let pool = Pool::new(pg.clone(), POOL_SIZE, CHECKOUT_TIMEOUT);

@@ -29,6 +29,14 @@ pub enum Target {
     },
     /// `unix:/path`.
     Unix(PathBuf),
+    /// One address of a mail exchanger (relay-to-internet), connected to from `bind`
+    /// when set (`BIND_ADDRESS`).
+    Address {
+        /// The exchanger's address and port.
+        address: SocketAddr,
+        /// The local address to connect from.
+        bind: Option<IpAddr>,
+    },
 }
 
 impl Target {
@@ -74,6 +82,7 @@ impl Target {
     pub fn is_local(&self) -> bool {
         match self {
             Target::Unix(_) => true,
+            Target::Address { address, .. } => address.ip().is_loopback(),
             Target::Tcp { host, .. } => {
                 host.eq_ignore_ascii_case("localhost")
                     || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
@@ -86,6 +95,7 @@ impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::Unix(p) => write!(f, "unix:{}", p.display()),
+            Target::Address { address, .. } => write!(f, "{address}"),
             Target::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
             Target::Tcp { host, port } => write!(f, "{host}:{port}"),
         }
@@ -141,6 +151,124 @@ fn connect_unix(path: &std::path::Path, timeout: Duration) -> Result<UnixStream,
             path.display()
         ))),
     }
+}
+
+/// Connects to `address` from the local address `bind` (any when `None`) within
+/// `timeout`: std connects only from an address the kernel picks, so the socket is
+/// made, bound and connected here (non-blocking, then waited for with `poll`).
+fn connect_from(
+    address: SocketAddr,
+    bind: Option<IpAddr>,
+    timeout: Duration,
+) -> Result<TcpStream, Broken> {
+    use std::os::fd::FromRawFd;
+    let failed = |what: &str| {
+        Broken(format!(
+            "cannot connect to {address}: {what}: {}",
+            std::io::Error::last_os_error()
+        ))
+    };
+    let Some(local) = bind else {
+        let s = TcpStream::connect_timeout(&address, timeout)
+            .map_err(|e| Broken(format!("cannot connect to {address}: {e}")))?;
+        let _ = s.set_nodelay(true);
+        return Ok(s);
+    };
+    if local.is_ipv4() != address.is_ipv4() {
+        return Err(Broken(format!(
+            "cannot connect to {address} from {local}: not the same address family"
+        )));
+    }
+    let family = if address.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: a plain socket(2); the descriptor is owned by the stream made below (or
+    // closed by it on the error paths).
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(failed("socket"));
+    }
+    // SAFETY: fd is a fresh socket nobody else owns.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let (from, from_len) = sockaddr(SocketAddr::new(local, 0));
+    // SAFETY: `from` is a valid sockaddr of `from_len` bytes.
+    if unsafe { libc::bind(fd, (&raw const from).cast(), from_len) } != 0 {
+        return Err(failed(&format!("bind to {local}")));
+    }
+    let (to, to_len) = sockaddr(address);
+    // SAFETY: `to` is a valid sockaddr of `to_len` bytes.
+    let r = unsafe { libc::connect(fd, (&raw const to).cast(), to_len) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINPROGRESS) {
+        return Err(failed("connect"));
+    }
+    if r != 0 {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n == 0 {
+            return Err(Broken(format!("cannot connect to {address}: timed out")));
+        }
+        if n < 0 {
+            return Err(failed("poll"));
+        }
+        if let Some(e) = stream.take_error().ok().flatten() {
+            return Err(Broken(format!("cannot connect to {address}: {e}")));
+        }
+    }
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| Broken(format!("cannot connect to {address}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// A socket address as the C library takes it, with its length.
+fn sockaddr(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match address {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
 }
 
 /// What the smarthost offers in its EHLO or LHLO reply.
@@ -215,6 +343,8 @@ pub struct Connection {
     pub messages: u32,
     /// What its TLS session negotiated; `None` in clear text.
     pub tls: Option<Negotiated>,
+    /// The greeting's text (the host's name first, by custom).
+    pub greeting: String,
 }
 
 /// Connects to a TCP target, trying each of its addresses in turn.
@@ -272,6 +402,9 @@ impl Connection {
         let socket = match target {
             Target::Tcp { host, port } => Socket::Tcp(connect_tcp(host, *port, connect)?),
             Target::Unix(path) => Socket::Unix(connect_unix(path, connect)?),
+            Target::Address { address, bind } => {
+                Socket::Tcp(connect_from(*address, *bind, connect)?)
+            }
         };
         let wait = within(deadline, timeouts.command)?;
         Ok(Connection {
@@ -282,6 +415,7 @@ impl Connection {
             opened: Instant::now(),
             messages: 0,
             tls: None,
+            greeting: String::new(),
         })
     }
 
@@ -291,6 +425,7 @@ impl Connection {
         if !greeting.is_ok() {
             return Err(Broken(format!("the smarthost greeted with {greeting}")));
         }
+        self.greeting = greeting.text;
         Ok(())
     }
 

@@ -117,6 +117,7 @@ impl TlsSettings {
         }
         let port = match target {
             Target::Tcp { port, .. } => Some(*port),
+            Target::Address { address, .. } => Some(address.port()),
             Target::Unix(_) => None,
         };
         let wrapper = s
@@ -146,6 +147,7 @@ impl TlsSettings {
         let name = match (s.get("TLS_NAME"), target) {
             (Some(n), _) => n.to_string(),
             (None, Target::Tcp { host, .. }) => host.clone(),
+            (None, Target::Address { address, .. }) => address.ip().to_string(),
             (None, Target::Unix(_)) => String::new(),
         };
         if level != Level::None {
