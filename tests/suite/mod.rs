@@ -45,6 +45,7 @@ mod recovery;
 mod relay;
 mod relay_split;
 mod relay_tls;
+mod relay_to_internet;
 mod roles;
 mod settings_tool;
 mod srs;

@@ -9,6 +9,7 @@ pub mod asserts;
 pub mod bouncer;
 pub mod dispatcher;
 pub mod dkim;
+pub mod exchangers;
 pub mod hostile_dns;
 pub mod ingress;
 pub mod logged;

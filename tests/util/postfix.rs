@@ -94,6 +94,9 @@ pub struct Postfix {
     dir: TempDir,
     /// The port of its `smtpd`, where the test submits mail.
     pub port: u16,
+    /// The loopback address its `smtpd` listens on (127.0.0.1 but for
+    /// [`Postfix::start_at`]).
+    pub address: std::net::Ipv4Addr,
     running: bool,
 }
 
@@ -120,10 +123,33 @@ impl Postfix {
         mailboxes: &[&str],
         prepare: impl FnOnce(&Path),
     ) -> Postfix {
+        let port = super::ingress::free_port();
+        let at = std::net::Ipv4Addr::LOCALHOST;
+        Postfix::start_at(tag, (at, port), main, master, mailboxes, prepare)
+    }
+
+    /// [`Postfix::start_prepared`] with its `smtpd` on another loopback address and
+    /// port (a mail exchanger among several on one port: 127.0.0.2, 127.0.0.3 …).
+    #[track_caller]
+    pub fn start_at(
+        tag: &str,
+        (address, port): (std::net::Ipv4Addr, u16),
+        main: &str,
+        master: &str,
+        mailboxes: &[&str],
+        prepare: impl FnOnce(&Path),
+    ) -> Postfix {
         static STALE: std::sync::Once = std::sync::Once::new();
         STALE.call_once(remove_stale);
         let dir = TempDir::new(&format!("{DIR_TAG}-{tag}"));
-        let port = super::ingress::free_port();
+        // Postfix takes only an interface's own address for inet_interfaces, and the
+        // loopback interface has 127.0.0.1 alone (the rest of 127/8 reaches it by its
+        // netmask): another loopback address is the master.cf listener's alone.
+        let interfaces = if address.is_loopback() && address != std::net::Ipv4Addr::LOCALHOST {
+            "all".to_string()
+        } else {
+            address.to_string()
+        };
         let conf = dir.path("conf");
         let data = dir.path("data");
         let mail = dir.path("mail");
@@ -143,12 +169,15 @@ impl Postfix {
         std::fs::write(conf.join("vmailbox"), map).unwrap();
         std::fs::write(
             conf.join("main.cf"),
-            format!("{}{main}", main_cf(&dir.0, uid, gid)),
+            format!(
+                "{}inet_interfaces = {interfaces}\n{main}",
+                main_cf(&dir.0, uid, gid)
+            ),
         )
         .unwrap();
         std::fs::write(
             conf.join("master.cf"),
-            format!("{}{master}", master_cf(port)),
+            format!("{}{master}", master_cf(address, port)),
         )
         .unwrap();
         // The value exists before Postfix does, so that a failed start still stops
@@ -156,6 +185,7 @@ impl Postfix {
         let mut postfix = Postfix {
             dir,
             port,
+            address,
             running: false,
         };
         prepare(&postfix.config_dir());
@@ -191,7 +221,7 @@ impl Postfix {
         use std::io::Read;
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            if let Ok(mut s) = std::net::TcpStream::connect((self.address, self.port)) {
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let mut greeting = [0u8; 3];
                 if s.read_exact(&mut greeting).is_ok() && &greeting == b"220" {
@@ -372,7 +402,6 @@ setgid_group = postdrop
 myhostname = {HOSTNAME}
 mydomain = pepsi.test
 myorigin = {DOMAIN}
-inet_interfaces = 127.0.0.1
 inet_protocols = ipv4
 mynetworks = 127.0.0.0/8
 smtputf8_enable = yes
@@ -405,10 +434,10 @@ maillog_file_prefixes = {dir}
 /// The instance's own `master.cf`: its `smtpd` on `127.0.0.1:port` and the services
 /// of Debian's `master.cf`, none of them chrooted (the private queue directory holds
 /// no copies of the system's files).
-fn master_cf(port: u16) -> String {
+fn master_cf(address: std::net::Ipv4Addr, port: u16) -> String {
     format!(
         "\
-127.0.0.1:{port} inet n - n - - smtpd
+{address}:{port} inet n - n - - smtpd
 pickup    unix  n  -  n  60    1  pickup
 cleanup   unix  n  -  n  -     0  cleanup
 qmgr      unix  n  -  n  300   1  qmgr

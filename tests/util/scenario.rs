@@ -45,6 +45,7 @@ pub fn programs(text: &str) -> String {
         "exec",
         "bounce",
         "relay",
+        "relay-to-internet",
         "dkim-sign",
         "srs",
     ] {

@@ -571,8 +571,12 @@ impl<'a> Delivery<'a> {
     }
 }
 
-/// `text` of the relay's, naming the exchanger `peer` where it says "smarthost".
+/// `text` of the relay's, naming the exchanger `peer` where it says "smarthost", or
+/// before it when it does not ("host mx.example[192.0.2.1]: cannot connect …").
 fn relabel(text: &str, peer: &str) -> String {
+    if !text.contains("smarthost") {
+        return format!("host {peer}: {text}");
+    }
     text.replace("the smarthost", &format!("host {peer}"))
         .replace("smarthost", &format!("host {peer}"))
 }
@@ -632,6 +636,10 @@ mod tests {
         assert_eq!(
             relabel("the smarthost greeted with 421 busy", "mx[::1]"),
             "host mx[::1] greeted with 421 busy"
+        );
+        assert_eq!(
+            relabel("cannot connect to 192.0.2.1:25: refused", "mx.b[192.0.2.1]"),
+            "host mx.b[192.0.2.1]: cannot connect to 192.0.2.1:25: refused"
         );
         assert!(greeted_as("MX.Pepsi.test ESMTP Postfix", "mx.pepsi.test"));
         assert!(!greeted_as(
