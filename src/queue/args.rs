@@ -21,7 +21,9 @@ use std::path::PathBuf;
 
 use crate::exit::Failure;
 
-use commands::{parse_config, parse_ids, parse_inject, parse_list, parse_resume, parse_show};
+use commands::{
+    parse_config, parse_destinations, parse_ids, parse_inject, parse_list, parse_resume, parse_show,
+};
 use options::{Arg, Args, stage_name, text, unexpected};
 pub use options::{ids_from_text, usage};
 
@@ -153,6 +155,18 @@ pub enum Command {
         /// `--output`: write this file atomically instead of stdout.
         output: Option<PathBuf>,
     },
+    /// `destinations [--json]`: relay-to-internet's destinations in trouble.
+    Destinations {
+        /// `--json`.
+        json: bool,
+    },
+    /// `destinations lift DESTINATION [--json]`.
+    LiftDestination {
+        /// The destination, checked and in lower case.
+        destination: String,
+        /// `--json`.
+        json: bool,
+    },
     /// `config check [--json]`.
     ConfigCheck {
         /// `--json`: one JSON document instead of lines.
@@ -255,10 +269,11 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
             }
             Ok(Command::Metrics { output })
         }
+        "destinations" => parse_destinations(&mut args),
         "config" => parse_config(&mut args),
         other => Err(usage(format!(
             "unknown command {other:?} (status, list, show, inject, resume, hold, release, \
-             delete, requeue, metrics, config, settings)"
+             delete, requeue, metrics, destinations, config, settings)"
         ))),
     }
 }
@@ -528,5 +543,48 @@ mod tests {
         assert_eq!(code(&["config"]), 64);
         assert_eq!(code(&["config", "frob"]), 64);
         assert_eq!(code(&["metrics", "--output"]), 64);
+    }
+
+    #[test]
+    fn destinations_list_or_lift_one_checked_in_lower_case() {
+        assert_eq!(ok(&["destinations"]), Command::Destinations { json: false });
+        assert_eq!(
+            ok(&["destinations", "--json"]),
+            Command::Destinations { json: true }
+        );
+        assert_eq!(
+            ok(&["destinations", "lift", "Example.ORG", "--json"]),
+            Command::LiftDestination {
+                destination: "example.org".into(),
+                json: true
+            }
+        );
+        assert_eq!(
+            ok(&["destinations", "--", "lift", "[192.0.2.1]"]),
+            Command::LiftDestination {
+                destination: "[192.0.2.1]".into(),
+                json: false
+            }
+        );
+        assert_eq!(code(&["destinations", "lift"]), 64);
+        assert_eq!(
+            code(&["destinations", "lift", "a.example", "b.example"]),
+            64
+        );
+        assert_eq!(code(&["destinations", "lift", "a b"]), 64);
+        assert_eq!(code(&["destinations", "lift", "x@example.org"]), 64);
+        assert_eq!(code(&["destinations", "--limit", "3"]), 64);
+        let e = parse(args(&["destinations", "frob\u{1b}"]), &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+        assert!(
+            e.message
+                .starts_with("destinations: unexpected argument \"frob\\u{1b}\""),
+            "{}",
+            e.message
+        );
+        assert!(
+            !e.message.contains("unknown command"),
+            "no commands of its own"
+        );
     }
 }

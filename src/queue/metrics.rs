@@ -6,14 +6,16 @@
 //! queue: rows and the oldest row's age by stage and status (every status of every
 //! stage, 0 when empty, so an alert sees a series fall to 0 rather than vanish), rows
 //! at stages without a section, whether a dispatcher holds its lock, when the
-//! dispatcher and `pepsi-ingress` last wrote their statistics, and the age of the
-//! database's oldest snapshot in seconds and in transactions ([`super::horizon`]). `--output` writes a
-//! temporary file beside FILE, syncs it and renames it over FILE, so the collector
+//! dispatcher and `pepsi-ingress` last wrote their statistics, the age of the
+//! database's oldest snapshot in seconds and in transactions ([`super::horizon`]), and
+//! for each of relay-to-internet's destinations in trouble its failures in a row and
+//! the seconds its suspension lasts still ([`super::destinations`]). `--output` writes
+//! a temporary file beside FILE, syncs it and renames it over FILE, so the collector
 //! never reads half a file.
 //!
 //! Label values are escaped as the format requires and, beyond it, their control and
-//! invisible formatting characters written out ([`crate::escape`]): a stage name read
-//! from a row may hold anything.
+//! invisible formatting characters written out ([`crate::escape`]): a stage name or a
+//! destination read from a row may hold anything.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -241,6 +243,29 @@ pub fn render(s: &Snapshot) -> String {
          standbys, replication slots, prepared transactions); 0 when none.",
     );
     f.sample(&[], horizon::age_transactions(&s.holders).to_string());
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_destination_failures",
+        "gauge",
+        "Connection attempts of relay-to-internet to the destination that failed in a row \
+         (only destinations in trouble have a sample).",
+    );
+    for d in &s.destinations {
+        f.sample(&[("destination", &d.destination)], d.failures.to_string());
+    }
+    let mut f = Family::new(
+        &mut out,
+        "pepsi_destination_suspended_seconds",
+        "gauge",
+        "Seconds the destination stays suspended still (no worker connects to it); 0 when \
+         not suspended.",
+    );
+    for d in &s.destinations {
+        f.sample(
+            &[("destination", &d.destination)],
+            number(d.seconds_left.max(0.0)),
+        );
+    }
 
     for (i, column) in INGRESS_COUNTERS.iter().enumerate() {
         let name = format!("pepsi_ingress_{column}_total");
@@ -317,6 +342,7 @@ pub fn run(session: &mut Session, output: Option<&Path>) -> Result<(), Failure> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::destinations::Destination;
     use crate::queue::status::{Cell, DispatchStats, IngressStats, StageStats};
 
     #[test]
@@ -374,6 +400,12 @@ mod tests {
             text.contains("pepsi_stage_events_total{stage=\"out\",event=\"tls-verified\"} 12\n")
         );
         assert!(text.contains("pepsi_ingress_stats_updated_timestamp_seconds 99.25\n"));
+        assert!(text.contains("# TYPE pepsi_destination_failures gauge\n"));
+        assert!(text.contains("# HELP pepsi_destination_suspended_seconds "));
+        assert!(
+            !text.contains("pepsi_destination_failures{"),
+            "no rows, no samples"
+        );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(
@@ -381,6 +413,46 @@ mod tests {
                 "{name} has no TYPE"
             );
         }
+    }
+
+    #[test]
+    fn each_destination_in_trouble_has_its_failures_and_suspension() {
+        let row = |destination: &str, failures, seconds_left| Destination {
+            destination: destination.into(),
+            failures,
+            suspended_until: None,
+            seconds_left,
+            reason: "no-such-label\r\n".into(),
+            updated: std::time::SystemTime::UNIX_EPOCH,
+        };
+        let s = Snapshot {
+            destinations: vec![
+                row("example.org", 5, 251.5),
+                row("[192.0.2.1]", 2, 0.0),
+                row("x\"\\\n\u{1b}\u{202e}", 1, 0.0),
+            ],
+            ..Snapshot::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("# TYPE pepsi_destination_failures gauge\n"));
+        assert!(text.contains("# TYPE pepsi_destination_suspended_seconds gauge\n"));
+        assert!(text.contains("pepsi_destination_failures{destination=\"example.org\"} 5\n"));
+        assert!(
+            text.contains(
+                "pepsi_destination_suspended_seconds{destination=\"example.org\"} 251.5\n"
+            )
+        );
+        assert!(text.contains("pepsi_destination_failures{destination=\"[192.0.2.1]\"} 2\n"));
+        assert!(
+            text.contains("pepsi_destination_suspended_seconds{destination=\"[192.0.2.1]\"} 0\n")
+        );
+        assert!(
+            text.contains(
+                "pepsi_destination_failures{destination=\"x\\\"\\\\\\n\\\\u{1b}\\\\u{202e}\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("no-such-label"), "the reason is no label");
     }
 
     #[test]

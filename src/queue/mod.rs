@@ -12,7 +12,9 @@
 //! - [`list`] is `list` and `show`; [`inject`] and [`message`] are `inject`; [`repair`]
 //!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config
 //!   set|unset` and [`effective`] `config show`; [`settings`] is `settings`, the
-//!   per-address settings (§20); [`format`](mod@format) lays out text for people;
+//!   per-address settings (§20); [`destinations`] is `destinations` and its `lift`,
+//!   relay-to-internet's destinations in trouble (§22); [`format`](mod@format) lays
+//!   out text for people;
 //! - [`multicall`] picks the program by the name the binary was started as:
 //!   `pepsi-settings` (the commands of `settings`), `pepsi-config` (those of
 //!   `config`), or `pepsi-queue`.
@@ -23,6 +25,7 @@
 //! exit status is decided by the [`Failure`] a command returns.
 
 pub mod args;
+pub mod destinations;
 pub mod effective;
 #[cfg(test)]
 mod effective_tests;
@@ -56,7 +59,7 @@ use args::{Command, Repair};
 pub const PROGRAM: Program = Program {
     name: "pepsi-queue",
     synopsis: "COMMAND [ARGS]",
-    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands, config check and config show prints one JSON document):\n  \
+    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands, destinations, config check and config show prints one JSON document):\n  \
             status                         rows per stage and status, ages, unknown stages, statistics\n  \
             list [--stage S] [--status X] [--sender KEY] [--limit N]\n                                 \
             one line per message, oldest first (like mailq)\n  \
@@ -70,6 +73,9 @@ pub const PROGRAM: Program = Program {
             delete ID...                   delete messages\n  \
             requeue --stage S ID...        move messages to stage S as pending\n  \
             metrics [--output FILE]        Prometheus text format (FILE written atomically)\n  \
+            destinations [--json] | destinations lift DEST [--json]\n                                 \
+            relay-to-internet's destinations in trouble, suspended first; lift ends DEST's \
+            suspension and forgets its failures\n  \
             config check [--json]          the checks of pepsi-dispatch check\n  \
             config show [--json]           the stage graph the dispatcher runs, each value with its origin\n  \
             config set SECTION KEY VALUE   write pepsi.config_override after checking the result\n  \
@@ -77,7 +83,8 @@ pub const PROGRAM: Program = Program {
             settings COMMAND [ARGS]        per-address settings: the commands of pepsi-settings\n\
             An id argument - reads ids from standard input. Running messages are never touched.\n\
             Exit status: 0 done; 64 usage; 65 bad data (an unknown id, a message without a header \
-            block, a malformed address, an unknown stage); 66 the message file cannot be read; 69 a \
+            block, a malformed address, an unknown stage, a destination to lift that is not in \
+            trouble); 66 the message file cannot be read; 69 a \
             message in a status the command does not touch; 70 internal error; 73 the output file \
             cannot be written; 75 the database is unreachable or busy, try again; 77 the database \
             refused for lack of privileges; 78 configuration, schema, or a change the stage graph \
@@ -261,6 +268,10 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
                     repair::by_ids(&mut session, repair::Action::Requeue(stage), &ids, json)
                 }
                 Command::Metrics { output } => metrics::run(&mut session, output.as_deref()),
+                Command::Destinations { json } => destinations::run(&mut session, json),
+                Command::LiftDestination { destination, json } => {
+                    destinations::lift(&mut session, &destination, json)
+                }
                 Command::ConfigShow { json } => effective::run(&mut session, json),
                 Command::ConfigSet {
                     section,

@@ -1,9 +1,10 @@
 //! `pepsi-queue status`, and the snapshot it shares with `metrics`: rows per stage and
 //! status with the oldest age, the age shape per stage (Postfix `qshape`), the rows at
 //! stages that have no section, the statistics tables (`metrics` alone shows
-//! `pepsi.ingress_stats`), whether a dispatcher holds its lock, and who holds the
-//! database's oldest snapshot ([`super::horizon`]) — all read in one read-only
-//! transaction, so the numbers agree.
+//! `pepsi.ingress_stats`), whether a dispatcher holds its lock, who holds the
+//! database's oldest snapshot ([`super::horizon`]), and relay-to-internet's destinations
+//! in trouble (`metrics` alone shows them, [`super::destinations`]) — all read in one
+//! read-only transaction, so the numbers agree.
 //!
 //! [`Snapshot::read`] is the only database access; everything else here is rendering.
 //! Stage names come from rows as well as from the configuration: the text shows them
@@ -15,6 +16,7 @@ use std::time::Duration;
 use postgres::IsolationLevel;
 use serde_json::{Value, json};
 
+use super::destinations::{self, Destination};
 use super::format::{Align, Table, age};
 use super::horizon;
 use super::{Session, configured_stages, db_failure, emit, emit_json};
@@ -128,6 +130,9 @@ pub struct Snapshot {
     pub holders: Vec<Holder>,
     /// `[pepsi-dispatch] SNAPSHOT_WARNING` of the file.
     pub snapshot_warning: Duration,
+    /// `pepsi.destinations`: relay-to-internet's destinations in trouble, suspended
+    /// first.
+    pub destinations: Vec<Destination>,
 }
 
 impl Snapshot {
@@ -202,6 +207,7 @@ impl Snapshot {
             .collect();
         let overlay = db::read_overlay(&mut tx).map_err(failed)?;
         let holders = db::horizon::read(&mut tx).map_err(failed)?;
+        let destinations = destinations::read(&mut tx).map_err(failed)?;
         tx.commit().map_err(failed)?;
         Ok(Snapshot {
             statuses,
@@ -215,6 +221,7 @@ impl Snapshot {
             now,
             holders,
             snapshot_warning: session.config.dispatch.snapshot_warning,
+            destinations,
         })
     }
 

@@ -34,6 +34,7 @@ mod poison;
 mod postfix;
 mod postfix_outbound;
 mod queue_config;
+mod queue_destinations;
 mod queue_inject;
 mod queue_list;
 mod queue_metrics;

@@ -22,7 +22,7 @@ fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
 
 /// `promtool check metrics` on `text`: its findings, or `None` when promtool is not
 /// installed (outside CI only: under CI a missing promtool fails the test).
-fn promtool_check(text: &str) -> Option<Output> {
+pub(super) fn promtool_check(text: &str) -> Option<Output> {
     let mut child = match Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -1,10 +1,11 @@
 //! Each `pepsi-queue` command's own options, read into its [`Command`]: `list`, `show`,
-//! `inject`, `resume`, the id lists of the repair commands, and `config` (`check`,
-//! `show`, `set`, `unset`).
+//! `inject`, `resume`, the id lists of the repair commands, `destinations` (and its
+//! `lift`), and `config` (`check`, `show`, `set`, `unset`).
 //!
 //! Owns which options a command takes and how they combine; called by
 //! [`super::parse`]. It reads arguments and checks shared values only through
-//! [`super::options`], and must not touch the help text.
+//! [`super::options`] (and `lift`'s destination through the pure
+//! `queue::destinations::checked`), and must not touch the help text.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -13,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use super::options::{Arg, Args, address, id, stage_name, status, text, unexpected};
 use super::{Command, DEFAULT_LIST_LIMIT, Inject, Input, RESUMABLE, ResumeWhat, STATUSES, usage};
+use crate::escape::Visible;
 use crate::exit::Failure;
+use crate::queue::destinations;
 
 /// `list [--stage S] [--status X] [--sender KEY] [--limit N] [--json]`.
 pub(super) fn parse_list(args: &mut Args) -> Result<Command, Failure> {
@@ -258,6 +261,35 @@ fn parse_ids_or_none(
         }
     }
     Ok((ids, json))
+}
+
+/// `destinations [--json]` and `destinations lift DESTINATION [--json]`. An unknown
+/// word is an unexpected argument: `destinations` lists without a command of its own.
+pub(super) fn parse_destinations(args: &mut Args) -> Result<Command, Failure> {
+    let (mut words, mut json) = (Vec::new(), false);
+    while let Some(arg) = args.next()? {
+        match arg {
+            Arg::Flag(f) if f == "--json" => json = true,
+            Arg::Operand(o) => words.push(text("destinations", o)?),
+            other => return Err(unexpected("destinations", other)),
+        }
+    }
+    match &words[..] {
+        [] => Ok(Command::Destinations { json }),
+        [lift, destination] if lift == "lift" => Ok(Command::LiftDestination {
+            destination: destinations::checked(destination)?,
+            json,
+        }),
+        [lift] if lift == "lift" => Err(usage(
+            "destinations lift needs a DESTINATION (a domain or an address literal)",
+        )),
+        [lift, ..] if lift == "lift" => Err(usage("destinations lift takes one DESTINATION")),
+        [other, ..] => Err(usage(format!(
+            "destinations: unexpected argument \"{}\" (destinations lists them; \
+             destinations lift DESTINATION lifts a suspension)",
+            Visible(other)
+        ))),
+    }
 }
 
 /// `config check [--json]`, `config show [--json]`, `config set SECTION KEY VALUE`,
