@@ -348,3 +348,82 @@ impl Configured for Settings {
         deliver::run(self, message, cx, deadline)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::raw;
+
+    fn section(lines: &[(&str, &str)]) -> StageSection {
+        let mut text = String::from("[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\n");
+        for (k, v) in lines {
+            text.push_str(&format!("{k} = {v}\n"));
+        }
+        let sections = raw::parse(Path::new("pepsi.conf"), &text).unwrap();
+        StageSection::check(&sections[0]).unwrap()
+    }
+
+    #[test]
+    fn the_defaults_are_postfixs_may_tls_five_exchangers_twenty_connections_five_failures() {
+        let s = Settings::of(&section(&[])).unwrap();
+        assert_eq!(s.tls, Level::May);
+        assert_eq!(
+            (s.port, s.mx_limit, s.concurrency, s.dead_after),
+            (25, 5, 20, 5)
+        );
+        assert_eq!(s.dead_time, Duration::from_secs(300));
+        assert_eq!(s.cache_time, Duration::from_secs(2));
+        assert_eq!(s.families, Families::All);
+        assert!(s.nameservers.is_none() && s.bind.is_none() && s.policy_file.is_none());
+        assert_eq!(s.stage, "out");
+        let s = Settings::of(&section(&[
+            ("NAMESERVER", "127.0.0.1:5353"),
+            ("BIND_ADDRESS", "192.0.2.25"),
+            ("INET_PROTOCOLS", "ipv4"),
+            ("TLS", "encrypt"),
+            ("TLS_POLICY", "/etc/pepsi/tls-policy"),
+        ]))
+        .unwrap();
+        assert_eq!(s.nameservers, Some(vec!["127.0.0.1:5353".parse().unwrap()]));
+        assert_eq!(s.bind, Some("192.0.2.25".parse().unwrap()));
+        assert_eq!(s.tls, Level::Encrypt);
+        assert_eq!(
+            s.resolver().unwrap().servers,
+            s.nameservers.clone().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_bad_value_is_refused_naming_its_key() {
+        for (key, value) in [
+            ("HOSTNAME", "a b"),
+            ("BIND_ADDRESS", "mx.example"),
+            ("NAMESERVER", "dns.example"),
+            ("PORT", "0"),
+            ("MX_LIMIT", "0"),
+            ("INET_PROTOCOLS", "ipx"),
+            ("TLS", "always"),
+            ("TLS_POLICY", "policy"),
+            ("CA_FILE", "ca.pem"),
+            ("DESTINATION_CONCURRENCY", "0"),
+            ("DEAD_AFTER", "1001"),
+            ("DEAD_TIME", "2d"),
+            ("CONNECT_TIMEOUT", "0"),
+            ("CONNECTION_CACHE_TIME", "0"),
+        ] {
+            let e = match Settings::of(&section(&[(key, value)])) {
+                Ok(_) => panic!("{key} = {value} accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains(key), "{key} = {value}: {e}");
+        }
+        let e = Settings::of(&section(&[
+            ("BIND_ADDRESS", "::1"),
+            ("INET_PROTOCOLS", "ipv4"),
+        ]))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("BIND_ADDRESS"), "{e}");
+    }
+}
