@@ -12,11 +12,18 @@
 //! parsed by the `domain` crate (see the README): its parser refuses compression
 //! pointers that point forward or chain more than 255 times.
 //!
+//! Answers with records are kept for their smallest TTL (at most [`MAX_CACHE_TTL`]) in
+//! this process, by server list, name and type, so a worker that delivers to a
+//! destination again soon does not ask again; NXDOMAIN, empty answers and failures are
+//! not kept.
+//!
 //! Used by `exchangers.rs`; it knows nothing of mail.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use domain::base::iana::{Class, Rcode};
@@ -33,6 +40,16 @@ const DEFAULT_ATTEMPTS: u32 = 2;
 const MAX_SERVERS: usize = 3;
 /// The largest DNS message (a TCP answer's two-byte length).
 const MAX_MESSAGE: usize = 65_535;
+/// The longest an answer is kept, whatever its TTL says.
+pub const MAX_CACHE_TTL: Duration = Duration::from_secs(300);
+/// The most answers kept; past it, the cache starts again empty.
+const MAX_CACHED: usize = 10_000;
+
+/// An answer's key in the cache: the servers asked, the name (lower case) and type.
+type CacheKey = (Vec<SocketAddr>, String, u16);
+
+/// The answers kept, with when they expire.
+static CACHE: Mutex<Option<HashMap<CacheKey, (Answer, Instant)>>> = Mutex::new(None);
 
 /// Where questions go and how long each may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,6 +179,38 @@ impl Resolver {
     /// Asks `name`'s records of type `rtype`: the first final answer of a server, or
     /// why none came before `deadline` (a temporary failure).
     pub fn query(&self, name: &DnsName, rtype: Rtype, deadline: Instant) -> Result<Answer, String> {
+        let key = (
+            self.servers.clone(),
+            name.to_string().to_ascii_lowercase(),
+            rtype.to_int(),
+        );
+        {
+            let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((answer, until)) = cache.as_ref().and_then(|c| c.get(&key)) {
+                if *until > Instant::now() {
+                    return Ok(answer.clone());
+                }
+            }
+        }
+        let (answer, ttl) = self.ask_servers(name, rtype, deadline)?;
+        if !ttl.is_zero() {
+            let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            let map = cache.get_or_insert_with(HashMap::new);
+            if map.len() >= MAX_CACHED {
+                map.clear();
+            }
+            map.insert(key, (answer.clone(), Instant::now() + ttl));
+        }
+        Ok(answer)
+    }
+
+    /// [`Resolver::query`] without the cache: the answer and how long it may be kept.
+    fn ask_servers(
+        &self,
+        name: &DnsName,
+        rtype: Rtype,
+        deadline: Instant,
+    ) -> Result<(Answer, Duration), String> {
         let mut last = String::from("no server was asked");
         for _ in 0..self.attempts {
             for &server in &self.servers {
@@ -191,8 +240,14 @@ fn question(name: &DnsName, rtype: Rtype, id: u16) -> Result<Vec<u8>, String> {
     Ok(q.finish())
 }
 
-/// One server's answer: over UDP, then TCP when the UDP answer is truncated.
-fn ask(server: SocketAddr, name: &DnsName, rtype: Rtype, until: Instant) -> Result<Answer, String> {
+/// One server's answer, and how long it may be kept: over UDP, then TCP when the UDP
+/// answer is truncated.
+fn ask(
+    server: SocketAddr,
+    name: &DnsName,
+    rtype: Rtype,
+    until: Instant,
+) -> Result<(Answer, Duration), String> {
     let id = crate::random::u64() as u16;
     let query = question(name, rtype, id)?;
     let reply = udp(server, &query, id, name, rtype, until)?;
@@ -326,18 +381,20 @@ fn answers(reply: &[u8], id: u16, name: &DnsName, rtype: Rtype) -> bool {
 }
 
 /// The answer a reply gives: NOERROR's records, NXDOMAIN, or an error for any other
-/// code and for a malformed answer section.
-fn interpret(reply: &[u8], name: &DnsName) -> Result<Answer, String> {
+/// code and for a malformed answer section; with how long it may be kept (the smallest
+/// TTL of the records used, at most [`MAX_CACHE_TTL`]; zero for no record).
+fn interpret(reply: &[u8], name: &DnsName) -> Result<(Answer, Duration), String> {
     let message = Message::from_slice(reply).map_err(|_| "a malformed answer".to_string())?;
     match message.header().rcode() {
         Rcode::NOERROR => {}
-        Rcode::NXDOMAIN => return Ok(Answer::NoSuchName),
+        Rcode::NXDOMAIN => return Ok((Answer::NoSuchName, Duration::ZERO)),
         other => return Err(format!("{other} for {name}")),
     }
     let section = message
         .answer()
         .map_err(|e| format!("a malformed answer: {e}"))?;
     let mut records = Vec::new();
+    let mut ttl = MAX_CACHE_TTL;
     for record in section {
         let record = record.map_err(|e| format!("a malformed answer: {e}"))?;
         if record.class() != Class::IN {
@@ -377,9 +434,15 @@ fn interpret(reply: &[u8], name: &DnsName) -> Result<Answer, String> {
                 }),
             _ => None,
         };
+        if parsed.is_some() {
+            ttl = ttl.min(Duration::from_secs(record.ttl().as_secs().into()));
+        }
         records.extend(parsed);
     }
-    Ok(Answer::Records(records))
+    if records.is_empty() {
+        ttl = Duration::ZERO;
+    }
+    Ok((Answer::Records(records), ttl))
 }
 
 /// A domain name from text (letters, digits, `-`, `_` and dots; no escapes), or why

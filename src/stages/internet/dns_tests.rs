@@ -298,3 +298,33 @@ fn names_are_letters_digits_hyphens_and_underscores_only() {
         assert!(name(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn answers_with_records_are_kept_for_their_ttl_and_nxdomain_is_asked_again() {
+    let (addr, count) = server(Arc::new(|q: &[u8], _| {
+        let name = Message::from_slice(q)
+            .unwrap()
+            .sole_question()
+            .unwrap()
+            .qname()
+            .to_string();
+        vec![if name.starts_with("gone") {
+            reply(q, Rcode::NXDOMAIN, false, &[])
+        } else {
+            reply(q, Rcode::NOERROR, false, &[(10, "mx.kept.test")])
+        }]
+    }));
+    let r = resolver(vec![addr]);
+    for _ in 0..3 {
+        let answer = r.query(&dn("KEPT.test"), Rtype::MX, soon()).unwrap();
+        assert_eq!(mx_of(answer), vec![(10, "mx.kept.test".to_string())]);
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1, "asked once, then kept");
+    for _ in 0..2 {
+        assert_eq!(
+            r.query(&dn("gone.test"), Rtype::MX, soon()).unwrap(),
+            Answer::NoSuchName
+        );
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 3, "NXDOMAIN is not kept");
+}
