@@ -508,3 +508,38 @@ fn an_exchanger_greeting_with_our_own_name_is_a_loop_and_one_greeting_with_100_k
         count(&mut c, deferred) == 1
     });
 }
+
+#[test]
+fn one_kept_connection_serves_two_domains_whose_exchangers_share_an_address() {
+    if !nsd::available("rti shared") || !postfix::available("rti shared") {
+        return;
+    }
+    let net = Net::new(
+        50,
+        "a IN MX 10 mx.a\nmx.a IN A 127.0.{N}.3\nb IN MX 10 mx.b\nmx.b IN A 127.0.{N}.3\n",
+        &[],
+    );
+    let mx = net.exchanger(
+        3,
+        &["a.test", "b.test"],
+        &["alice", "bob"],
+        &Options::default(),
+    );
+    let (s, mut c) = Scenario::new("rti-shared")
+        .timers("")
+        .stages(&net.stage("out", "PARALLELISM = 1\nCONNECTION_CACHE_TIME = 60s\n"))
+        .connect();
+    let _d = s.start();
+    inject(&mut c, "out", "sender@origin.example", &["alice@a.test"]);
+    assert_eq!(mx.wait_mailbox("alice", 1, WAIT).len(), 1);
+    inject(&mut c, "out", "sender@origin.example", &["bob@b.test"]);
+    assert_eq!(mx.wait_mailbox("bob", 1, WAIT).len(), 1);
+    inject(&mut c, "out", "sender@origin.example", &["alice@a.test"]);
+    assert_eq!(mx.wait_mailbox("alice", 2, WAIT).len(), 2);
+    let log = mx.maillog();
+    assert_eq!(
+        sessions(&log, net.at(1)),
+        1,
+        "one session for both domains:\n{log}"
+    );
+}

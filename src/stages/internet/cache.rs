@@ -30,8 +30,9 @@ pub struct Idle {
     pub key: String,
     pub connection: Connection,
     pub slot: Slot,
-    /// The exchanger, for the log: `name[address]`.
-    pub peer: String,
+    /// The exchanger: `name[address]` for the log, its address and port, and what a
+    /// connection to it may be shared by ([`shared_key`]).
+    pub peer: Peer,
     /// Since when it is idle.
     pub since: Instant,
     /// Its section's `CONNECTION_CACHE_TIME`.
@@ -55,6 +56,24 @@ static JANITOR: Once = Once::new();
 /// The key of a connection usable for `destination` from `section`.
 pub fn key(section: &str, destination: &str, hostname: &str, level: &str) -> String {
     format!("{section}|{destination}|{hostname}|{level}")
+}
+
+/// An exchanger a connection goes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// `name[address]`, for the log and the replies' texts.
+    pub label: String,
+    pub address: std::net::SocketAddr,
+    /// Who may use a connection to it for another destination ([`shared_key`]).
+    pub shared: String,
+}
+
+/// The key under which a connection to one exchanger address may serve any destination
+/// of `section` with the same EHLO name and TLS level, as Postfix's cache by server
+/// address: at `verify` only for the same exchanger name (the certificate was checked
+/// against it).
+pub fn shared_key(section: &str, hostname: &str, level: &str, exchanger: Option<&str>) -> String {
+    format!("{section}|{hostname}|{level}|{}", exchanger.unwrap_or(""))
 }
 
 /// The state, locked.
@@ -128,6 +147,16 @@ impl State {
             idle.connection.quit();
         }
         let at = self.idle.iter().position(|i| i.key == key)?;
+        Some(self.idle.swap_remove(at))
+    }
+
+    /// A kept connection to `address` that `shared` may use, whatever destination it
+    /// was opened for.
+    pub fn take_address(&mut self, shared: &str, address: std::net::SocketAddr) -> Option<Idle> {
+        let generation = self.session.as_ref().map_or(0, |s| s.generation);
+        let at = self.idle.iter().position(|i| {
+            i.peer.address == address && i.peer.shared == shared && i.slot.generation == generation
+        })?;
         Some(self.idle.swap_remove(at))
     }
 

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::Settings;
-use super::cache::{self, Idle};
+use super::cache::{self, Idle, Peer};
 use super::destinations::{Opened, Slot};
 use super::exchangers::{self, Addresses, Route};
 use crate::escape::Visible;
@@ -258,7 +258,7 @@ impl<'a> Delivery<'a> {
         if let Err(e) = idle.connection.reset() {
             log::info!(
                 "relay-to-internet: the kept connection to {} is gone ({}); opening another",
-                idle.peer,
+                idle.peer.label,
                 Visible(&e.0)
             );
             cache::lock().release(idle);
@@ -272,7 +272,7 @@ impl<'a> Delivery<'a> {
             peer,
             ..
         } = idle;
-        self.transact(&key, connection, slot, &peer, mail);
+        self.transact(&key, connection, slot, peer, mail);
     }
 
     /// Looks the destination's exchangers up and tries them in order.
@@ -332,10 +332,18 @@ impl<'a> Delivery<'a> {
                 name,
                 auth: None,
             };
+            let verified = (level == Level::Verify).then_some(mx.name.as_str());
+            let shared = cache::shared_key(&self.s.stage, hostname, level.name(), verified);
             for ip in addresses {
                 if self.pending.is_empty() || Instant::now() >= self.deadline {
                     break 'exchangers;
                 }
+                let address = SocketAddr::new(ip, self.s.port);
+                let peer = Peer {
+                    label: format!("{}[{ip}]", mx.name),
+                    address,
+                    shared: shared.clone(),
+                };
                 let held = match slot.take() {
                     Some(held) => held,
                     None => match self.take_slot(destination)? {
@@ -343,9 +351,16 @@ impl<'a> Delivery<'a> {
                         None => break 'exchangers,
                     },
                 };
-                let peer = format!("{}[{ip}]", mx.name);
+                // A connection to this very address, kept for another destination: it
+                // serves this one now, on this destination's slot.
+                if let Some(c) = self.shared(&peer, cx) {
+                    self.sessions += 1;
+                    self.succeeded(destination);
+                    self.transact(key, c, held, peer, mail);
+                    continue;
+                }
                 let target = Target::Address {
-                    address: SocketAddr::new(ip, self.s.port),
+                    address,
                     bind: self.s.bind,
                 };
                 let opened = secure::open(
@@ -361,7 +376,7 @@ impl<'a> Delivery<'a> {
                     Err(e) => {
                         self.failed_attempts += 1;
                         self.slow_down |= e.0.contains("421");
-                        let why = relabel(&e.0, &peer);
+                        let why = relabel(&e.0, &peer.label);
                         log::info!("relay-to-internet: message {}: {}", mail.id, Visible(&why));
                         self.last = Some(format!("4.4.1 {why}"));
                         slot = Some(held);
@@ -371,24 +386,20 @@ impl<'a> Delivery<'a> {
                 self.sessions += 1;
                 cx.count("connection-opened");
                 count_tls(&connection, cx);
-                if self.had_failures {
-                    self.had_failures = false;
-                    if let Some(session) = cache::lock().session.as_mut() {
-                        session.succeeded(destination);
-                    }
-                }
+                self.succeeded(destination);
                 if greeted_as(&connection.greeting, hostname) {
                     connection.quit();
                     cache::lock().close_slot(&held);
                     self.fail_all(
                         "5.4.6",
                         &format!(
-                            "mail for {destination} loops back to myself: {peer} greeted with this host's own name {hostname}"
+                            "mail for {destination} loops back to myself: {} greeted with this host's own name {hostname}",
+                            peer.label
                         ),
                     );
                     break 'exchangers;
                 }
-                self.transact(key, connection, held, &peer, mail);
+                self.transact(key, connection, held, peer, mail);
             }
         }
         if let Some(held) = slot {
@@ -451,9 +462,47 @@ impl<'a> Delivery<'a> {
         }
     }
 
+    /// A kept connection to `peer`'s address that this destination may share, after a
+    /// successful RSET; its other destination's slot is given back.
+    fn shared(&mut self, peer: &Peer, cx: &mut Context<'_>) -> Option<Connection> {
+        let idle = cache::lock().take_address(&peer.shared, peer.address)?;
+        let c = &idle.connection;
+        let worn = c.opened.elapsed() >= self.s.reuse_time
+            || (self.s.reuse_limit > 0 && c.messages >= self.s.reuse_limit);
+        if worn {
+            cache::lock().release(idle);
+            return None;
+        }
+        let Idle {
+            mut connection,
+            slot,
+            ..
+        } = idle;
+        cache::lock().close_slot(&slot);
+        connection.set_deadline(self.deadline);
+        match connection.reset() {
+            Ok(()) => {
+                cx.count("connection-shared");
+                Some(connection)
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// A session with the destination's exchanger works: the failures counted against
+    /// it are forgotten.
+    fn succeeded(&mut self, destination: &str) {
+        if self.had_failures {
+            self.had_failures = false;
+            if let Some(session) = cache::lock().session.as_mut() {
+                session.succeeded(destination);
+            }
+        }
+    }
+
     /// One transaction on an open connection, which is kept for the next message when
     /// it is still usable, else closed with its slot.
-    fn transact(&mut self, key: &str, mut c: Connection, slot: Slot, peer: &str, mail: &Mail) {
+    fn transact(&mut self, key: &str, mut c: Connection, slot: Slot, peer: Peer, mail: &Mail) {
         let pending = self.pending.clone();
         let envelope = Envelope {
             mail_from: &mail.envelope_from,
@@ -463,7 +512,8 @@ impl<'a> Delivery<'a> {
             auth_user: None,
             lmtp: false,
         };
-        self.via = Some(peer.to_string());
+        self.via = Some(peer.label.clone());
+        let label = peer.label.clone();
         let results = match transaction::deliver(&mut c, &envelope, &mail.headers, &mail.body) {
             Ok(results) => {
                 c.messages += 1;
@@ -471,7 +521,7 @@ impl<'a> Delivery<'a> {
                     key: key.to_string(),
                     connection: c,
                     slot,
-                    peer: peer.to_string(),
+                    peer,
                     since: Instant::now(),
                     cache_time: self.s.cache_time,
                 });
@@ -481,7 +531,7 @@ impl<'a> Delivery<'a> {
                 drop(c);
                 cache::lock().close_slot(&slot);
                 self.slow_down |= broken.0.contains("421");
-                let why = format!("4.4.2 {}", relabel(&broken.0, peer));
+                let why = format!("4.4.2 {}", relabel(&broken.0, &label));
                 self.last = Some(why);
                 partial
             }
@@ -492,7 +542,7 @@ impl<'a> Delivery<'a> {
         for (address, result) in results {
             match result {
                 RecipientResult::Deferred(text) => {
-                    let text = relabel(&text, peer);
+                    let text = relabel(&text, &label);
                     self.deferred.insert(address.clone(), text.clone());
                     self.last = Some(text);
                     if !all_deferred {
@@ -507,7 +557,7 @@ impl<'a> Delivery<'a> {
                     diagnostic,
                 } => {
                     self.pending.retain(|p| *p != address);
-                    let error = relabel(&error, peer);
+                    let error = relabel(&error, &label);
                     self.settled.insert(
                         address,
                         RecipientResult::Failed {
@@ -602,50 +652,5 @@ fn count_tls(c: &Connection, cx: &mut Context<'_>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recipients_are_grouped_by_domain_in_lower_case_in_the_order_they_appear() {
-        let r: Vec<String> = [
-            "a@X.example",
-            "b@y.example",
-            "c@x.EXAMPLE",
-            "nodomain",
-            "d@",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let g = by_destination(&r);
-        assert_eq!(g.len(), 3);
-        assert_eq!(
-            g[0],
-            (Some("x.example".into()), vec![r[0].clone(), r[2].clone()])
-        );
-        assert_eq!(g[1], (Some("y.example".into()), vec![r[1].clone()]));
-        assert_eq!(g[2], (None, vec![r[3].clone(), r[4].clone()]));
-    }
-
-    #[test]
-    fn the_relays_texts_name_the_exchanger_and_a_greeting_with_our_name_is_a_loop() {
-        assert_eq!(
-            relabel("smarthost refused <a@b>: 550 no", "mx.b[192.0.2.1]"),
-            "host mx.b[192.0.2.1] refused <a@b>: 550 no"
-        );
-        assert_eq!(
-            relabel("the smarthost greeted with 421 busy", "mx[::1]"),
-            "host mx[::1] greeted with 421 busy"
-        );
-        assert_eq!(
-            relabel("cannot connect to 192.0.2.1:25: refused", "mx.b[192.0.2.1]"),
-            "host mx.b[192.0.2.1]: cannot connect to 192.0.2.1:25: refused"
-        );
-        assert!(greeted_as("MX.Pepsi.test ESMTP Postfix", "mx.pepsi.test"));
-        assert!(!greeted_as(
-            "mx.other.test ESMTP mx.pepsi.test",
-            "mx.pepsi.test"
-        ));
-        assert!(!greeted_as("", "mx.pepsi.test"));
-    }
-}
+#[path = "deliver_tests.rs"]
+mod tests;
