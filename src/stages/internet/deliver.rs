@@ -375,7 +375,7 @@ impl<'a> Delivery<'a> {
                     Ok(c) => c,
                     Err(e) => {
                         self.failed_attempts += 1;
-                        self.slow_down |= e.0.contains("421");
+                        self.slow_down |= says_421(&e.0);
                         let why = relabel(&e.0, &peer.label);
                         log::info!("relay-to-internet: message {}: {}", mail.id, Visible(&why));
                         self.last = Some(format!("4.4.1 {why}"));
@@ -530,7 +530,7 @@ impl<'a> Delivery<'a> {
             Err((broken, partial)) => {
                 drop(c);
                 cache::lock().close_slot(&slot);
-                self.slow_down |= broken.0.contains("421");
+                self.slow_down |= says_421(&broken.0);
                 let why = format!("4.4.2 {}", relabel(&broken.0, &label));
                 self.last = Some(why);
                 partial
@@ -629,6 +629,12 @@ fn relabel(text: &str, peer: &str) -> String {
     }
     text.replace("the smarthost", &format!("host {peer}"))
         .replace("smarthost", &format!("host {peer}"))
+}
+
+/// Does a failure quote a 421 reply ("service not available, closing"), the reply an
+/// exchanger that wants fewer connections gives?
+fn says_421(text: &str) -> bool {
+    text.split_whitespace().any(|word| word == "421")
 }
 
 /// Does a greeting name this host (`220 NAME ...`)?

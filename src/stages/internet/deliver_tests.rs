@@ -39,6 +39,10 @@ fn the_relays_texts_name_the_exchanger_and_a_greeting_with_our_name_is_a_loop() 
         relabel("cannot connect to 192.0.2.1:25: refused", "mx.b[192.0.2.1]"),
         "host mx.b[192.0.2.1]: cannot connect to 192.0.2.1:25: refused"
     );
+    assert!(says_421(
+        "the smarthost greeted with 421 4.7.0 too many connections"
+    ));
+    assert!(!says_421("cannot connect to 192.0.2.1:4210: refused"));
     assert!(greeted_as("MX.Pepsi.test ESMTP Postfix", "mx.pepsi.test"));
     assert!(!greeted_as(
         "mx.other.test ESMTP mx.pepsi.test",
