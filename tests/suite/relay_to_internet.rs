@@ -404,7 +404,8 @@ fn a_dead_destination_is_suspended_shown_lifted_and_then_delivered() {
 }
 
 #[test]
-fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_and_a_compression_loop() {
+fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_a_compression_loop_and_64_kib_of_junk()
+ {
     if !nsd::available("rti hostile") || !postfix::available("rti hostile") {
         return;
     }
@@ -421,10 +422,14 @@ fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_and_a_compressi
         &Options::default(),
     );
     let hostile = HostileDns::start(Hostile::CompressionLoop);
+    let huge = HostileDns::start(Hostile::Huge);
     let stages = format!(
-        "{}[stage-looped]\nPROGRAM = {{relay-to-internet}}\nNAMESERVER = {}\nPORT = {}\n{TIMEOUTS}\n",
+        "{}[stage-looped]\nPROGRAM = {{relay-to-internet}}\nNAMESERVER = {}\nPORT = {}\n{TIMEOUTS}\n\
+         [stage-huge]\nPROGRAM = {{relay-to-internet}}\nNAMESERVER = {}\nPORT = {}\n{TIMEOUTS}\n",
         net.stage("out", ""),
         hostile.addr(),
+        net.port,
+        huge.addr(),
         net.port
     );
     let (s, mut c) = Scenario::new("rti-hostile")
@@ -456,6 +461,13 @@ fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_and_a_compressi
             .is_some_and(|e| e.contains("4.4.3") && e.contains("malformed"))
     });
     assert!(hostile.queries() >= 1);
+    // 64 KiB answers (over TCP, after a truncated one over UDP) of records of no type
+    // the resolver reads: no MX, and the domain itself has no address either.
+    let junk = inject(&mut c, "huge", "sender@origin.example", &["y@huge.test"]);
+    wait_until(WAIT, "the junk answers fail the recipient", || {
+        state_of(&mut c, junk)["dsn_status"]["y@huge.test"] == "5.4.4"
+    });
+    assert!(huge.queries() >= 4, "MX and A, each over UDP then TCP");
     wait_gone(
         &mut c,
         "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'out'",
