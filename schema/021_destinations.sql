@@ -77,6 +77,28 @@ COMMENT ON FUNCTION pepsi.destination_open(text, integer, integer) IS
     'it is suspended: the slot (NULL: none free or suspended), the suspension''s end, '
     'the failures counted.';
 
+-- Moves a kept connection from one destination to another (relay-to-internet shares
+-- a connection to an exchanger address among destinations): takes a slot of
+-- p_destination as pepsi.destination_open does and, when it got one, gives p_from's
+-- slot p_from_slot back, in one round trip. Answers as pepsi.destination_open.
+CREATE FUNCTION pepsi.destination_move(
+    p_from text, p_from_slot integer, p_destination text, p_limit integer, p_start integer)
+RETURNS TABLE (slot integer, suspended_until timestamptz, failures integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_row record;
+BEGIN
+    SELECT * INTO v_row FROM pepsi.destination_open(p_destination, p_limit, p_start) o;
+    IF v_row.slot IS NOT NULL THEN
+        PERFORM pg_advisory_unlock(1885696115, hashtext(p_from || '/' || p_from_slot));
+    END IF;
+    RETURN QUERY SELECT v_row.slot, v_row.suspended_until, v_row.failures;
+END $$;
+
+COMMENT ON FUNCTION pepsi.destination_move(text, integer, text, integer, integer) IS
+    'Takes a slot of a destination for a kept connection and, when it got one, gives '
+    'back the slot the connection held for another destination.';
+
 -- Gives a slot back (the connection closed).
 CREATE FUNCTION pepsi.destination_close(p_destination text, p_slot integer)
 RETURNS boolean
@@ -133,6 +155,7 @@ COMMENT ON FUNCTION pepsi.destination_succeeded(text) IS
 INSERT INTO pepsi.role_grants (role, privilege, object) VALUES
     ('pepsi_worker', 'EXECUTE', 'FUNCTION pepsi.destination_open(text, integer, integer)'),
     ('pepsi_worker', 'EXECUTE', 'FUNCTION pepsi.destination_close(text, integer)'),
+    ('pepsi_worker', 'EXECUTE', 'FUNCTION pepsi.destination_move(text, integer, text, integer, integer)'),
     ('pepsi_worker', 'EXECUTE', 'FUNCTION pepsi.destination_failed(text, text, integer, interval)'),
     ('pepsi_worker', 'EXECUTE', 'FUNCTION pepsi.destination_succeeded(text)'),
     ('pepsi_admin', 'SELECT', 'TABLE pepsi.destinations'),

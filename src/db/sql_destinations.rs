@@ -10,6 +10,13 @@
 pub const DESTINATION_OPEN: &str =
     "SELECT slot, suspended_until, failures FROM pepsi.destination_open($1, $2, $3)";
 
+/// Takes a slot of a destination for a kept connection and, when it got one, gives
+/// back the slot the connection held for another. $1 that other destination, $2 its
+/// slot, $3 the destination, $4 `DESTINATION_CONCURRENCY`, $5 the slot to try first.
+/// One row, as [`DESTINATION_OPEN`]'s.
+pub const DESTINATION_MOVE: &str =
+    "SELECT slot, suspended_until, failures FROM pepsi.destination_move($1, $2, $3, $4, $5)";
+
 /// Gives a slot back. $1 the destination, $2 the slot.
 pub const DESTINATION_CLOSE: &str = "SELECT pepsi.destination_close($1, $2)";
 

@@ -7,7 +7,8 @@
 //! (Debian's package `nsd`): its configuration, zone files, log, pid file, zone list,
 //! xfrd state and cookie secrets all in a private temporary directory, no database
 //! (`database: ""`), no remote control, no response rate limiting, listening on
-//! `127.0.0.1` on one free port for UDP and TCP alike. It stays in the foreground
+//! `127.0.0.1` on one free port for UDP and TCP alike ([`Nsd::start_at`]: on an
+//! address and port the caller gives, such as `127.0.60.53:53`). It stays in the foreground
 //! (`nsd -d`), in a process group of its own, under the test's account (`username:
 //! ""`: no switch to the account `nsd`, so root and other accounts alike run it).
 //! Every zone file is checked with `nsd-checkzone` before NSD reads it, so a zone
@@ -22,7 +23,7 @@
 //! Whether NSD is here is [`available`]'s question, which fails instead of skipping
 //! when `CI` is set.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,7 +67,9 @@ pub struct Nsd {
     /// The `nsd -d` process, the leader of its process group (its server processes
     /// are in the group too); None while stopped.
     child: Option<Child>,
-    /// The port it listens on, UDP and TCP.
+    /// The address and port it listens on, UDP and TCP (`127.0.0.1` but for
+    /// [`Nsd::start_at`]).
+    ip: IpAddr,
     port: u16,
     /// The origins of its zones, without the final dot, in the order configured.
     zones: Vec<String>,
@@ -82,25 +85,7 @@ impl Nsd {
     /// file is not one `nsd-checkzone` accepts.
     #[track_caller]
     pub fn start(tag: &str, zones: &[(&str, Option<&str>)]) -> Nsd {
-        static STALE: std::sync::Once = std::sync::Once::new();
-        STALE.call_once(remove_stale);
-        let mut nsd = Nsd {
-            dir: TempDir::new(&format!("{DIR_TAG}-{tag}")),
-            child: None,
-            port: 0,
-            zones: Vec::new(),
-        };
-        for (origin, text) in zones {
-            let origin = origin.trim_end_matches('.');
-            assert!(
-                !nsd.zones.iter().any(|z| z == origin),
-                "the zone {origin} is given twice"
-            );
-            nsd.zones.push(origin.to_string());
-            if let Some(text) = text {
-                nsd.write_zone(origin, text);
-            }
-        }
+        let mut nsd = Nsd::prepare(tag, IpAddr::V4(Ipv4Addr::LOCALHOST), zones);
         // The port was free when it was chosen; another process may have taken it
         // before NSD binds it: then choose again.
         for _ in 0..5 {
@@ -121,9 +106,53 @@ impl Nsd {
         panic!("the private NSD found no free port (its log follows the test's output)");
     }
 
-    /// Where it listens: `127.0.0.1:PORT`, UDP and TCP.
+    /// Where it listens: `127.0.0.1:PORT` (or [`Nsd::start_at`]'s address), UDP and
+    /// TCP.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        SocketAddr::new(self.ip, self.port)
+    }
+
+    /// [`Nsd::start`] listening on `addr` instead (UDP and TCP), such as a loopback
+    /// address of a test's own on port 53, where a resolver that takes no port
+    /// (glibc's, through a `resolv.conf`) can ask it. Fails with NSD's log if the
+    /// address is taken.
+    #[track_caller]
+    pub fn start_at(tag: &str, addr: SocketAddr, zones: &[(&str, Option<&str>)]) -> Nsd {
+        let mut nsd = Nsd::prepare(tag, addr.ip(), zones);
+        nsd.port = addr.port();
+        if let Err(status) = nsd.launch() {
+            panic!(
+                "the private NSD did not start on {addr}: nsd exited ({status}; its log \
+                 follows the test's output)"
+            );
+        }
+        nsd
+    }
+
+    /// An instance not started yet, on `ip`, with its zone files written.
+    #[track_caller]
+    fn prepare(tag: &str, ip: IpAddr, zones: &[(&str, Option<&str>)]) -> Nsd {
+        static STALE: std::sync::Once = std::sync::Once::new();
+        STALE.call_once(remove_stale);
+        let mut nsd = Nsd {
+            dir: TempDir::new(&format!("{DIR_TAG}-{tag}")),
+            child: None,
+            ip,
+            port: 0,
+            zones: Vec::new(),
+        };
+        for (origin, text) in zones {
+            let origin = origin.trim_end_matches('.');
+            assert!(
+                !nsd.zones.iter().any(|z| z == origin),
+                "the zone {origin} is given twice"
+            );
+            nsd.zones.push(origin.to_string());
+            if let Some(text) = text {
+                nsd.write_zone(origin, text);
+            }
+        }
+        nsd
     }
 
     /// Writes (or replaces) the zone file of `origin`, a zone configured at the start
@@ -139,7 +168,7 @@ impl Nsd {
         self.stop();
         // Its server processes may outlive the one waited for by a moment.
         let deadline = Instant::now() + START_TIMEOUT;
-        while !port_free(self.port) {
+        while !port_free(self.ip, self.port) {
             assert!(
                 Instant::now() < deadline,
                 "port {} is still taken {START_TIMEOUT:?} after the private NSD stopped",
@@ -204,7 +233,12 @@ impl Nsd {
         // For remove_stale, should this test process end without stopping it.
         self.dir.write(PID_FILE, &child.id().to_string());
         self.child = Some(child);
-        let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let unspecified: IpAddr = if self.ip.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let probe = UdpSocket::bind((unspecified, 0)).unwrap();
         probe.connect(self.addr()).unwrap();
         probe
             .set_read_timeout(Some(Duration::from_millis(100)))
@@ -243,14 +277,19 @@ impl Nsd {
     /// The instance's `nsd.conf`.
     fn config(&self) -> String {
         let dir = self.dir.0.display();
-        let port = self.port;
+        let (ip, port) = (self.ip, self.port);
+        let (v4, v6) = if ip.is_ipv4() {
+            ("yes", "no")
+        } else {
+            ("no", "yes")
+        };
         let mut conf = format!(
             "\
 server:
-    ip-address: 127.0.0.1
+    ip-address: {ip}
     port: {port}
-    do-ip4: yes
-    do-ip6: no
+    do-ip4: {v4}
+    do-ip6: {v6}
     # The test's own account, root or not: no switch to the account nsd.
     username: \"\"
     chroot: \"\"
@@ -387,10 +426,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Can both a UDP socket and a TCP listener bind `127.0.0.1:port`?
-fn port_free(port: u16) -> bool {
-    UdpSocket::bind(("127.0.0.1", port)).is_ok()
-        && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+/// Can both a UDP socket and a TCP listener bind `ip:port`?
+fn port_free(ip: IpAddr, port: u16) -> bool {
+    UdpSocket::bind((ip, port)).is_ok() && std::net::TcpListener::bind((ip, port)).is_ok()
 }
 
 /// A query for the SOA record of `origin` (without its final dot; "" the root), with

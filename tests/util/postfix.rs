@@ -366,7 +366,7 @@ fn remove_stale() {
 }
 
 /// The files in a queue directory and its hashed subdirectories.
-fn count_files(dir: &Path) -> usize {
+pub fn count_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()

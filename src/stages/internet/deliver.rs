@@ -344,6 +344,16 @@ impl<'a> Delivery<'a> {
                     address,
                     shared: shared.clone(),
                 };
+                // A connection to this very address, kept for another destination: it
+                // serves this one now, on a slot of this destination.
+                if slot.is_none() {
+                    if let Some((c, moved)) = self.shared(&peer, destination, cx)? {
+                        self.sessions += 1;
+                        self.succeeded(destination);
+                        self.transact(key, c, moved, peer, mail);
+                        continue;
+                    }
+                }
                 let held = match slot.take() {
                     Some(held) => held,
                     None => match self.take_slot(destination)? {
@@ -351,14 +361,6 @@ impl<'a> Delivery<'a> {
                         None => break 'exchangers,
                     },
                 };
-                // A connection to this very address, kept for another destination: it
-                // serves this one now, on this destination's slot.
-                if let Some(c) = self.shared(&peer, cx) {
-                    self.sessions += 1;
-                    self.succeeded(destination);
-                    self.transact(key, c, held, peer, mail);
-                    continue;
-                }
                 let target = Target::Address {
                     address,
                     bind: self.s.bind,
@@ -463,29 +465,53 @@ impl<'a> Delivery<'a> {
     }
 
     /// A kept connection to `peer`'s address that this destination may share, after a
-    /// successful RSET; its other destination's slot is given back.
-    fn shared(&mut self, peer: &Peer, cx: &mut Context<'_>) -> Option<Connection> {
-        let idle = cache::lock().take_address(&peer.shared, peer.address)?;
+    /// successful RSET, on a slot of this destination that replaced the other's; `None`
+    /// when there is none, or no slot of this destination is free (the connection is
+    /// kept as it was).
+    fn shared(
+        &mut self,
+        peer: &Peer,
+        destination: &str,
+        cx: &mut Context<'_>,
+    ) -> Result<Option<(Connection, Slot)>, StageError> {
+        let Some(mut idle) = cache::lock().take_address(&peer.shared, peer.address) else {
+            return Ok(None);
+        };
         let c = &idle.connection;
         let worn = c.opened.elapsed() >= self.s.reuse_time
             || (self.s.reuse_limit > 0 && c.messages >= self.s.reuse_limit);
         if worn {
             cache::lock().release(idle);
-            return None;
+            return Ok(None);
         }
-        let Idle {
-            mut connection,
-            slot,
-            ..
-        } = idle;
-        cache::lock().close_slot(&slot);
-        connection.set_deadline(self.deadline);
-        match connection.reset() {
-            Ok(()) => {
-                cx.count("connection-shared");
-                Some(connection)
+        idle.connection.set_deadline(self.deadline);
+        if idle.connection.reset().is_err() {
+            cache::lock().release(idle);
+            return Ok(None);
+        }
+        let start = crate::random::u64() as u32;
+        let moved = {
+            let mut state = cache::lock();
+            let Some(session) = state.session.as_mut() else {
+                return Err(StageError::host("relay-to-internet was not started"));
+            };
+            session.reassign(&idle.slot, destination, self.s.concurrency, start)
+        };
+        match moved {
+            Err(e) => {
+                cache::lock().release(idle);
+                Err(StageError::host(e))
             }
-            Err(_) => None,
+            Ok(Opened::Slot(slot, had_failures)) => {
+                self.had_failures = had_failures;
+                cx.count("connection-shared");
+                Ok(Some((idle.connection, slot)))
+            }
+            Ok(Opened::Busy | Opened::Suspended(_)) => {
+                idle.since = Instant::now();
+                cache::lock().keep(idle);
+                Ok(None)
+            }
         }
     }
 

@@ -25,6 +25,12 @@ pub struct Session {
     pub generation: u64,
 }
 
+/// `DESTINATION_CONCURRENCY` and the first slot to try, as the functions take them.
+fn bounded(limit: u32, start: u32) -> (i32, i32) {
+    let limit = limit.clamp(1, i32::MAX as u32);
+    (limit as i32, (start % limit) as i32)
+}
+
 /// A slot held: the destination and its number, on the session of `generation`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -89,10 +95,43 @@ impl Session {
 
     /// Takes a slot of `destination`, one of `limit`, trying from `start` on.
     pub fn open(&mut self, destination: &str, limit: u32, start: u32) -> Result<Opened, String> {
-        let limit = limit.min(i32::MAX as u32) as i32;
-        let start = (start % limit.max(1) as u32) as i32;
+        let (limit, start) = bounded(limit, start);
         let row =
             self.with(|c| c.query_one(sql::DESTINATION_OPEN, &[&destination, &limit, &start]))?;
+        Ok(self.opened(destination, &row))
+    }
+
+    /// Takes a slot of `destination` for a kept connection that holds `from` (a slot of
+    /// another destination), and gives `from` back when it got one, in one round trip;
+    /// `from` stays held otherwise.
+    pub fn reassign(
+        &mut self,
+        from: &Slot,
+        destination: &str,
+        limit: u32,
+        start: u32,
+    ) -> Result<Opened, String> {
+        if from.generation != self.generation || self.client.is_none() {
+            return self.open(destination, limit, start);
+        }
+        let (limit, start) = bounded(limit, start);
+        let row = self.with(|c| {
+            c.query_one(
+                sql::DESTINATION_MOVE,
+                &[
+                    &from.destination,
+                    &from.number,
+                    &destination,
+                    &limit,
+                    &start,
+                ],
+            )
+        })?;
+        Ok(self.opened(destination, &row))
+    }
+
+    /// What a row of `destination_open` or `destination_move` says.
+    fn opened(&self, destination: &str, row: &postgres::Row) -> Opened {
         let slot: Option<i32> = row.get(0);
         let until: Option<std::time::SystemTime> = row.get(1);
         let failures: i32 = row.get(2);
@@ -100,9 +139,9 @@ impl Session {
             let left = until
                 .duration_since(std::time::SystemTime::now())
                 .unwrap_or_default();
-            return Ok(Opened::Suspended(left.max(Duration::from_secs(1))));
+            return Opened::Suspended(left.max(Duration::from_secs(1)));
         }
-        Ok(match slot {
+        match slot {
             Some(number) => Opened::Slot(
                 Slot {
                     destination: destination.to_string(),
@@ -112,7 +151,7 @@ impl Session {
                 failures > 0,
             ),
             None => Opened::Busy,
-        })
+        }
     }
 
     /// Gives `slot` back; a slot of a session gone went with it.
