@@ -51,6 +51,10 @@
 //!   `MAX_MESSAGES` 1000), against the tests' throwaway PostgreSQL (`fsync = off`).
 //!   The rows are injected while the dispatcher is not running; the clock starts as
 //!   it is started and stops when the queue holds no row that is not failed.
+//!   `BENCH_DISPATCH` adds `;`-separated `KEY = VALUE` lines to `[pepsi-dispatch]`
+//!   (`BENCH_DISPATCH="FAIR_SCHEDULING = no"`). Postfix goes first, Pepsi second;
+//!   `BENCH_ORDER=pepsi-first` the other way round (the second sender's exchangers pay
+//!   for the first one's queue files on the file system).
 //!
 //! Every instance keeps its files under the temporary directory: `TMPDIR=/dev/shm`
 //! puts the Postfix queues (and the PostgreSQL cluster) on tmpfs, apart from the disk's
@@ -894,7 +898,15 @@ fn pepsi_run(
     body: &[u8],
     section: &str,
 ) -> Run {
-    let (s, mut c) = Scenario::new("bench-internet").stages(section).connect();
+    // BENCH_DISPATCH: `KEY = VALUE` lines for [pepsi-dispatch], `;`-separated
+    // (`FAIR_SCHEDULING = no`), over the tests' timers.
+    let dispatch = std::env::var("BENCH_DISPATCH")
+        .unwrap_or_default()
+        .replace(';', "\n");
+    let (s, mut c) = Scenario::new("bench-internet")
+        .timers(&dispatch)
+        .stages(section)
+        .connect();
     inject(&mut c, "out", mails, body);
     // The statements of the run, where the server counts them (the tests' cluster
     // loads pg_stat_statements).
@@ -1171,11 +1183,20 @@ fn main() {
     out.flush().unwrap();
 
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let postfix =
-        (only != "pepsi").then(|| postfix_run(&mut out, &exchangers, &mails, &body, processes));
-    out.flush().unwrap();
-    let pepsi =
-        (only != "postfix").then(|| pepsi_run(&mut out, &exchangers, &mails, &body, &section));
+    // The second sender meets exchangers whose file system has just created and
+    // deleted the first one's 10,000 queue files, which costs them more: with
+    // BENCH_ORDER=pepsi-first, Pepsi goes first.
+    let pepsi_first = std::env::var("BENCH_ORDER").is_ok_and(|o| o == "pepsi-first");
+    let mut postfix = None;
+    let mut pepsi = None;
+    for turn in [pepsi_first, !pepsi_first] {
+        if turn && only != "postfix" {
+            pepsi = Some(pepsi_run(&mut out, &exchangers, &mails, &body, &section));
+        } else if !turn && only != "pepsi" {
+            postfix = Some(postfix_run(&mut out, &exchangers, &mails, &body, processes));
+        }
+        out.flush().unwrap();
+    }
 
     let runs: Vec<(&str, &Run)> = [("postfix", postfix.as_ref()), ("pepsi", pepsi.as_ref())]
         .into_iter()
