@@ -12,8 +12,8 @@
 -- connection attempts failed. Each failure adds one; at DEAD_AFTER the destination is
 -- suspended for DEAD_TIME (suspended_until), and every worker leaves it alone until
 -- then (its messages wait, without a connection and without a strike); the next
--- failure after that suspends it again at once. A connection that succeeds deletes
--- the row. pepsi-queue lists the rows and lifts a suspension (deleting the row).
+-- failure after that suspends it again at once. An exchanger that answers for a
+-- recipient deletes the row. pepsi-queue lists the rows and lifts a suspension (deleting the row).
 --
 -- Workers write only through the functions below (SECURITY DEFINER, checked values);
 -- they cannot read or write the table otherwise.

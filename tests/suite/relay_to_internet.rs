@@ -380,6 +380,12 @@ fn a_dead_destination_is_suspended_shown_lifted_and_then_delivered() {
     let second = inject(&mut c, "out", "sender@origin.example", &["v@d.test"]);
     let waiting = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout > now() + interval '10 minutes'";
     wait_until(WAIT, "both wait out the suspension", || {
+        // A row deferred by the failure that suspended it waits its backoff: due now.
+        c.execute(
+            "UPDATE pepsi.workqueue SET timeout = now() WHERE status = 'paused' AND timeout < now() + interval '10 minutes'",
+            &[],
+        )
+        .unwrap();
         count(&mut c, waiting) == 2
     });
     let mx = net.exchanger(3, &["d.test"], &["u", "v"], &Options::default());
@@ -554,4 +560,33 @@ fn one_kept_connection_serves_two_domains_whose_exchangers_share_an_address() {
         1,
         "one session for both domains:\n{log}"
     );
+}
+
+#[test]
+fn an_exchanger_that_defers_everything_with_4_7_x_slows_its_destination_down_to_a_suspension() {
+    if !nsd::available("rti slow") || !postfix::available("rti slow") {
+        return;
+    }
+    let net = Net::new(51, "s IN MX 10 mx.s\nmx.s IN A 127.0.{N}.3\n", &[]);
+    let slow = Options {
+        main: "smtpd_sender_restrictions = check_sender_access inline:{ {sender@origin.example = 451 4.7.1 too many messages, slow down} }\n".into(),
+        ..Options::default()
+    };
+    let mx = net.exchanger(3, &["s.test"], &["u"], &slow);
+    let (s, mut c) = Scenario::new("rti-slow")
+        .timers("")
+        .stages(&net.stage("out", "DEAD_AFTER = 2\nDEAD_TIME = 1h\n"))
+        .connect();
+    let _d = s.start();
+    let id = inject(&mut c, "out", "sender@origin.example", &["u@s.test"]);
+    // The exchanger is reached every time, and every time it says "slow down".
+    let suspended = "SELECT count(*) FROM pepsi.destinations WHERE destination = 's.test' AND suspended_until > now() AND reason LIKE '%4.7.1%'";
+    wait_until(WAIT, "s.test suspended", || {
+        due_now(&mut c, id);
+        count(&mut c, suspended) == 1
+    });
+    let log = mx.maillog();
+    let refused = log.matches("too many messages, slow down;").count();
+    assert!(refused >= 2, "two deliveries met the reply:\n{log}");
+    assert!(mx.mailbox("u").is_empty());
 }

@@ -9,8 +9,9 @@
 //! 421, a dropped connection), the next exchanger is asked, as Postfix does; a 4xx for
 //! some recipients only defers those. An exchanger that greets with this host's own
 //! name is this host: the mail would loop, and fails 5.4.6. Attempts that reach no
-//! exchanger at all, or meet a 421, count against the destination
-//! (`destinations.rs`); a connection that works clears its count. A suspended
+//! exchanger at all, or meet a 421 or a 4.7.x deferral of every recipient ("slow
+//! down"), count against the destination (`destinations.rs`); an exchanger that answers
+//! for a recipient clears the count. A suspended
 //! destination's message pauses, without a connection and without a strike.
 //!
 //! The replies' texts are the relay's (`stages::relay::transaction`), which call the
@@ -349,7 +350,6 @@ impl<'a> Delivery<'a> {
                 if slot.is_none() {
                     if let Some((c, moved)) = self.shared(&peer, destination, cx)? {
                         self.sessions += 1;
-                        self.succeeded(destination);
                         self.transact(key, c, moved, peer, mail);
                         continue;
                     }
@@ -388,7 +388,6 @@ impl<'a> Delivery<'a> {
                 self.sessions += 1;
                 cx.count("connection-opened");
                 count_tls(&connection, cx);
-                self.succeeded(destination);
                 if greeted_as(&connection.greeting, hostname) {
                     connection.quit();
                     cache::lock().close_slot(&held);
@@ -515,8 +514,8 @@ impl<'a> Delivery<'a> {
         }
     }
 
-    /// A session with the destination's exchanger works: the failures counted against
-    /// it are forgotten.
+    /// An exchanger of the destination answered for a recipient (not a "slow down"):
+    /// the failures counted against the destination are forgotten.
     fn succeeded(&mut self, destination: &str) {
         if self.had_failures {
             self.had_failures = false;
@@ -565,6 +564,14 @@ impl<'a> Delivery<'a> {
         let all_deferred = results
             .iter()
             .all(|(_, r)| matches!(r, RecipientResult::Deferred(_)));
+        // Every recipient deferred with a 4.7.x status (a rate limit, "too many
+        // connections", "try again later"): the exchanger asks for less.
+        self.slow_down |= all_deferred
+            && !results.is_empty()
+            && results.iter().all(|(_, r)| match r {
+                RecipientResult::Deferred(text) => says_slow_down(text),
+                _ => false,
+            });
         for (address, result) in results {
             match result {
                 RecipientResult::Deferred(text) => {
@@ -606,6 +613,13 @@ impl<'a> Delivery<'a> {
     fn after(&mut self, destination: &str, cx: &mut Context<'_>) {
         if self.paused.is_some() {
             return;
+        }
+        let answered = self
+            .settled
+            .values()
+            .any(|r| !matches!(r, RecipientResult::Deferred(_)));
+        if self.sessions > 0 && answered && !self.slow_down {
+            self.succeeded(destination);
         }
         if (self.sessions == 0 && self.failed_attempts > 0) || self.slow_down {
             let why = self.last.clone().unwrap_or_default();
@@ -661,6 +675,16 @@ fn relabel(text: &str, peer: &str) -> String {
 /// exchanger that wants fewer connections gives?
 fn says_421(text: &str) -> bool {
     text.split_whitespace().any(|word| word == "421")
+}
+
+/// Does a deferral's text carry a 4.7.x status (RFC 3463 security or policy: rate
+/// limits, too many connections)?
+fn says_slow_down(text: &str) -> bool {
+    text.split_whitespace().any(|word| {
+        word.strip_prefix("4.7.").is_some_and(|rest| {
+            !rest.is_empty() && rest.len() <= 3 && rest.bytes().all(|b| b.is_ascii_digit())
+        })
+    })
 }
 
 /// Does a greeting name this host (`220 NAME ...`)?

@@ -43,6 +43,13 @@ fn the_relays_texts_name_the_exchanger_and_a_greeting_with_our_name_is_a_loop() 
         "the smarthost greeted with 421 4.7.0 too many connections"
     ));
     assert!(!says_421("cannot connect to 192.0.2.1:4210: refused"));
+    assert!(says_slow_down(
+        "host mx[192.0.2.1] deferred the sender: 451 4.7.1 rate limited"
+    ));
+    assert!(!says_slow_down(
+        "host mx[192.0.2.1] deferred <a@b>: 452 4.2.2 mailbox full"
+    ));
+    assert!(!says_slow_down("4.7.x 4.7. 4.7.1234"));
     assert!(greeted_as("MX.Pepsi.test ESMTP Postfix", "mx.pepsi.test"));
     assert!(!greeted_as(
         "mx.other.test ESMTP mx.pepsi.test",

@@ -13,7 +13,8 @@
 //! (`deliver.rs`). Each connection holds one of the destination's
 //! `DESTINATION_CONCURRENCY` slots, across all workers of all stages
 //! (`destinations.rs`, schema 21); `DEAD_AFTER` attempts in a row that reach no
-//! exchanger (or meet a 421) suspend the destination for `DEAD_TIME`, and its messages
+//! exchanger (or meet a 421, or 4.7.x for every recipient) suspend the destination for
+//! `DEAD_TIME`, and its messages
 //! pause meanwhile without connecting. TLS per destination (`policy.rs`): `TLS`
 //! (`may` by default) unless `TLS_POLICY` names it.
 //!
