@@ -26,6 +26,7 @@ use super::Settings;
 use super::cache::{self, Idle, Peer};
 use super::destinations::{Opened, Slot};
 use super::exchangers::{self, Addresses, Route};
+use super::replies::{greeted_as, relabel, says_421, says_slow_down};
 use crate::escape::Visible;
 use crate::stages::relay::client::{Connection, Target};
 use crate::stages::relay::reply::printable;
@@ -659,40 +660,6 @@ impl<'a> Delivery<'a> {
             }
         }
     }
-}
-
-/// `text` of the relay's, naming the exchanger `peer` where it says "smarthost", or
-/// before it when it does not ("host mx.example[192.0.2.1]: cannot connect …").
-fn relabel(text: &str, peer: &str) -> String {
-    if !text.contains("smarthost") {
-        return format!("host {peer}: {text}");
-    }
-    text.replace("the smarthost", &format!("host {peer}"))
-        .replace("smarthost", &format!("host {peer}"))
-}
-
-/// Does a failure quote a 421 reply ("service not available, closing"), the reply an
-/// exchanger that wants fewer connections gives?
-fn says_421(text: &str) -> bool {
-    text.split_whitespace().any(|word| word == "421")
-}
-
-/// Does a deferral's text carry a 4.7.x status (RFC 3463 security or policy: rate
-/// limits, too many connections)?
-fn says_slow_down(text: &str) -> bool {
-    text.split_whitespace().any(|word| {
-        word.strip_prefix("4.7.").is_some_and(|rest| {
-            !rest.is_empty() && rest.len() <= 3 && rest.bytes().all(|b| b.is_ascii_digit())
-        })
-    })
-}
-
-/// Does a greeting name this host (`220 NAME ...`)?
-fn greeted_as(greeting: &str, hostname: &str) -> bool {
-    greeting
-        .split_whitespace()
-        .next()
-        .is_some_and(|first| first.eq_ignore_ascii_case(hostname))
 }
 
 /// Counts how the connection is protected, as the relay does.

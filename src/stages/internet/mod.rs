@@ -21,7 +21,8 @@
 //! The files: `dns.rs` (the stub resolver), `exchangers.rs` (MX, implicit MX, null
 //! MX), `policy.rs` (`TLS_POLICY`), `destinations.rs` (slots, failures, suspensions),
 //! `cache.rs` (the connections kept, the janitor that closes idle ones), `deliver.rs`
-//! (one destination's delivery). SMTP itself is the relay's (`stages::relay`).
+//! (one destination's delivery), `replies.rs` (what an exchanger's words say). SMTP
+//! itself is the relay's (`stages::relay`).
 //! Listed in `stages::BUILTINS`; it writes no message to the database (the runtime
 //! writes its outcome).
 
@@ -31,6 +32,7 @@ pub mod destinations;
 pub mod dns;
 pub mod exchangers;
 pub mod policy;
+pub mod replies;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
