@@ -92,14 +92,12 @@ pub fn run(
         .to_string();
     let level = s.level_for(&destination)?;
     let key = cache::key(&s.stage, &destination, &hostname, level.name());
-    let headers = message.headers().unwrap_or_default().to_vec();
-    let body = message.body().unwrap_or_default().to_vec();
     let mail = Mail {
         id: message.id,
-        envelope_from: message.mail_from().to_string(),
-        dsn: message.state.get("dsn").cloned(),
-        headers,
-        body,
+        envelope_from: message.mail_from(),
+        dsn: message.state.get("dsn"),
+        headers: message.headers().unwrap_or_default(),
+        body: message.body().unwrap_or_default(),
     };
     d.kept(&key, &mail, cx);
     if !d.pending.is_empty() {
@@ -117,13 +115,13 @@ pub fn run(
     Ok(d.outcome())
 }
 
-/// What is sent: the message as loaded.
-struct Mail {
+/// What is sent: the message as loaded (borrowed, not copied).
+struct Mail<'m> {
     id: i64,
-    envelope_from: String,
-    dsn: Option<serde_json::Value>,
-    headers: Vec<u8>,
-    body: Vec<u8>,
+    envelope_from: &'m str,
+    dsn: Option<&'m serde_json::Value>,
+    headers: &'m [u8],
+    body: &'m [u8],
 }
 
 /// One destination's delivery in progress.
@@ -246,7 +244,7 @@ impl<'a> Delivery<'a> {
     }
 
     /// Uses the connection this worker keeps for `key`, if any.
-    fn kept(&mut self, key: &str, mail: &Mail, cx: &mut Context<'_>) {
+    fn kept(&mut self, key: &str, mail: &Mail<'_>, cx: &mut Context<'_>) {
         let idle = cache::lock().take(key);
         let Some(mut idle) = idle else { return };
         let c = &idle.connection;
@@ -284,7 +282,7 @@ impl<'a> Delivery<'a> {
         hostname: &str,
         level: Level,
         key: &str,
-        mail: &Mail,
+        mail: &Mail<'_>,
         cx: &mut Context<'_>,
     ) -> Result<(), StageError> {
         let resolver = self.s.resolver()?;
@@ -528,19 +526,19 @@ impl<'a> Delivery<'a> {
 
     /// One transaction on an open connection, which is kept for the next message when
     /// it is still usable, else closed with its slot.
-    fn transact(&mut self, key: &str, mut c: Connection, slot: Slot, peer: Peer, mail: &Mail) {
+    fn transact(&mut self, key: &str, mut c: Connection, slot: Slot, peer: Peer, mail: &Mail<'_>) {
         let pending = self.pending.clone();
         let envelope = Envelope {
-            mail_from: &mail.envelope_from,
+            mail_from: mail.envelope_from,
             rcpt_to: &pending,
-            dsn: mail.dsn.as_ref(),
+            dsn: mail.dsn,
             client_ip: None,
             auth_user: None,
             lmtp: false,
         };
         self.via = Some(peer.label.clone());
         let label = peer.label.clone();
-        let results = match transaction::deliver(&mut c, &envelope, &mail.headers, &mail.body) {
+        let results = match transaction::deliver(&mut c, &envelope, mail.headers, mail.body) {
             Ok(results) => {
                 c.messages += 1;
                 cache::lock().keep(Idle {
