@@ -141,14 +141,14 @@ struct Delivery<'a> {
     /// Connection attempts that failed; sessions opened.
     failed_attempts: u32,
     sessions: u32,
-    /// A 421 was met.
+    /// An exchanger said "slow down" (a 421, or 4.7.x to every recipient).
     slow_down: bool,
     /// The destination is suspended or busy: the message pauses this long.
     paused: Option<Duration>,
     /// Exchangers without an address (for good), and lookups that failed for now.
     no_address: Vec<String>,
     lookup_failed: Option<String>,
-    /// The destination's failures were counted before: a session clears them.
+    /// The destination's failures were counted before: an answer clears them.
     had_failures: bool,
     /// Where the message went, for the log.
     via: Option<String>,
@@ -215,9 +215,11 @@ impl<'a> Delivery<'a> {
             .recipients
             .iter()
             .map(|r| {
+                // An address listed twice gets its one result twice.
                 let result = self
                     .settled
-                    .remove(r)
+                    .get(r)
+                    .cloned()
                     .unwrap_or_else(|| RecipientResult::Deferred("4.4.1 not tried".into()));
                 (r.clone(), result)
             })
