@@ -143,9 +143,10 @@ impl Stage for RelayToInternet {
         Ok(Box::new(Settings::of(section)?))
     }
 
-    /// The trust store of `verify` and the `TLS_POLICY` file, as the workers read them.
+    /// The trust store of `verify` and the `TLS_POLICY` file, as the workers read them,
+    /// and a `BIND_ADDRESS` that is no address of this host.
     fn file_errors(&self, section: &Section) -> Vec<ConfigError> {
-        let mut errors = Vec::new();
+        let mut errors: Vec<ConfigError> = bind_error(section).into_iter().collect();
         if let Some(Ok(path)) = section
             .get("TLS_POLICY")
             .map(|p| absolute(section, "TLS_POLICY", p))
@@ -170,6 +171,9 @@ impl Stage for RelayToInternet {
         let settings = Settings::of(section).map_err(|e| e.to_string())?;
         let s = &section.section;
         let named = |key: &str, e: String| s.error(key, e).to_string();
+        if let Some(e) = bind_error(s) {
+            return Err(e.to_string());
+        }
         if settings.nameservers.is_none() && SYSTEM_RESOLVER.get().is_none() {
             let _ = SYSTEM_RESOLVER.set(Resolver::system()?);
         }
@@ -189,6 +193,18 @@ impl Stage for RelayToInternet {
         cache::start(worker);
         Ok(())
     }
+}
+
+/// `BIND_ADDRESS` when this host cannot send from it (no interface has it): every
+/// connection would fail, and every destination be suspended in turn.
+fn bind_error(section: &Section) -> Option<ConfigError> {
+    let address: IpAddr = section.get("BIND_ADDRESS")?.parse().ok()?;
+    std::net::UdpSocket::bind((address, 0)).err().map(|e| {
+        section.error(
+            "BIND_ADDRESS",
+            format!("{address} is not an address of this host: {e}"),
+        )
+    })
 }
 
 /// Does any line of the table ask for `verify`?
@@ -393,6 +409,21 @@ mod tests {
         assert_eq!(
             s.resolver().unwrap().servers,
             s.nameservers.clone().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_bind_address_this_host_does_not_have_is_reported_by_the_check_and_at_start() {
+        let ours = section(&[("BIND_ADDRESS", "127.0.0.1")]);
+        assert!(RelayToInternet.file_errors(&ours.section).is_empty());
+        // TEST-NET-1 (RFC 5737): no interface of a test machine has it.
+        let foreign = section(&[("BIND_ADDRESS", "192.0.2.25")]);
+        let errors = RelayToInternet.file_errors(&foreign.section);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let e = errors[0].to_string();
+        assert!(
+            e.contains("BIND_ADDRESS") && e.contains("not an address of this host"),
+            "{e}"
         );
     }
 
