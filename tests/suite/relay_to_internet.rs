@@ -420,11 +420,13 @@ fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_a_compression_l
         many.push_str(&format!("many IN MX {} mx{i}.many\n", 10 + i));
     }
     many.push_str("mx0.many IN A 127.0.{N}.3\nself IN MX 10 self\nself IN A 127.0.{N}.3\n");
+    // An exchanger whose name holds a space: no TLS name, so clear text at `may`.
+    many.push_str("weird IN MX 10 mx\\032x.weird\nmx\\032x.weird IN A 127.0.{N}.3\n");
     let net = Net::new(48, &many, &[]);
     let mx = net.exchanger(
         3,
-        &["many.test", "self.test"],
-        &["m", "s"],
+        &["many.test", "self.test", "weird.test"],
+        &["m", "s", "w"],
         &Options::default(),
     );
     let hostile = HostileDns::start(Hostile::CompressionLoop);
@@ -458,6 +460,12 @@ fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_a_compression_l
         mx.wait_mailbox("s", 1, WAIT).len(),
         1,
         "an MX naming its own domain"
+    );
+    inject(&mut c, "out", "sender@origin.example", &["w@weird.test"]);
+    assert_eq!(
+        mx.wait_mailbox("w", 1, WAIT).len(),
+        1,
+        "an MX name TLS cannot carry"
     );
     let looped = inject(&mut c, "looped", "sender@origin.example", &["x@loop.test"]);
     wait_until(WAIT, "the looped answer defers", || {

@@ -317,18 +317,24 @@ impl<'a> Delivery<'a> {
                     continue;
                 }
             };
-            let name = match level {
-                Level::None => None,
+            // A name TLS cannot carry: clear text at `may` (which allows it), else this
+            // exchanger cannot be used.
+            let (name, exchanger_level) = match level {
+                Level::None => (None, Level::None),
                 _ => match tls::server_name(&mx.name) {
-                    Ok(n) => Some(n),
+                    Ok(n) => (Some(n), level),
+                    Err(_) if level == Level::May => (None, Level::None),
+                    // The policy wants TLS: the mail waits (a policy problem is never
+                    // a bounce).
                     Err(e) => {
-                        self.no_address.push(format!("{}: {e}", mx.name));
+                        self.lookup_failed =
+                            Some(format!("TLS = {} with {}: {e}", level.name(), mx.name));
                         continue;
                     }
                 },
             };
             let security = Security {
-                level,
+                level: exchanger_level,
                 wrapper: false,
                 config: config.clone(),
                 name,
