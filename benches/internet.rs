@@ -426,25 +426,6 @@ fn queue_dir(p: &Postfix) -> PathBuf {
     p.config_dir().parent().unwrap().join("queue")
 }
 
-/// Runs one of Postfix's commands on the instance; it must succeed.
-#[track_caller]
-fn postfix_command(program: &str, p: &Postfix, args: &[&str]) {
-    let out = Command::new(program)
-        .arg("-c")
-        .arg(p.config_dir())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-}
-
 /// Waits until an SMTP server on `address`:`port` greets.
 #[track_caller]
 fn wait_greeting(address: Ipv4Addr, port: u16) {
@@ -504,7 +485,7 @@ fn start_sender(port: u16, processes: u64) -> Postfix {
     );
     // Started once by the helper, in this process's namespace: stop that master …
     let first = master_of(&p);
-    postfix_command(POSTFIX, &p, &["stop"]);
+    p.run(POSTFIX, &["stop"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     // SAFETY: signal 0 only asks whether the process exists.
     while first.is_some_and(|pid| unsafe { libc::kill(pid as i32, 0) } == 0) {
@@ -769,8 +750,8 @@ fn postfix_run(
     let master = master_of(&sender);
     let before = Cpu::now(master, exchangers);
     let started = Instant::now();
-    postfix_command(POSTSUPER, &sender, &["-H", "ALL"]);
-    postfix_command(POSTQUEUE, &sender, &["-f"]);
+    sender.run(POSTSUPER, &["-H", "ALL"]);
+    sender.run(POSTQUEUE, &["-f"]);
     let released = started.elapsed().as_secs_f64();
     let sent = wait_sent(mails.len(), started, || sender.queued());
     let run = Run::finish(

@@ -73,6 +73,21 @@ impl Net {
     }
 }
 
+/// May a test that needs NSD and Postfix run (`nsd::available`, `postfix::available`)?
+fn runnable(test: &str) -> bool {
+    nsd::available(test) && postfix::available(test)
+}
+
+/// Makes due the paused rows that wait less than `within` (an SQL interval): rows
+/// deferred or paused a few seconds, not those a suspension holds.
+fn make_due(c: &mut Client, within: &str) {
+    c.execute(
+        "UPDATE pepsi.workqueue SET timeout = now() WHERE status = 'paused' AND timeout < now() + $1::text::interval",
+        &[&within],
+    )
+    .unwrap();
+}
+
 /// A port free on 127.0.N.1 to 127.0.N.6.
 fn free_port(n: u8) -> u16 {
     loop {
@@ -104,7 +119,7 @@ fn state_of_recipient(c: &mut Client, recipient: &str) -> serde_json::Value {
 #[test]
 fn mx_by_preference_falls_back_past_a_refusing_exchanger_the_implicit_mx_and_a_cname_deliver_and_three_domains_split()
  {
-    if !nsd::available("rti mx") || !postfix::available("rti mx") {
+    if !runnable("rti mx") {
         return;
     }
     let net = Net::new(
@@ -149,7 +164,7 @@ fn mx_by_preference_falls_back_past_a_refusing_exchanger_the_implicit_mx_and_a_c
 
 #[test]
 fn a_null_mx_fails_5_1_10_without_a_connection_nxdomain_5_1_2_and_no_address_5_4_4() {
-    if !nsd::available("rti null") || !postfix::available("rti null") {
+    if !runnable("rti null") {
         return;
     }
     let net = Net::new(
@@ -190,7 +205,7 @@ fn a_null_mx_fails_5_1_10_without_a_connection_nxdomain_5_1_2_and_no_address_5_4
 
 #[test]
 fn servfail_defers_as_a_host_error_and_the_message_goes_once_the_zone_answers() {
-    if !nsd::available("rti servfail") || !postfix::available("rti servfail") {
+    if !runnable("rti servfail") {
         return;
     }
     let mut net = Net::new(43, "", &[("broken.example", None)]);
@@ -224,7 +239,7 @@ fn servfail_defers_as_a_host_error_and_the_message_goes_once_the_zone_answers() 
 #[test]
 fn a_550_for_one_recipient_reaches_its_report_with_the_exchangers_text_and_the_others_are_delivered()
  {
-    if !nsd::available("rti 550") || !postfix::available("rti 550") {
+    if !runnable("rti 550") {
         return;
     }
     let net = Net::new(
@@ -269,10 +284,7 @@ fn a_550_for_one_recipient_reaches_its_report_with_the_exchangers_text_and_the_o
 
 #[test]
 fn opportunistic_tls_is_used_when_the_exchanger_offers_it() {
-    if !nsd::available("rti tls")
-        || !postfix::available("rti tls")
-        || !crate::util::tls_peer::ca_available("rti tls")
-    {
+    if !runnable("rti tls") || !crate::util::tls_peer::ca_available("rti tls") {
         return;
     }
     let net = Net::new(45, "a IN MX 10 mx.a\nmx.a IN A 127.0.{N}.3\n", &[]);
@@ -296,7 +308,7 @@ fn opportunistic_tls_is_used_when_the_exchanger_offers_it() {
 
 #[test]
 fn never_more_than_destination_concurrency_sessions_from_four_stages_of_workers() {
-    if !nsd::available("rti cap") || !postfix::available("rti cap") {
+    if !runnable("rti cap") {
         return;
     }
     let net = Net::new(46, "a IN MX 10 mx.a\nmx.a IN A 127.0.{N}.3\n", &[]);
@@ -334,11 +346,7 @@ fn never_more_than_destination_concurrency_sessions_from_four_stages_of_workers(
     let left = "SELECT count(*) FROM pepsi.workqueue";
     wait_until(Duration::from_secs(120), "all delivered", || {
         // Rows that found every slot taken pause a few seconds; make them due again.
-        c.execute(
-            "UPDATE pepsi.workqueue SET timeout = now() WHERE status = 'paused'",
-            &[],
-        )
-        .unwrap();
+        make_due(&mut c, "1 day");
         count(&mut c, left) == 0
     });
     assert_eq!(mx.wait_mailbox("alice", 24, WAIT).len(), 24);
@@ -353,7 +361,7 @@ fn never_more_than_destination_concurrency_sessions_from_four_stages_of_workers(
 
 #[test]
 fn a_dead_destination_is_suspended_shown_lifted_and_then_delivered() {
-    if !nsd::available("rti dead") || !postfix::available("rti dead") {
+    if !runnable("rti dead") {
         return;
     }
     let net = Net::new(47, "d IN MX 10 mx.d\nmx.d IN A 127.0.{N}.3\n", &[]);
@@ -381,11 +389,7 @@ fn a_dead_destination_is_suspended_shown_lifted_and_then_delivered() {
     let waiting = "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout > now() + interval '10 minutes'";
     wait_until(WAIT, "both wait out the suspension", || {
         // A row deferred by the failure that suspended it waits its backoff: due now.
-        c.execute(
-            "UPDATE pepsi.workqueue SET timeout = now() WHERE status = 'paused' AND timeout < now() + interval '10 minutes'",
-            &[],
-        )
-        .unwrap();
+        make_due(&mut c, "10 minutes");
         count(&mut c, waiting) == 2
     });
     let mx = net.exchanger(3, &["d.test"], &["u", "v"], &Options::default());
@@ -412,7 +416,7 @@ fn a_dead_destination_is_suspended_shown_lifted_and_then_delivered() {
 #[test]
 fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_a_compression_loop_and_64_kib_of_junk()
  {
-    if !nsd::available("rti hostile") || !postfix::available("rti hostile") {
+    if !runnable("rti hostile") {
         return;
     }
     let mut many = String::new();
@@ -490,7 +494,7 @@ fn hostile_dns_a_thousand_mx_records_an_mx_naming_its_own_domain_a_compression_l
 
 #[test]
 fn an_exchanger_greeting_with_our_own_name_is_a_loop_and_one_greeting_with_100_kb_a_deferral() {
-    if !nsd::available("rti loop") || !postfix::available("rti loop") {
+    if !runnable("rti loop") {
         return;
     }
     let net = Net::new(
@@ -537,7 +541,7 @@ fn an_exchanger_greeting_with_our_own_name_is_a_loop_and_one_greeting_with_100_k
 
 #[test]
 fn one_kept_connection_serves_two_domains_whose_exchangers_share_an_address() {
-    if !nsd::available("rti shared") || !postfix::available("rti shared") {
+    if !runnable("rti shared") {
         return;
     }
     let net = Net::new(
@@ -572,7 +576,7 @@ fn one_kept_connection_serves_two_domains_whose_exchangers_share_an_address() {
 
 #[test]
 fn an_exchanger_that_defers_everything_with_4_7_x_slows_its_destination_down_to_a_suspension() {
-    if !nsd::available("rti slow") || !postfix::available("rti slow") {
+    if !runnable("rti slow") {
         return;
     }
     let net = Net::new(51, "s IN MX 10 mx.s\nmx.s IN A 127.0.{N}.3\n", &[]);

@@ -51,6 +51,39 @@ pub fn bin(name: &str) -> PathBuf {
     }
 }
 
+/// The directories `pepsi-t-TAG-…-PID-N` ([`TempDir::new`] of tag `TAG-…`) whose test
+/// process `PID` has ended (or waits as a zombie): what a test binary killed at a time
+/// limit left behind, with whatever it started still running there.
+pub fn stale_dirs(tag: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    let prefix = format!("pepsi-t-{tag}-");
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&prefix)
+                && name
+                    .rsplit('-')
+                    .nth(1)
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|pid| !alive(pid))
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Is the process `pid` there, and not a zombie waiting for its parent?
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMMAND) STATE …": the command may hold any character but the last ')'.
+    stat.rsplit_once(')')
+        .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
 /// A private temporary directory, removed on drop.
 pub struct TempDir(pub PathBuf);
 

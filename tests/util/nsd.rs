@@ -377,25 +377,12 @@ fn zone_file(origin: &str) -> String {
 /// stopped only if the process of its [`PID_FILE`] is still an `nsd` that names that
 /// directory's configuration.
 fn remove_stale() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(&format!("pepsi-t-{DIR_TAG}-")) {
-            continue;
-        }
-        let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if alive(pid) {
-            continue;
-        }
-        let nsd = std::fs::read_to_string(e.path().join(PID_FILE))
+    for dir in super::stale_dirs(DIR_TAG) {
+        let nsd = std::fs::read_to_string(dir.join(PID_FILE))
             .ok()
             .and_then(|p| p.trim().parse::<i32>().ok());
         if let Some(nsd) = nsd {
-            let conf = e.path().join("nsd.conf");
+            let conf = dir.join("nsd.conf");
             let cmdline = std::fs::read(format!("/proc/{nsd}/cmdline")).unwrap_or_default();
             if String::from_utf8_lossy(&cmdline).contains(&*conf.to_string_lossy()) {
                 // SAFETY: kill has no memory-safety preconditions; the process is
@@ -403,18 +390,8 @@ fn remove_stale() {
                 unsafe { libc::kill(-nsd, libc::SIGKILL) };
             }
         }
-        let _ = std::fs::remove_dir_all(e.path());
+        let _ = std::fs::remove_dir_all(dir);
     }
-}
-
-/// Is the process `pid` there, and not a zombie waiting for its parent?
-fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // "PID (COMMAND) STATE …": the command may hold any character but the last ')'.
-    stat.rsplit_once(')')
-        .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z'))
 }
 
 /// A loopback port free for both UDP and TCP, closed again for NSD to bind.

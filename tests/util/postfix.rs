@@ -199,15 +199,24 @@ impl Postfix {
     /// Runs `postfix -c CONF command`, which must succeed.
     #[track_caller]
     fn postfix(&self, command: &str) {
-        let out = Command::new(POSTFIX)
+        self.run(POSTFIX, &[command]);
+    }
+
+    /// Runs one of Postfix's programs (`postfix`, `postqueue`, `postsuper` …) with `-c
+    /// CONF` and `args`, no standard input; it must succeed (else the instance's log
+    /// is shown).
+    #[track_caller]
+    pub fn run(&self, program: &str, args: &[&str]) {
+        let out = Command::new(program)
             .arg("-c")
             .arg(self.config_dir())
-            .arg(command)
+            .args(args)
+            .stdin(std::process::Stdio::null())
             .output()
-            .unwrap_or_else(|e| panic!("cannot run {POSTFIX}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
         assert!(
             out.status.success(),
-            "postfix {command} failed ({}):\n{}{}{}",
+            "{program} {args:?} failed ({}):\n{}{}{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
@@ -340,28 +349,15 @@ const DIR_TAG: &str = "postfix";
 /// outlives the test that started it. A directory is named
 /// `pepsi-t-postfix-TAG-PID-N` ([`TempDir::new`]), PID the test process's.
 fn remove_stale() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(&format!("pepsi-t-{DIR_TAG}-")) {
-            continue;
-        }
-        let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        if e.path().join("queue/pid/master.pid").exists() {
+    for dir in super::stale_dirs(DIR_TAG) {
+        if dir.join("queue/pid/master.pid").exists() {
             let _ = Command::new(POSTFIX)
                 .arg("-c")
-                .arg(e.path().join("conf"))
+                .arg(dir.join("conf"))
                 .arg("stop")
                 .output();
         }
-        let _ = std::fs::remove_dir_all(e.path());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

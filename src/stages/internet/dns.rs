@@ -291,14 +291,7 @@ fn udp(
             .map_err(|e| format!("UDP: {e}"))?;
         let n = match socket.recv(&mut buf) {
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err("no answer in time".into());
-            }
+            Err(e) if timed_out(&e) => return Err("no answer in time".into()),
             Err(e) => return Err(format!("UDP: {e}")),
         };
         let reply = &buf[..n];
@@ -351,18 +344,20 @@ fn read_full(stream: &mut TcpStream, buf: &mut [u8], until: Instant) -> Result<(
             Ok(0) => return Err("TCP: the server closed the connection".into()),
             Ok(n) => filled += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err("no answer in time".into());
-            }
+            Err(e) if timed_out(&e) => return Err("no answer in time".into()),
             Err(e) => return Err(format!("TCP: {e}")),
         }
     }
     Ok(())
+}
+
+/// Did a read end because its timeout passed (a socket's read timeout reads as either
+/// kind)?
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// Is `reply` a response with this id to exactly this question?
