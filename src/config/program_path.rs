@@ -43,7 +43,8 @@ pub const STAGE_PROGRAM_PREFIX: &str = "pepsi-stage-";
 /// sign mail with its own key, or forge SRS addresses that make the forwarder relay
 /// for anyone), and the relay's transport security (`TLS`, `TLS_WRAPPER`, `TLS_NAME`,
 /// `CA_FILE`: lowered or pointed at a trust store of its own, mail would go in clear
-/// or to whoever it likes; `AUTH_FILE`: the login). The file alone says those.
+/// or to whoever it likes; `AUTH_FILE`: the login; relay-to-internet's `TLS_POLICY`,
+/// which raises a destination to `verify`). The file alone says those.
 pub const FILE_ONLY_KEYS: &[&str] = &[
     "COMMAND",
     "USER",
@@ -54,6 +55,7 @@ pub const FILE_ONLY_KEYS: &[&str] = &[
     "TLS_NAME",
     "CA_FILE",
     "AUTH_FILE",
+    "TLS_POLICY",
 ];
 
 /// `[pepsi] PROGRAM_PATH`: the directories an overlay `PROGRAM` may name a program
@@ -391,6 +393,25 @@ mod tests {
             overlay_refusal(&file, &p, "stage-local", "SMARTHOST", "127.0.0.1:10027"),
             None,
             "a section that does not log in may be moved"
+        );
+    }
+
+    #[test]
+    fn the_overlay_cannot_lower_relay_to_internets_tls_policy_nor_unset_it() {
+        let file = super::super::raw::parse(
+            Path::new("/f.conf"),
+            "[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\nTLS_POLICY = /etc/pepsi/tls-policy\n",
+        )
+        .unwrap();
+        let p = ProgramPath::default();
+        for value in ["/tmp/planted-policy", ""] {
+            let why =
+                overlay_refusal(&file, &p, "stage-out", "TLS_POLICY", value).expect("refused");
+            assert!(why.starts_with("TLS_POLICY is refused"), "{why}");
+        }
+        assert_eq!(
+            overlay_refusal(&file, &p, "stage-out", "NAMESERVER", "127.0.0.1:5353"),
+            None
         );
     }
 

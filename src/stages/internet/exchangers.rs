@@ -373,9 +373,25 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        for bad in ["[nonsense]", "bad domain.example", "é.example"] {
+        for bad in [
+            "[nonsense]",
+            "bad domain.example",
+            "é.example",
+            "a\r\nRCPT TO:<x@y>.example",
+            "a\0b.example",
+            "a\u{202e}b.example",
+            &"a.".repeat(50_000),
+        ] {
             match route(&resolver, bad, 5, soon).unwrap() {
-                Route::Nowhere(n) => assert_eq!(n.status, "5.1.2", "{bad}"),
+                Route::Nowhere(n) => {
+                    assert_eq!(n.status, "5.1.2", "{bad}");
+                    // The reason reaches a report's header: shown, never raw.
+                    assert!(
+                        !n.reason.chars().any(|c| c.is_control() || c == '\u{202e}'),
+                        "{:?}",
+                        n.reason
+                    );
+                }
                 other => panic!("{bad}: {other:?}"),
             }
         }
