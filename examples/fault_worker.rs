@@ -233,10 +233,10 @@ fn commit(db: &mut Client, writes: &mut Vec<Outcome>) {
                 }]);
                 db.query(sql::WRITE_OUTCOMES, &[&row.to_string()])
             }
-            None => db.query(
-                sql::DELETE_FINISHED,
-                &[&vec![id], &vec![stage], &vec![claim]],
-            ),
+            None => {
+                let row = serde_json::json!([{"id": id, "claimed": stage, "claim": claim}]);
+                db.query(sql::DELETE_FINISHED, &[&row.to_string()])
+            }
         }
         .expect("write");
     }

@@ -97,6 +97,23 @@ fn write_text(f: &mut dyn fmt::Write, text: &str, keep: Keep) -> fmt::Result {
     Ok(())
 }
 
+/// Serialized JSON made safe to show, and still the same JSON: every character
+/// [`must_escape`] marks that the serializer left as it is (the C1 controls, the
+/// invisible formatting characters; all in the Basic Multilingual Plane, and only ever
+/// inside strings) is written as a JSON escape `\uXXXX`, which a JSON reader turns back
+/// into the character.
+pub fn json_visible(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if must_escape(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// One value shown on one line: every character [`must_escape`] marks is written in
 /// its escaped form, line ends included. `format!("{}", Visible("a\u{1b}b"))` is
 /// `a\u{1b}b` written out with a backslash.

@@ -10,10 +10,12 @@
 //! (the unknown keys) and `crate::check`; it knows nothing of stages or the database.
 
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::program_path::{DEFAULT_PROGRAM_PATH, ProgramPath};
 use super::raw::{Origin, Problems, Section, Value};
+use super::{MailLogFormat, MailLogTarget};
 use crate::durability::SynchronousCommit;
 
 /// The default `[pepsi-postgres] CONNECTION`.
@@ -72,6 +74,14 @@ pub struct Durability(pub SynchronousCommit);
 /// graph (see `Config::inject_stages`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StageList;
+
+/// Where the delivery log goes ([`crate::config::MailLogTarget`]); default `syslog`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MailLog;
+
+/// The delivery log's form ([`crate::config::MailLogFormat`]); default `text`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogFormat;
 
 /// The kinds whose default is a text as the file would have it.
 pub trait TextDefault {
@@ -134,6 +144,12 @@ fixed_keys! {
     PROGRAM_PATH = Programs(DEFAULT_PROGRAM_PATH),
     /// The stages an injecting role may inject into; default: the entry stages.
     INJECT_STAGES = StageList,
+    /// Where the workers write the delivery log: `syslog`, `no` or a file's path.
+    DELIVERY_LOG = MailLog,
+    /// The delivery log's form: `text` (Postfix's shape) or `json`.
+    LOG_FORMAT = LogFormat,
+    /// How long `pepsi.history` keeps what became of a message.
+    HISTORY_RETENTION = PositiveSeconds(7 * 86_400),
 
     ["pepsi-postgres"]
     /// libpq conninfo or URL: the schema owner's, and every program's without its own.
@@ -279,6 +295,53 @@ impl Key<PositiveSeconds> {
                 })
             })
             .unwrap_or(default)
+    }
+}
+
+impl Key<MailLog> {
+    /// The target, or the default after recording a problem: `syslog`, `no` (none) or
+    /// an absolute path.
+    pub fn read(&self, sections: &[Section], p: &mut Problems) -> MailLogTarget {
+        let Some((section, text)) = self.set_in(sections) else {
+            return MailLogTarget::Syslog;
+        };
+        match text {
+            "syslog" => MailLogTarget::Syslog,
+            "no" | "off" | "none" => MailLogTarget::Off,
+            path if path.starts_with('/') && !path.contains('\0') => {
+                MailLogTarget::File(PathBuf::from(path))
+            }
+            other => {
+                p.push(section.error(
+                    self.name,
+                    format!(
+                        "{} is neither syslog, no nor an absolute path",
+                        crate::escape::Visible(other)
+                    ),
+                ));
+                MailLogTarget::Syslog
+            }
+        }
+    }
+}
+
+impl Key<LogFormat> {
+    /// The form, or the default after recording a problem.
+    pub fn read(&self, sections: &[Section], p: &mut Problems) -> MailLogFormat {
+        let Some((section, text)) = self.set_in(sections) else {
+            return MailLogFormat::Text;
+        };
+        match text {
+            "text" => MailLogFormat::Text,
+            "json" => MailLogFormat::Json,
+            other => {
+                p.push(section.error(
+                    self.name,
+                    format!("{} is neither text nor json", crate::escape::Visible(other)),
+                ));
+                MailLogFormat::Text
+            }
+        }
     }
 }
 

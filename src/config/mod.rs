@@ -74,6 +74,38 @@ pub struct PepsiOptions {
     /// "Containment"), with where it is set; `None` for the default, the graph's entry
     /// stages.
     pub inject_stages: Option<(Vec<String>, Origin)>,
+    /// `DELIVERY_LOG`: where the workers write a line per recipient outcome.
+    pub delivery_log: MailLogTarget,
+    /// `LOG_FORMAT`: that line's form.
+    pub log_format: MailLogFormat,
+    /// `HISTORY_RETENTION`, in whole days (at least 1, at most 3660): how long
+    /// `pepsi.history` keeps what became of a message.
+    pub history_days: i32,
+}
+
+/// A retention in whole days, rounded up, within what `pepsi.history_maintain` takes.
+fn retention_days(retention: Duration) -> i32 {
+    retention.as_secs().div_ceil(86_400).clamp(1, 3660) as i32
+}
+
+/// Where the delivery log goes (`[pepsi] DELIVERY_LOG`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MailLogTarget {
+    /// The system log (`/dev/log`), facility mail, as Postfix logs.
+    Syslog,
+    /// Appended to this file, one line per record.
+    File(PathBuf),
+    /// Nowhere.
+    Off,
+}
+
+/// The delivery log's form (`[pepsi] LOG_FORMAT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MailLogFormat {
+    /// Postfix's `key=value` shape, which `pflogsumm` reads.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 /// The kinds of program that connect with a database role of their own (§4
@@ -323,6 +355,9 @@ impl Config {
             hostname: fixed::HOSTNAME.read(f, &mut p),
             program_path: fixed::PROGRAM_PATH.read(f, &mut p),
             inject_stages: fixed::INJECT_STAGES.read(f),
+            delivery_log: fixed::DELIVERY_LOG.read(f, &mut p),
+            log_format: fixed::LOG_FORMAT.read(f, &mut p),
+            history_days: retention_days(fixed::HISTORY_RETENTION.read(f, &mut p)),
         };
 
         // Read first: its problem is listed before the connections', as it always was.

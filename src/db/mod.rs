@@ -13,6 +13,7 @@ pub mod reconnect;
 pub mod schema;
 pub mod sql;
 pub mod sql_destinations;
+pub mod sql_history;
 pub mod sql_horizon;
 pub mod sql_settings;
 pub mod watch;

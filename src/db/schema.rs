@@ -107,6 +107,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("019_ingress_tls.sql"),
     migration!("020_stage_events.sql"),
     migration!("021_destinations.sql"),
+    migration!("022_history.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -100,7 +100,10 @@ macro_rules! load_columns {
             FROM pepsi.settings s \
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
                                        THEN ARRAY[lower(q.mail_from)] \
-                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text"
+                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text, \
+         q.message_id, extract(epoch FROM q.arrived)::float8, \
+         CASE WHEN jsonb_typeof(q.trail -> -1 -> 'at') = 'number' \
+              THEN least(greatest((q.trail -> -1 -> 'at')::numeric, 0), 1e15)::float8 / 1000 END"
     };
 }
 
@@ -112,30 +115,35 @@ pub const LOAD_METADATA: &str = concat!(
     " FROM pepsi.workqueue q WHERE q.workqueue_id = ANY ($1)"
 );
 
-/// Loads rows with their header block, body and arrival time (epoch seconds, for a
-/// report that states it). $1 ids (int8[]).
+/// Loads rows with their header block and body. $1 ids (int8[]).
 pub const LOAD_FULL: &str = concat!(
     "SELECT ",
     load_columns!(),
-    ", q.headers, b.body, extract(epoch FROM q.arrived)::float8 FROM pepsi.workqueue q \
+    ", q.headers, b.body FROM pepsi.workqueue q \
      LEFT JOIN pepsi.workqueue_body b ON b.body_id = q.body_id \
      WHERE q.workqueue_id = ANY ($1)"
 );
 
 /// A worker's outcome writes for a batch, one round trip (§12.3), through
 /// `pepsi.workqueue_write`. $1 a JSON array of objects {id, claimed, claim, stage,
-/// status, delay_ms, state, and, when a stage rewrote them (`rewritten`: true),
+/// status, delay_ms, state, trail (appended to the row's), log (records for
+/// `pepsi.history`, schema 22), and, when a stage rewrote them (`rewritten`: true),
 /// mail_from, rcpt_to, header_from, subject and, when it added header fields, base64
 /// prepend_headers}. Guarded: only rows still `running` at
 /// the stage they were claimed at, under the claim token the dispatcher handed with
 /// them, are written (§12.2, §6). Returns the written ids.
 pub const WRITE_OUTCOMES: &str = "SELECT w FROM pepsi.workqueue_write($1::text::jsonb) w";
 
-/// A worker's finished messages, one round trip, through `pepsi.workqueue_finish`. $1
-/// ids (int8[]), $2 the stages they were claimed at (text[]), $3 their claim tokens
-/// (int8[]). Guarded like [`WRITE_OUTCOMES`]. Returns the deleted ids.
-pub const DELETE_FINISHED: &str =
-    "SELECT f FROM pepsi.workqueue_finish($1::int8[], $2::text[], $3::int8[]) f";
+/// A worker's finished messages, one round trip, through `pepsi.workqueue_done`
+/// (schema 22). $1 a JSON array of objects {id, claimed, claim, trail, log}: the rows
+/// deleted, guarded like [`WRITE_OUTCOMES`], each with its records written to
+/// `pepsi.history` in the same statement. Returns the deleted ids.
+pub const DELETE_FINISHED: &str = "SELECT f FROM pepsi.workqueue_done($1::text::jsonb) f";
+
+/// The delivery history's upkeep (schema 22), on the dispatcher's thread pool at start
+/// and every hour: partitions for the next days made, days past $1 (int4, the
+/// retention in days) dropped. Returns the partitions dropped (int4).
+pub const HISTORY_MAINTAIN: &str = "SELECT pepsi.history_maintain($1)";
 
 /// Splits a claimed row's recipients (§12.5), one round trip. $1 id (int8), $2 groups
 /// (JSON text), $3 the claimed stage (guard), $4 the stage the groups continue at or
@@ -398,6 +406,52 @@ pub const QUEUE_SHAPE: &str = "SELECT q.stage, q.status::text, width_bucket(q.ag
                     extract(epoch FROM now())::float8 - extract(epoch FROM arrived)::float8 AS age \
                FROM pepsi.workqueue) q \
       GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+
+/// `pepsi-queue shape` (Postfix `qshape`): messages by a key and age bucket, the top
+/// keys and the total, grouped and ranked by the server in one statement. $1 the key
+/// (text): `recipient-domain` (each recipient's domain, the part after its last `@`,
+/// lower-cased), `sender` (the sender's domain the same way, `MAILER-DAEMON` for the
+/// null sender) or `stage`; $2 the upper bounds of the age buckets in minutes (float8[],
+/// ascending); $3 stage and $4 status (text), each NULL for any; $5 the most keys
+/// (int8). A message counts once per key it has (`count(DISTINCT id)`: once for a
+/// domain however many of its recipients are there, and in each of its domains) and
+/// once in the total. Returns (total bool, key text — NULL on the total —, bucket int4
+/// — 0 below the first bound, i from the i-th bound on —, messages int8, the key's rank
+/// int8 — by messages, then by key in byte order —, the number of keys int8), the
+/// total first, then the keys ranked up to $5, each by bucket, buckets without
+/// messages left out. The age counts from `arrived` as a difference of epochs (an
+/// infinite arrival gives an infinite age, not an error). Reads the whole table (one
+/// sequential scan); locks nothing.
+pub const QUEUE_SHAPE_BY_KEY: &str = "WITH m AS ( \
+        SELECT q.workqueue_id AS id, k.key, \
+               width_bucket((extract(epoch FROM now())::float8 \
+                             - extract(epoch FROM q.arrived)::float8) / 60, $2::float8[]) AS bucket \
+          FROM pepsi.workqueue q \
+         CROSS JOIN LATERAL ( \
+               SELECT lower(split_part(r.address, '@', -1)) \
+                 FROM unnest(q.rcpt_to) AS r(address) WHERE $1::text = 'recipient-domain' \
+               UNION ALL \
+               SELECT CASE WHEN q.mail_from = '' THEN 'MAILER-DAEMON' \
+                           ELSE lower(split_part(q.mail_from, '@', -1)) END \
+                WHERE $1::text = 'sender' \
+               UNION ALL \
+               SELECT q.stage WHERE $1::text = 'stage') AS k(key) \
+         WHERE ($3::text IS NULL OR q.stage = $3::text) \
+           AND ($4::text IS NULL OR q.status::text = $4::text)), \
+     g AS ( \
+        SELECT GROUPING(m.key) = 1 AS total, m.key, m.bucket, count(DISTINCT m.id)::int8 AS n \
+          FROM m GROUP BY GROUPING SETS ((m.key, m.bucket), (m.bucket))), \
+     t AS ( \
+        SELECT g.*, sum(g.n) OVER (PARTITION BY g.total, g.key) AS key_n FROM g), \
+     ranked AS ( \
+        SELECT t.*, dense_rank() OVER (PARTITION BY t.total \
+                                       ORDER BY t.key_n DESC, t.key COLLATE \"C\") AS rank \
+          FROM t), \
+     counted AS ( \
+        SELECT ranked.*, max(ranked.rank) OVER (PARTITION BY ranked.total) AS keys FROM ranked) \
+     SELECT c.total, c.key, c.bucket, c.n, c.rank::int8, c.keys::int8 \
+       FROM counted c WHERE c.total OR c.rank <= $5::int8 \
+      ORDER BY c.total DESC, c.rank, c.bucket";
 
 /// The events stages counted (`pepsi.stage_events`, schema 20). No parameters.
 /// Returns (stage, event, count (int8)), by stage and event.

@@ -40,6 +40,8 @@ pub enum Job {
     InjectStages(Vec<String>),
     /// Read who holds the database's oldest snapshot.
     Horizon,
+    /// The delivery history's upkeep, keeping this many days.
+    History(i32),
 }
 
 /// Starts the pool; jobs sent to the returned sender run in order of arrival.
@@ -82,7 +84,7 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Job::Horizon => {
                     events.send(Event::Horizon(Err(e.message)));
                 }
-                Job::UnknownStages(_) | Job::InjectStages(_) => {}
+                Job::UnknownStages(_) | Job::InjectStages(_) | Job::History(_) => {}
             }
             return;
         }
@@ -126,6 +128,19 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
             let holders = horizon::read(&mut **conn).map_err(|e| db::describe(&e));
             events.send(Event::Horizon(holders));
         }
+        // Hourly and idempotent: a failure waits for the next hour (partitions are
+        // made two days ahead; rows meanwhile go to the default partition).
+        Job::History(days) => match conn
+            .query_typed_one(sql::HISTORY_MAINTAIN, &[(&days, Type::INT4)])
+        {
+            Ok(row) => {
+                let dropped: i32 = row.get(0);
+                if dropped > 0 {
+                    log::info!("delivery history: {dropped} day(s) older than {days} days dropped");
+                }
+            }
+            Err(e) => log::warn!("delivery history upkeep failed: {}", db::describe(&e)),
+        },
         // Idempotent and rewritten at every start and reload, a reconnect included (a
         // reconnected LISTEN session reloads): a failure here is only a warning.
         Job::InjectStages(stages) => match db::write_inject_stages(&mut **conn, &stages) {
@@ -154,6 +169,7 @@ fn name(job: &Job) -> &'static str {
     match job {
         Job::Flush(_) => "statistics flush",
         Job::BodyGc => "body GC",
+        Job::History(_) => "history upkeep",
         Job::ReadReload(_) => "configuration reload",
         Job::UnknownStages(_) => "unknown-stage count",
         Job::InjectStages(_) => "entry stages",

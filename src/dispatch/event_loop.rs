@@ -498,6 +498,7 @@ impl Dispatcher {
                     now,
                     self.opts.stats_interval,
                     self.claim_side.ledger(),
+                    self.config.pepsi.history_days,
                 );
             }
             Due::IdleFlush => self.housekeeping.idle_flush(self.claim_side.ledger()),

@@ -55,6 +55,8 @@ pub struct Housekeeping {
     horizon_in_flight: bool,
     /// When a failed read was last logged.
     horizon_failure_logged: Option<Instant>,
+    /// When the delivery history's upkeep is next due.
+    history_due: Instant,
 }
 
 impl Housekeeping {
@@ -82,6 +84,7 @@ impl Housekeeping {
             horizon_checked: now,
             horizon_in_flight: false,
             horizon_failure_logged: None,
+            history_due: now,
         }
     }
 
@@ -134,12 +137,23 @@ impl Housekeeping {
         self.flush_in_flight
     }
 
-    /// The `STATS_INTERVAL` tick: flush, and run the body GC after activity.
-    pub fn stats_tick(&mut self, now: Instant, interval: Duration, ledger: &mut Ledger) {
+    /// The `STATS_INTERVAL` tick: flush, run the body GC after activity, and the
+    /// delivery history's upkeep (keeping `history_days`) when it is due.
+    pub fn stats_tick(
+        &mut self,
+        now: Instant,
+        interval: Duration,
+        ledger: &mut Ledger,
+        history_days: i32,
+    ) {
         self.next_stats_tick = now + interval;
         self.flush(ledger);
         if std::mem::take(&mut self.active_since_gc) {
             self.send(Job::BodyGc);
+        }
+        if now >= self.history_due {
+            self.history_due = now + timers::HISTORY_GAP;
+            self.send(Job::History(history_days));
         }
     }
 

@@ -17,6 +17,9 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 pub const IDLE_FLUSH_GAP: Duration = Duration::from_secs(1);
 /// Rows at unknown stages are counted at most this often.
 pub const UNKNOWN_STAGE_GAP: Duration = Duration::from_secs(60);
+/// How often the delivery history's upkeep runs (`pepsi.history_maintain`: the next
+/// days' partitions, expired days dropped); the first at the first statistics tick.
+pub const HISTORY_GAP: Duration = Duration::from_secs(3600);
 
 /// What is due.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,7 +22,8 @@ use std::path::PathBuf;
 use crate::exit::Failure;
 
 use commands::{
-    parse_config, parse_destinations, parse_ids, parse_inject, parse_list, parse_resume, parse_show,
+    parse_config, parse_destinations, parse_ids, parse_inject, parse_list, parse_resume,
+    parse_shape, parse_show, parse_trace,
 };
 use options::{Arg, Args, stage_name, text, unexpected};
 pub use options::{ids_from_text, usage};
@@ -120,6 +121,22 @@ pub enum Command {
         headers: bool,
         /// `--body`.
         body: bool,
+        /// `--json`.
+        json: bool,
+    },
+    /// `shape [--by KEY] [--top N] [--stage S] [--status X] [--json]`: messages by age
+    /// and key, like Postfix's `qshape`.
+    Shape {
+        /// The options.
+        options: crate::queue::shape::Options,
+        /// `--json`.
+        json: bool,
+    },
+    /// `trace ID | --message-id ID | --remote-id ID [--json]`: what became of a
+    /// message.
+    Trace {
+        /// What to trace by.
+        key: crate::queue::trace::TraceKey,
         /// `--json`.
         json: bool,
     },
@@ -233,6 +250,8 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
         }
         "list" => parse_list(&mut args),
         "show" => parse_show(&mut args),
+        "shape" => parse_shape(&mut args),
+        "trace" => parse_trace(&mut args),
         "inject" => parse_inject(&mut args),
         "resume" => parse_resume(&mut args, stdin_ids),
         "hold" | "release" | "delete" => {
@@ -272,8 +291,8 @@ pub fn parse(rest: Vec<OsString>, stdin_ids: &[i64]) -> Result<Command, Failure>
         "destinations" => parse_destinations(&mut args),
         "config" => parse_config(&mut args),
         other => Err(usage(format!(
-            "unknown command {other:?} (status, list, show, inject, resume, hold, release, \
-             delete, requeue, metrics, destinations, config, settings)"
+            "unknown command {other:?} (status, list, show, shape, trace, inject, resume, hold, \
+             release, delete, requeue, metrics, destinations, config, settings)"
         ))),
     }
 }
@@ -325,6 +344,83 @@ mod tests {
         assert_eq!(code(&["status", "--json=yes"]), 64);
         assert_eq!(code(&["frobnicate"]), 64);
         assert_eq!(code(&[]), 64);
+    }
+
+    #[test]
+    fn shape_takes_a_key_a_top_and_filters_and_refuses_bad_values_escaped() {
+        use crate::queue::shape::{By, Options};
+        assert_eq!(
+            ok(&["shape"]),
+            Command::Shape {
+                options: Options::default(),
+                json: false
+            }
+        );
+        assert_eq!(
+            ok(&[
+                "shape",
+                "--by=sender",
+                "--top",
+                "3",
+                "--status",
+                "paused",
+                "--json"
+            ]),
+            Command::Shape {
+                options: Options {
+                    by: By::Sender,
+                    top: 3,
+                    stage: None,
+                    status: Some("paused".into())
+                },
+                json: true
+            }
+        );
+        for (words, shown) in [
+            (
+                &["shape", "--by", "dom\r\nain\u{202e}"][..],
+                "\"dom\\r\\nain\\u{202e}\"",
+            ),
+            (&["shape", "--top", "0"][..], "\"0\""),
+            (&["shape", "--top", "-2"][..], "\"-2\""),
+            (&["shape", "--top", "1\u{0}"][..], "\"1\\u{0}\""),
+        ] {
+            let e = parse(args(words), &[]).unwrap_err();
+            assert_eq!(e.code, 64, "{words:?}");
+            assert!(e.message.contains(shown), "{}", e.message);
+            assert!(
+                !e.message.contains(['\r', '\u{202e}', '\0']),
+                "{}",
+                e.message
+            );
+        }
+        assert_eq!(code(&["shape", "--status", "stuck"]), 64);
+        assert_eq!(code(&["shape", "example.org"]), 64);
+    }
+
+    #[test]
+    fn trace_takes_exactly_one_key_and_a_message_id_gets_its_brackets() {
+        use crate::queue::trace::TraceKey;
+        let key = |words: &[&str]| match ok(words) {
+            Command::Trace { key, .. } => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(&["trace", "7"]), TraceKey::Id(7));
+        assert_eq!(
+            key(&["trace", "--message-id", "m@x"]),
+            TraceKey::MessageId("<m@x>".into())
+        );
+        assert_eq!(
+            key(&["trace", "--message-id=<m@x>", "--json"]),
+            TraceKey::MessageId("<m@x>".into())
+        );
+        assert_eq!(
+            key(&["trace", "--remote-id", "4F2K"]),
+            TraceKey::RemoteId("4F2K".into())
+        );
+        assert_eq!(code(&["trace"]), 64);
+        assert_eq!(code(&["trace", "7", "--remote-id", "x"]), 64);
+        assert_eq!(code(&["trace", "x7"]), 64);
     }
 
     #[test]

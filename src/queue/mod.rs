@@ -9,12 +9,14 @@
 //!   maps database errors to exit statuses;
 //! - [`status`] reads the queue's shape and the statistics in one snapshot, which
 //!   `status` prints and [`metrics`] turns into the Prometheus text format;
-//! - [`list`] is `list` and `show`; [`inject`] and [`message`] are `inject`; [`repair`]
-//!   is `resume`, `hold`, `release`, `delete` and `requeue`; [`overlay`] is `config
-//!   set|unset` and [`effective`] `config show`; [`settings`] is `settings`, the
-//!   per-address settings (§20); [`destinations`] is `destinations` and its `lift`,
-//!   relay-to-internet's destinations in trouble (§22); [`format`](mod@format) lays
-//!   out text for people;
+//! - [`list`] is `list` and `show`; [`shape`] is `shape`, the queue by age and by
+//!   recipient domain, sender domain or stage (Postfix `qshape`); [`trace`] is
+//!   `trace`, what became of a message (its stages, splits and outcomes); [`inject`] and
+//!   [`message`] are `inject`; [`repair`] is `resume`, `hold`, `release`, `delete` and
+//!   `requeue`; [`overlay`] is `config set|unset` and [`effective`] `config show`;
+//!   [`settings`] is `settings`, the per-address settings (§20); [`destinations`] is
+//!   `destinations` and its `lift`, relay-to-internet's destinations in trouble (§22);
+//!   [`format`](mod@format) lays out text for people;
 //! - [`multicall`] picks the program by the name the binary was started as:
 //!   `pepsi-settings` (the commands of `settings`), `pepsi-config` (those of
 //!   `config`), or `pepsi-queue`.
@@ -38,7 +40,9 @@ pub mod multicall;
 pub mod overlay;
 pub mod repair;
 pub mod settings;
+pub mod shape;
 pub mod status;
+pub mod trace;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -59,11 +63,15 @@ use args::{Command, Repair};
 pub const PROGRAM: Program = Program {
     name: "pepsi-queue",
     synopsis: "COMMAND [ARGS]",
-    about: "The Pepsi operator's tool. Commands (--json on status, list, show, the repair commands, destinations, config check and config show prints one JSON document):\n  \
+    about: "The Pepsi operator's tool. Commands (--json on status, list, show, shape, trace, the repair commands, destinations, config check and config show prints one JSON document):\n  \
             status                         rows per stage and status, ages, unknown stages, statistics\n  \
             list [--stage S] [--status X] [--sender KEY] [--limit N]\n                                 \
             one line per message, oldest first (like mailq)\n  \
             show ID [--headers] [--body]   a message's columns and state\n  \
+            shape [--by recipient-domain|sender|stage] [--top N] [--stage S] [--status X]\n                                 \
+            messages by age and key, the top N (20) keys (like qshape)\n  \
+            trace ID | --message-id ID | --remote-id ID\n                                 \
+            what became of a message: its stages, splits and each recipient's outcome\n  \
             inject --stage S --from A --to B [--to C ...] [FILE|-]\n  \
             inject --stage S -f A B [C ...]  read a message (sendmail style) and queue it\n         \
             [--auth-user L] [--client-ip IP] [--local] [--state JSON]\n  \
@@ -255,6 +263,8 @@ pub fn run(invocation: OsInvocation) -> Result<(), Failure> {
                     body,
                     json,
                 } => list::show(&mut session, id, headers, body, json),
+                Command::Shape { options, json } => shape::run(&mut session, &options, json),
+                Command::Trace { key, json } => trace::run(&mut session, &key, json),
                 Command::Resume { what, json } => repair::resume(&mut session, what, json),
                 Command::Repair { repair, ids, json } => {
                     let action = match repair {

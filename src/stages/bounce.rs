@@ -58,6 +58,10 @@ impl Stage for Bounce {
         false
     }
 
+    fn delivers(&self) -> bool {
+        false
+    }
+
     fn keys(&self) -> &'static [&'static str] {
         &["BOUNCE_SIZE_LIMIT"]
     }

@@ -34,6 +34,10 @@ impl Stage for Discard {
         true
     }
 
+    fn delivers(&self) -> bool {
+        false
+    }
+
     fn keys(&self) -> &'static [&'static str] {
         &[]
     }

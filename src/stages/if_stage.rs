@@ -396,6 +396,10 @@ impl Stage for If {
         true
     }
 
+    fn delivers(&self) -> bool {
+        false
+    }
+
     fn keys(&self) -> &'static [&'static str] {
         &["MATCH", "ELSE_STAGE"]
     }

@@ -32,6 +32,10 @@ impl Stage for Pass {
         true
     }
 
+    fn delivers(&self) -> bool {
+        false
+    }
+
     fn keys(&self) -> &'static [&'static str] {
         &[]
     }

@@ -49,15 +49,18 @@ mod col {
     pub const SENDER_KEY: usize = 10;
     /// Seconds since `arrived`, or since `state.dsn_created` for a DSN.
     pub const LIFETIME_AGE: usize = 11;
-    /// The per-address settings of the correspondents, as JSON text; the last of the
-    /// columns both loads share.
+    /// The per-address settings of the correspondents, as JSON text.
     pub const SETTINGS: usize = 12;
+    /// The header block's Message-ID.
+    pub const MESSAGE_ID: usize = 13;
+    /// `arrived`, as epoch seconds.
+    pub const ARRIVED: usize = 14;
+    /// When the trail's last pass ended, as epoch seconds; NULL before the first.
+    pub const ENTERED: usize = 15;
     /// `LOAD_FULL` only.
-    pub const HEADERS: usize = 13;
+    pub const HEADERS: usize = 16;
     /// `LOAD_FULL` only.
-    pub const BODY: usize = 14;
-    /// `LOAD_FULL` only: `arrived`, as epoch seconds.
-    pub const ARRIVED: usize = 15;
+    pub const BODY: usize = 17;
 }
 
 /// The serve loop's state: what a batch is loaded with and handed to.
@@ -440,6 +443,17 @@ fn lifetime_age(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)
 }
 
+/// A time given as epoch seconds; `None` for none or one the system cannot hold.
+fn epoch(seconds: Option<f64>) -> Option<std::time::SystemTime> {
+    let s = seconds.filter(|s| s.is_finite())?;
+    let since = Duration::try_from_secs_f64(s.abs()).ok()?;
+    if s >= 0.0 {
+        std::time::UNIX_EPOCH.checked_add(since)
+    } else {
+        std::time::UNIX_EPOCH.checked_sub(since)
+    }
+}
+
 /// Builds a message from a row of [`sql::LOAD_METADATA`] / [`sql::LOAD_FULL`].
 /// A row the table's constraints allow but a stage cannot work with (a NULL in
 /// `rcpt_to`, say) is that message's permanent error, not a crash of the worker.
@@ -474,18 +488,11 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
     message.lifetime_age =
         lifetime_age(column::<Option<f64>>(row, col::LIFETIME_AGE)?.unwrap_or(f64::NAN));
     message.settings = settings::parse(column::<Option<String>>(row, col::SETTINGS)?.as_deref());
+    message.message_id = column(row, col::MESSAGE_ID)?;
+    message.arrived = epoch(column(row, col::ARRIVED)?);
+    message.entered = epoch(column(row, col::ENTERED)?).or(message.arrived);
     if loaded == Load::Full {
         message.set_content(column(row, col::HEADERS)?, column(row, col::BODY)?);
-        message.arrived = column::<Option<f64>>(row, col::ARRIVED)?
-            .filter(|s| s.is_finite())
-            .and_then(|s| {
-                let since = Duration::try_from_secs_f64(s.abs()).ok()?;
-                if s >= 0.0 {
-                    std::time::UNIX_EPOCH.checked_add(since)
-                } else {
-                    std::time::UNIX_EPOCH.checked_sub(since)
-                }
-            });
     }
     Ok(message)
 }

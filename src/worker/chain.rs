@@ -22,10 +22,12 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::errors::handle_error;
+use super::maillog::About;
 use super::message::Message;
 use super::outcome::{Outcome, StageError};
 use super::plan::{Plan, Write, update_row};
 use super::recipients;
+use super::record::{self, Event};
 use super::registry::Registry;
 use super::settings::{self, Group};
 use super::stage::{Configured, Context, Load, Stage};
@@ -339,6 +341,20 @@ impl Runner {
             };
             if let Ok(Outcome::Advance(next)) = &result {
                 if self.can_fuse(next, &message, depth, loaded) {
+                    // What this stage handed on is recorded here, at this stage; the
+                    // next one's outcome is its own.
+                    if let Some(handed) = plan.handed.take() {
+                        plan.about = About::of(&message);
+                        plan.records.extend(record::records(
+                            &message,
+                            &stage,
+                            Event::Delivered,
+                            Some(&handed),
+                            None,
+                            "2.0.0",
+                            plan.timing,
+                        ));
+                    }
                     stage = next.clone();
                     depth += 1;
                     continue;
@@ -360,12 +376,54 @@ impl Runner {
         result: Result<Outcome, StageError>,
     ) {
         let claimed = plan.claimed.clone();
+        plan.about = About::of(&message);
+        let delivers = section
+            .and_then(|s| self.registry.for_program(&s.program))
+            .is_none_or(|b| b.delivers());
         match result {
             Ok(Outcome::Advance(next)) => {
+                if plan.handed.is_some() {
+                    plan.records.extend(record::records(
+                        &message,
+                        stage,
+                        Event::Delivered,
+                        plan.handed.as_ref(),
+                        None,
+                        "2.0.0",
+                        plan.timing,
+                    ));
+                }
                 plan.write = Write::Update(update_row(&message, &claimed, &next, "pending", None));
             }
-            Ok(Outcome::Finish) => plan.write = Write::Delete,
+            Ok(Outcome::Finish) => {
+                let event = if plan.handed.is_some() || delivers {
+                    Event::Delivered
+                } else {
+                    Event::Discarded
+                };
+                let reason = (event == Event::Discarded).then(|| format!("discarded by {stage}"));
+                plan.records.extend(record::records(
+                    &message,
+                    stage,
+                    event,
+                    plan.handed.as_ref(),
+                    reason.as_deref(),
+                    "2.0.0",
+                    plan.timing,
+                ));
+                plan.write = Write::Delete;
+            }
             Ok(Outcome::Pause(delay)) => {
+                let reason = format!("delivery paused by {stage} for {}s", delay.as_secs());
+                plan.records.extend(record::records(
+                    &message,
+                    stage,
+                    Event::Deferred,
+                    plan.handed.as_ref(),
+                    Some(&reason),
+                    "4.0.0",
+                    plan.timing,
+                ));
                 plan.write =
                     Write::Update(update_row(&message, &claimed, stage, "paused", Some(delay)));
             }

@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::maillog::About;
 use super::message::Message;
 use super::outcome::{ErrorClass, StageError};
 use super::plan::{Plan, Write, update_row};
+use super::record::{Event, enhanced, records};
 use crate::config::StageSection;
 use crate::db::{self, ErrorKind};
 use crate::protocol;
@@ -170,6 +172,12 @@ pub(super) fn handle_error(
             plan.answer = answer;
         }
         Fate::Fail { class, answer } => {
+            let event = if class == PERMANENT {
+                Event::Bounced
+            } else {
+                Event::Expired
+            };
+            record(plan, &message, stage, event, &error);
             if class == PERMANENT {
                 log::warn!("{stage}: message {id}: permanent error, failing it: {error}");
             } else {
@@ -183,6 +191,7 @@ pub(super) fn handle_error(
             plan.answer = answer;
         }
         Fate::Bounce { stage: bounce } => {
+            record(plan, &message, stage, Event::Expired, &error);
             mark_failed(&mut message, stage, RETRIES_EXHAUSTED, &error);
             log::warn!(
                 "{stage}: message {id}: giving up after MAX_LIFETIME ({}s), moving it to {bounce}: {error}",
@@ -191,6 +200,7 @@ pub(super) fn handle_error(
             plan.write = Write::Update(update_row(&message, &claimed, &bounce, "pending", None));
         }
         Fate::Retry { failures, delay } => {
+            record(plan, &message, stage, Event::Deferred, &error);
             log::warn!(
                 "{stage}: message {id}: host error, retry {failures} in {} min: {error}",
                 delay.as_secs() / 60
@@ -206,6 +216,30 @@ pub(super) fn handle_error(
                 Write::Update(update_row(&message, &claimed, stage, "paused", Some(delay)));
         }
     }
+}
+
+/// Records `event` for each of the message's recipients in the plan: what the stage
+/// said of it, else the error's text with the status the stage chose, else one by the
+/// event (4.0.0 deferred, 4.4.7 expired, 5.0.0 bounced).
+fn record(plan: &mut Plan, message: &Message, stage: &str, event: Event, error: &StageError) {
+    let chosen = error.dsn.as_ref().map(|d| d.status.as_str());
+    let dsn = match event {
+        // A deferral's chosen status is the one it would expire with; what it says
+        // now is the reason's own, if it has one.
+        Event::Deferred => enhanced(&error.message, '4').unwrap_or("4.0.0"),
+        Event::Expired => chosen.unwrap_or("4.4.7"),
+        _ => chosen.unwrap_or("5.0.0"),
+    };
+    plan.about = About::of(message);
+    plan.records.extend(records(
+        message,
+        stage,
+        event,
+        plan.handed.as_ref(),
+        Some(&error.message),
+        dsn,
+        plan.timing,
+    ));
 }
 
 /// Records why and where a message failed in its state: the error for the system

@@ -81,9 +81,13 @@ pub struct Message {
     /// How long the message has lived, from `arrived` or `state.dsn_created`, when it
     /// was loaded.
     pub lifetime_age: Duration,
-    /// When the message arrived, for stages that load the header block and body
-    /// (`Load::Full`); `None` for a metadata load or a time the system cannot hold.
+    /// When the message arrived; `None` for a time the system cannot hold.
     pub arrived: Option<SystemTime>,
+    /// When it came to the stage it was claimed at (its trail's last pass, else its
+    /// arrival), for the delivery log's delays.
+    pub entered: Option<SystemTime>,
+    /// Its header block's Message-ID (computed by the database), if it has one.
+    pub message_id: Option<String>,
     headers: Option<Vec<u8>>,
     body: Option<Vec<u8>>,
     /// Overrides from `pepsi.settings` for the correspondents, all stages.
@@ -120,6 +124,8 @@ impl Message {
             sender_key,
             lifetime_age: Duration::ZERO,
             arrived: None,
+            entered: None,
+            message_id: None,
             headers: None,
             body: None,
             settings: Vec::new(),

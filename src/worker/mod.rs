@@ -29,6 +29,9 @@
 //! - `errors.rs`: the error model of §12.4: `fate`, the pure decision (fail, retry
 //!   with backoff, give up to `BOUNCE_STAGE`), and its application to a plan;
 //! - `plan.rs`: what one batch entry writes, under which guard, and what it answers;
+//! - `maillog.rs`: the delivery log, a line per record once its write committed;
+//! - `record.rs`: what an outcome records of each recipient (`pepsi.history`, the
+//!   delivery log);
 //! - [`settings`]: per-address settings (§12.5) and what a correspondent may override;
 //! - `registry.rs`: [`Registry`], the stages a program is made of, by program name;
 //! - `stage.rs`: [`Stage`], [`Configured`], [`Context`], [`Load`];
@@ -43,10 +46,12 @@ mod batch;
 mod chain;
 mod errors;
 pub mod input;
+mod maillog;
 pub mod message;
 mod outcome;
 mod plan;
 mod recipients;
+mod record;
 mod registry;
 pub mod runtime;
 pub mod settings;

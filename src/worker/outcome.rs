@@ -207,10 +207,15 @@ impl RecipientResult {
 
 /// The per-recipient outcome of [`Outcome::Recipients`]: every recipient of the row,
 /// each with its result, and where the done ones go.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecipientOutcomes {
     /// The stage done recipients advance to; `None` finishes them.
     pub next: Option<String>,
     /// Each recipient of the row (exactly as in `rcpt_to`) with its result.
     pub results: Vec<(String, RecipientResult)>,
+    /// Where the message was handed, for the delivery log (`host[address]:port`).
+    pub relay: Option<String>,
+    /// The reply that accepted the message for the done recipients (`250 2.0.0 Ok:
+    /// queued as 4F2K…`), for the delivery log.
+    pub accepted: Option<String>,
 }

@@ -14,8 +14,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
+use super::maillog::About;
 use super::message::Message;
 use super::outcome::Notification;
+use super::record::{Handed, Record, Timing};
 use crate::protocol::{self, StageEvent, StageTime};
 
 /// The longest pause a stage's outcome may ask for: far beyond any retry policy, and
@@ -32,6 +34,9 @@ pub(super) enum Write {
     Update(Value),
     /// Delete the row: the message is done.
     Delete,
+    /// [`Write::Delete`] as the write carries it: one element of
+    /// [`crate::db::sql::DELETE_FINISHED`]'s recordset.
+    Done(Value),
     /// Fail the row at its claimed stage without rewriting its state (the worker could
     /// not load or read it): [`crate::db::sql::FAIL_IN_PLACE`] merges these failure
     /// keys into the stored state.
@@ -67,6 +72,16 @@ pub(super) struct Plan {
     pub(super) events: Vec<StageEvent>,
     /// What to write.
     pub(super) write: Write,
+    /// What the write records of each recipient (`pepsi.history`, the delivery log).
+    pub(super) records: Vec<Record>,
+    /// The message the records are of.
+    pub(super) about: About,
+    /// When this pass began.
+    pub(super) timing: Timing,
+    /// What the stage said of each recipient it handed on (a relay's replies).
+    pub(super) handed: Option<Handed>,
+    /// Did the database take the write?
+    pub(super) written: bool,
 }
 
 impl Plan {
@@ -80,6 +95,11 @@ impl Plan {
             report: Vec::new(),
             events: Vec::new(),
             write: Write::Nothing,
+            records: Vec::new(),
+            about: About::default(),
+            timing: Timing::now(),
+            handed: None,
+            written: false,
         }
     }
 
@@ -94,6 +114,11 @@ impl Plan {
             report: Vec::new(),
             events: Vec::new(),
             write: Write::Nothing,
+            records: Vec::new(),
+            about: About::of(message),
+            timing: Timing::now(),
+            handed: None,
+            written: false,
         }
     }
 

@@ -31,6 +31,7 @@ use serde_json::{Map, Value, json};
 use super::message::Message;
 use super::outcome::{Outcome, RecipientOutcomes, RecipientResult, StageError};
 use super::plan::Plan;
+use super::record::Handed;
 use super::writes::split_row;
 use crate::escape::Visible;
 
@@ -80,7 +81,13 @@ fn record(stage: &str, outcomes: &RecipientOutcomes) -> Value {
         .iter()
         .map(|(address, result)| (address.clone(), result_json(result)))
         .collect();
-    json!({"stage": stage, "next": outcomes.next, "rcpt": rcpt})
+    json!({
+        "stage": stage,
+        "next": outcomes.next,
+        "rcpt": rcpt,
+        "relay": outcomes.relay,
+        "accepted": outcomes.accepted,
+    })
 }
 
 /// Takes a verdict off the message's state: the outcomes it records for the message's
@@ -102,7 +109,13 @@ pub(super) fn take_recorded(message: &mut Message, stage: &str) -> Option<Recipi
         .iter()
         .map(|address| Some((address.clone(), result_of(rcpt.get(address)?)?)))
         .collect::<Option<Vec<_>>>()?;
-    Some(RecipientOutcomes { next, results })
+    let text = |key: &str| verdict.get(key).and_then(Value::as_str).map(str::to_string);
+    Some(RecipientOutcomes {
+        next,
+        results,
+        relay: text("relay"),
+        accepted: text("accepted"),
+    })
 }
 
 /// The recipients grouped by the kind of their result (done, deferred, failed, in
@@ -212,6 +225,11 @@ pub(super) fn settle(
     stage: &str,
     outcomes: RecipientOutcomes,
 ) -> Option<Result<Outcome, StageError>> {
+    plan.handed = Some(Handed::from_results(
+        outcomes.relay.clone(),
+        outcomes.accepted.as_deref(),
+        &outcomes.results,
+    ));
     let groups = grouped(message.rcpt_to(), &outcomes);
     if groups.len() <= 1 {
         let group = groups.into_iter().next().unwrap_or_default();
@@ -333,6 +351,7 @@ mod tests {
                 ("a@y".into(), RecipientResult::Done),
                 ("b@y".into(), RecipientResult::Deferred("451 later".into())),
             ],
+            ..Default::default()
         }
     }
 

@@ -151,6 +151,7 @@ pub fn run(globals: &Globals, registry: Registry, own: &'static dyn Stage) -> Re
         log::debug!("[pepsi] SHARE_TELEMETRY is on");
     }
     let batch_max = batch_max(&graph, registry, own);
+    super::maillog::init(&config.pepsi);
     let mut runner = Runner::new(config, graph, registry);
     let (sections, successors, durability) = check_sections(&mut runner, own, stage.as_deref())?;
     // `off` (the default): group commit across concurrent workers, a lost outcome is

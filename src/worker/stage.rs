@@ -52,6 +52,12 @@ pub trait Stage: Sync {
     fn loads(&self) -> Load;
     /// Whether `FUSION` defaults to yes for this program.
     fn fusion_default(&self) -> bool;
+    /// Whether a message this stage finishes was delivered (a relay, `exec`) rather
+    /// than dropped (`discard`, a `pass` or `if` without `NEXT`, a bounce of a
+    /// bounce): what the delivery log and `pepsi.history` call it.
+    fn delivers(&self) -> bool {
+        true
+    }
     /// The keys of its own a section of this program may set, besides the keys every
     /// stage section has ([`crate::config::graph::STAGE_KEYS`]); any other key draws an
     /// "unknown key" warning.

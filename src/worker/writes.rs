@@ -14,11 +14,13 @@
 use std::collections::HashSet;
 
 use postgres::types::Type;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::errors::status_for;
+use super::maillog;
 use super::outcome::Notification;
 use super::plan::{Plan, Write};
+use super::record;
 use crate::db::pool::PgConn;
 use crate::db::{self, ErrorKind, sql};
 use crate::escape::Visible;
@@ -43,9 +45,55 @@ enum Shape {
     Delete,
 }
 
-/// Writes every plan's outcome: failures in place and splits one by one (both are
-/// rare), then one UPDATE and one DELETE.
+/// Writes every plan's outcome and then its delivery log lines.
 pub(super) fn commit(conn: &mut PgConn, plans: &mut [Plan]) {
+    for plan in plans.iter_mut() {
+        annotate(plan);
+    }
+    write_all(conn, plans);
+    for plan in plans.iter().filter(|p| p.written && !p.records.is_empty()) {
+        maillog::records(&plan.about, &plan.records);
+    }
+}
+
+/// Adds to an update's or a delete's element what it records: the trail of this pass
+/// (each stage run, its time, when the pass ended) and the records of the outcome.
+fn annotate(plan: &mut Plan) {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let trail: Vec<Value> = plan
+        .report
+        .iter()
+        .map(|(stage, us)| json!({"stage": stage, "us": us, "at": at}))
+        .collect();
+    let log = (!plan.records.is_empty()).then(|| record::to_json(&plan.records));
+    let element = match &mut plan.write {
+        Write::Update(v) => v,
+        Write::Delete => {
+            plan.write = Write::Done(json!({
+                "id": plan.id,
+                "claimed": plan.claimed,
+                "claim": plan.claim,
+            }));
+            let Write::Done(v) = &mut plan.write else {
+                unreachable!("just set")
+            };
+            v
+        }
+        _ => return,
+    };
+    if !trail.is_empty() {
+        element["trail"] = Value::Array(trail);
+    }
+    if let Some(log) = log {
+        element["log"] = log;
+    }
+}
+
+/// Writes every plan's outcome: failures in place, splits and bounces one by one
+/// (all are rare), then one UPDATE and one DELETE.
+fn write_all(conn: &mut PgConn, plans: &mut [Plan]) {
     for plan in plans.iter_mut() {
         if let Write::Fail { class, error } = &plan.write {
             let (class, error) = (*class, error.clone());
@@ -97,7 +145,7 @@ pub(super) fn commit(conn: &mut PgConn, plans: &mut [Plan]) {
     write_batch(conn, &mut updates, Shape::Update);
     let mut deletes: Vec<&mut Plan> = plans
         .iter_mut()
-        .filter(|p| matches!(p.write, Write::Delete))
+        .filter(|p| matches!(p.write, Write::Done(_)))
         .collect();
     write_batch(conn, &mut deletes, Shape::Delete);
 }
@@ -124,6 +172,7 @@ fn bounce(conn: &mut PgConn, plan: &mut Plan, notification: &Notification) {
     });
     match result.map(|row| row.get::<_, Option<i64>>(0)) {
         Ok(Some(dsn)) => {
+            maillog::returned(plan.id, dsn, &n.recipient, &plan.claimed);
             log::info!(
                 "{}: message {}: delivery status notification {dsn} to <{}> queued at {}",
                 plan.claimed,
@@ -154,7 +203,8 @@ fn write_batch(conn: &mut PgConn, plans: &mut [&mut Plan], shape: Shape) {
     match run_shape(conn, plans, shape) {
         Ok(written) => {
             for plan in plans.iter_mut() {
-                if !written.contains(&plan.id) {
+                plan.written = written.contains(&plan.id);
+                if !plan.written {
                     log::warn!(
                         "{}: message {} was taken away while this worker held it; its outcome was not written",
                         plan.claimed,
@@ -337,7 +387,17 @@ pub(super) fn split_row(
             ],
         )
     })?;
-    Ok(row.get(0))
+    let new: Option<Vec<i64>> = row.get(0);
+    if let Some(new) = &new {
+        let groups: Vec<Vec<String>> = serde_json::from_str(groups).unwrap_or_default();
+        let parts: Vec<(i64, Vec<String>)> = new
+            .iter()
+            .copied()
+            .zip(groups.into_iter().skip(1))
+            .collect();
+        maillog::split(id, &parts, stage.unwrap_or(claimed));
+    }
+    Ok(new)
 }
 
 /// Runs one batched write; returns the ids it wrote (the others were taken away).
@@ -361,15 +421,16 @@ fn run_shape(
             })?
         }
         Shape::Delete => {
-            let ids: Vec<i64> = plans.iter().map(|p| p.id).collect();
-            let claimed: Vec<String> = plans.iter().map(|p| p.claimed.clone()).collect();
-            let claims: Vec<i64> = plans.iter().map(|p| p.claim).collect();
+            let rows: Vec<Value> = plans
+                .iter()
+                .filter_map(|p| match &p.write {
+                    Write::Done(v) => Some(v.clone()),
+                    _ => None,
+                })
+                .collect();
+            let payload = Value::Array(rows).to_string();
             db::retry_transient(|| {
-                conn.query_prepared(
-                    sql::DELETE_FINISHED,
-                    &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
-                    &[&ids, &claimed, &claims],
-                )
+                conn.query_prepared(sql::DELETE_FINISHED, &[Type::TEXT], &[&payload])
             })?
         }
     };

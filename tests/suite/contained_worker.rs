@@ -186,7 +186,7 @@ report["rows"]["guessed_writes"] = guessed
 print("ready", flush=True)
 for line in sys.stdin:
     mid, token = (int(x) for x in line.split())
-    cur.execute("SELECT count(*) FROM pepsi.workqueue_finish(ARRAY[%s]::int8[], ARRAY['evil'], ARRAY[%s]::int8[])", (mid, token))
+    cur.execute("SELECT count(*) FROM pepsi.workqueue_done(%s::jsonb)", (json.dumps([{"id": mid, "claimed": "evil", "claim": token}]),))
     report["own_finish"] = cur.fetchone()[0]
     with open(os.environ["HOSTILE_OUT"] + ".tmp", "w") as f:
         json.dump(report, f)

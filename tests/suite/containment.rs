@@ -403,7 +403,9 @@ fn a_worker_changes_only_the_rows_it_holds_the_claim_of_and_never_a_claim() {
         assert!(
             w.query(
                 sql::DELETE_FINISHED,
-                &[&vec![running], &vec!["s"], &vec![guess]]
+                &[&format!(
+                    r#"[{{"id": {running}, "claimed": "s", "claim": {guess}}}]"#
+                )]
             )
             .unwrap()
             .is_empty()

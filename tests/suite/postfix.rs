@@ -32,7 +32,7 @@ use crate::util::{Scenario, assert_has, assert_lacks, stage};
 /// stage) drops mail from `spam.test` and passes the rest on to `reinject`; the bounce
 /// stage, where the failure bouncer moves failed mail, hands its notifications to
 /// `reinject` too.
-const PIPELINE: &str = "\
+pub(super) const PIPELINE: &str = "\
 [stage-filter]
 PROGRAM = {if}
 MATCH = sender-domain is spam.test
@@ -84,12 +84,26 @@ pub(super) fn open_pipeline(
     master: &str,
     pipeline: &str,
 ) -> Option<Loop> {
+    open_configured(tag, mailboxes, main, master, pipeline, "")
+}
+
+/// [`open_pipeline`], with `pepsi` (lines, each ending in a line feed) added to the
+/// `[pepsi]` section: `DELIVERY_LOG = …`.
+pub(super) fn open_configured(
+    tag: &str,
+    mailboxes: &[&str],
+    main: &str,
+    master: &str,
+    pipeline: &str,
+    pepsi: &str,
+) -> Option<Loop> {
     if !postfix::available(tag) {
         return None;
     }
     let recipe = Recipe::from_guide().on_ports(free_port(), free_port(), &stage("relay"));
     let (s, c) = Scenario::new(tag)
         .pepsi(&recipe.pepsi)
+        .pepsi(pepsi)
         .timers("")
         .section("pepsi-ingress", &recipe.ingress)
         .section("pepsi-failure-bouncer", "BOUNCE_STAGE = bounce\n")

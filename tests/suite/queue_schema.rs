@@ -17,12 +17,13 @@ fn every_public_schema_object_has_a_comment() {
                 AND obj_description(p.oid, 'pg_proc') IS NULL \
              UNION ALL \
              SELECT 'relation ' || c.oid::regclass::text FROM pg_class c \
-              WHERE c.relnamespace = 'pepsi'::regnamespace \
+              WHERE c.relnamespace = 'pepsi'::regnamespace AND NOT c.relispartition \
                 AND obj_description(c.oid, 'pg_class') IS NULL \
              UNION ALL \
              SELECT 'column ' || c.oid::regclass::text || '.' || a.attname \
                FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
               WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p') \
+                AND NOT c.relispartition \
                 AND a.attnum > 0 AND NOT a.attisdropped \
                 AND col_description(c.oid, a.attnum) IS NULL \
              UNION ALL \
@@ -137,14 +138,14 @@ fn a_batch_write_of_ten_thousand_rows_finds_each_by_its_id_and_guard() {
         left as usize, refused,
         "the unguarded rows stay as they were"
     );
+    let rows: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "claimed": "a", "claim": 7}))
+        .collect();
     let finished = c
         .query(
-            "SELECT f FROM pepsi.workqueue_finish($1, $2, $3) f",
-            &[
-                &ids,
-                &vec!["a".to_string(); ids.len()],
-                &vec![7i64; ids.len()],
-            ],
+            "SELECT f FROM pepsi.workqueue_done($1::text::jsonb) f",
+            &[&serde_json::Value::Array(rows).to_string()],
         )
         .unwrap()
         .len();

@@ -211,15 +211,17 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
 
     // Finish: the row goes, and its body with it (the release trigger).
     let before = body_count(&mut owner);
-    let claimed = vec!["s".to_string()];
+    let claimed = ["s".to_string()];
     let done = w
         .query_typed(
             sql::DELETE_FINISHED,
-            &[
-                (&vec![ids[3]], Type::INT8_ARRAY),
-                (&claimed, Type::TEXT_ARRAY),
-                (&vec![tok[3]], Type::INT8_ARRAY),
-            ],
+            &[(
+                &format!(
+                    r#"[{{"id": {}, "claimed": "{}", "claim": {}}}]"#,
+                    ids[3], claimed[0], tok[3]
+                ),
+                Type::TEXT,
+            )],
         )
         .unwrap();
     assert_eq!(done.len(), 1);

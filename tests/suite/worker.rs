@@ -1120,7 +1120,7 @@ fn statements_for(queue_limit: u32, n: usize) -> i64 {
     let count = |c: &mut Client| {
         statement_calls(c, "%FROM pepsi.workqueue q WHERE q.workqueue_id = ANY%")
             + statement_calls(c, "SELECT w FROM pepsi.workqueue_write(%")
-            + statement_calls(c, "SELECT f FROM pepsi.workqueue_finish(%")
+            + statement_calls(c, "SELECT f FROM pepsi.workqueue_done(%")
     };
     let before = count(&mut c);
     assert!(w.run(&ids).iter().all(|l| code(l) == 0));

@@ -1,11 +1,12 @@
 //! Each `pepsi-queue` command's own options, read into its [`Command`]: `list`, `show`,
-//! `inject`, `resume`, the id lists of the repair commands, `destinations` (and its
-//! `lift`), and `config` (`check`, `show`, `set`, `unset`).
+//! `shape`, `inject`, `resume`, the id lists of the repair commands, `destinations`
+//! (and its `lift`), and `config` (`check`, `show`, `set`, `unset`).
 //!
 //! Owns which options a command takes and how they combine; called by
 //! [`super::parse`]. It reads arguments and checks shared values only through
 //! [`super::options`] (and `lift`'s destination through the pure
-//! `queue::destinations::checked`), and must not touch the help text.
+//! `queue::destinations::checked`, `shape`'s key through `queue::shape::By`), and must
+//! not touch the help text.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -17,6 +18,8 @@ use super::{Command, DEFAULT_LIST_LIMIT, Inject, Input, RESUMABLE, ResumeWhat, S
 use crate::escape::Visible;
 use crate::exit::Failure;
 use crate::queue::destinations;
+use crate::queue::shape::{self, By};
+use crate::queue::trace::{self, TraceKey};
 
 /// `list [--stage S] [--status X] [--sender KEY] [--limit N] [--json]`.
 pub(super) fn parse_list(args: &mut Args) -> Result<Command, Failure> {
@@ -69,6 +72,66 @@ pub(super) fn parse_show(args: &mut Args) -> Result<Command, Failure> {
         body,
         json,
     })
+}
+
+/// `shape [--by KEY] [--top N] [--stage S] [--status X] [--json]`. A value of `--by`
+/// or `--top` comes from the command line, so its usage error shows it escaped.
+pub(super) fn parse_shape(args: &mut Args) -> Result<Command, Failure> {
+    let (mut options, mut json) = (shape::Options::default(), false);
+    while let Some(arg) = args.next()? {
+        match arg {
+            Arg::Flag(f) if f == "--by" => {
+                let v = args.value(&f)?;
+                options.by = By::from_name(&v).ok_or_else(|| {
+                    usage(format!(
+                        "--by: unknown key \"{}\" ({})",
+                        Visible(&v),
+                        By::names()
+                    ))
+                })?;
+            }
+            Arg::Flag(f) if f == "--top" => {
+                let v = args.value(&f)?;
+                options.top = v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    usage(format!(
+                        "--top: \"{}\" is not a positive number",
+                        Visible(&v)
+                    ))
+                })?;
+            }
+            Arg::Flag(f) if f == "--stage" => options.stage = Some(args.value(&f)?),
+            Arg::Flag(f) if f == "--status" => {
+                options.status = Some(status(&f, args.value(&f)?, STATUSES)?);
+            }
+            Arg::Flag(f) if f == "--json" => json = true,
+            other => return Err(unexpected("shape", other)),
+        }
+    }
+    Ok(Command::Shape { options, json })
+}
+
+/// `trace ID | --message-id ID | --remote-id ID [--json]`: exactly one key.
+pub(super) fn parse_trace(args: &mut Args) -> Result<Command, Failure> {
+    let (mut key, mut json) = (None, false);
+    while let Some(arg) = args.next()? {
+        let given = match arg {
+            Arg::Flag(f) if f == "--json" => {
+                json = true;
+                continue;
+            }
+            Arg::Flag(f) if f == "--message-id" => {
+                TraceKey::MessageId(trace::message_id(&args.value(&f)?))
+            }
+            Arg::Flag(f) if f == "--remote-id" => TraceKey::RemoteId(args.value(&f)?),
+            Arg::Operand(o) => TraceKey::Id(id(&o)?),
+            other => return Err(unexpected("trace", other)),
+        };
+        if key.replace(given).is_some() {
+            return Err(usage("trace takes one of ID, --message-id and --remote-id"));
+        }
+    }
+    let key = key.ok_or_else(|| usage("trace needs an ID, --message-id ID or --remote-id ID"))?;
+    Ok(Command::Trace { key, json })
 }
 
 /// `inject`, with `--to` and a FILE or with the recipients as arguments (sendmail style).

@@ -158,6 +158,8 @@ struct Delivery<'a> {
     had_failures: bool,
     /// Where the message went, for the log.
     via: Option<String>,
+    /// The reply that took the message, for the delivery log.
+    accepted: Option<String>,
 }
 
 impl<'a> Delivery<'a> {
@@ -178,6 +180,7 @@ impl<'a> Delivery<'a> {
             lookup_failed: None,
             had_failures: false,
             via: None,
+            accepted: None,
         }
     }
 
@@ -233,6 +236,8 @@ impl<'a> Delivery<'a> {
         Outcome::Recipients(RecipientOutcomes {
             next: self.s.next.clone(),
             results,
+            relay: self.via.as_ref().map(|v| format!("{v}:{}", self.s.port)),
+            accepted: self.accepted.clone(),
         })
     }
 
@@ -555,6 +560,9 @@ impl<'a> Delivery<'a> {
         let results = match transaction::deliver(&mut c, &envelope, mail.headers, mail.body) {
             Ok(results) => {
                 c.messages += 1;
+                if let Some(reply) = c.last_reply.take() {
+                    self.accepted = Some(reply);
+                }
                 cache::lock().keep(Idle {
                     key: key.to_string(),
                     connection: c,

@@ -345,6 +345,8 @@ pub struct Connection {
     pub tls: Option<Negotiated>,
     /// The greeting's text (the host's name first, by custom).
     pub greeting: String,
+    /// The reply that accepted the last message's data (the last one, over LMTP).
+    pub last_reply: Option<String>,
 }
 
 /// Connects to a TCP target, trying each of its addresses in turn.
@@ -416,6 +418,7 @@ impl Connection {
             messages: 0,
             tls: None,
             greeting: String::new(),
+            last_reply: None,
         })
     }
 

@@ -489,9 +489,11 @@ impl Configured for ConfiguredRelay {
         };
         let headers = message.headers().unwrap_or_default();
         let body = message.body().unwrap_or_default();
+        let mut accepted = None;
         let results = match transaction::deliver(&mut connection, &envelope, headers, body) {
             Ok(results) => {
                 connection.messages += 1;
+                accepted = connection.last_reply.take();
                 *slot = Some(Kept { key, connection });
                 results
             }
@@ -536,6 +538,8 @@ impl Configured for ConfiguredRelay {
         Ok(Outcome::Recipients(RecipientOutcomes {
             next: self.next.clone(),
             results,
+            relay: Some(self.target.to_string()),
+            accepted,
         }))
     }
 }

@@ -231,6 +231,7 @@ pub fn deliver(
     headers: &[u8],
     body: &[u8],
 ) -> Result<Results, (Broken, Results)> {
+    c.last_reply = None;
     if unsendable(e.mail_from) {
         return Ok(refuse_all(
             e.rcpt_to,
@@ -413,6 +414,9 @@ fn deliver_clean(
                         .and_then(|r| sane(&r, "the data's final dot").map(|()| r))
                     {
                         Ok(reply) => {
+                            if reply.is_ok() {
+                                c.last_reply = Some(reply.to_string());
+                            }
                             results[i].1 = Some(result_of(&reply, &format!("<{}>", results[i].0)))
                         }
                         Err(b) => {
@@ -427,6 +431,9 @@ fn deliver_clean(
             } else {
                 let reply = c.reply_within(done).map_err(broken)?;
                 sane(&reply, "the data's final dot").map_err(broken)?;
+                if reply.is_ok() {
+                    c.last_reply = Some(reply.to_string());
+                }
                 for &i in &accepted {
                     results[i].1 = Some(result_of(&reply, "the message"));
                 }
