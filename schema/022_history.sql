@@ -3,10 +3,10 @@
 -- trace; doc/operating.md "Following a message").
 --
 -- The queue's rows gain three columns:
--- - trail: the stages a row passed, appended by the write that moves it on (one
---   element per stage a worker ran: {"stage", "us" (its time in microseconds), "at"
---   (epoch milliseconds when the pass ended)}); no extra statement, it rides on the
---   write the hop makes anyway;
+-- - trail: the stages a row passed, appended by the write that moves it on: a line
+--   "STAGE US AT" per stage a worker ran (its time in microseconds, and the epoch
+--   milliseconds when the pass ended); no extra statement, it rides on the write the
+--   hop makes anyway, and text is appended without parsing what is there;
 -- - origin: the id of the message a row was split from (NULL: the row is the
 --   original), so the parts of a message are found together;
 -- - message_id: the Message-ID of the header block, computed by the database from
@@ -25,24 +25,38 @@
 -- The Message-ID of a header block: the first Message-ID field's <…> (folded or
 -- not), of printable ASCII without '<' and '>', at most 250 characters; NULL when
 -- there is none. Reads the first 64 KiB only; never fails (bytes beyond ASCII are
--- seen as \ooo escapes, which cannot form a match across them).
+-- seen as \ooo escapes, which cannot form a match across them). The field is found by
+-- position and only a short slice goes through the regular expression: computed for
+-- every message queued, it must cost little (a few microseconds): no SET clause, whose
+-- setting and resetting would cost more than the search; every name is qualified.
 CREATE FUNCTION pepsi.header_message_id(p_headers bytea) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT SET search_path = pg_catalog, pg_temp
-RETURN (regexp_match(encode(substring(p_headers FROM 1 FOR 65536), 'escape'),
-                     '(?:^|\n)message-id:[ \t]*(?:\r?\n[ \t]+)?(<[!-;=?-~]{1,250}>)', 'i'))[1];
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE STRICT AS $$
+DECLARE
+    v_text text := E'\n' || pg_catalog.encode(pg_catalog.substring(p_headers, 1, 65536), 'escape');
+    v_at integer;
+    v_id text;
+BEGIN
+    v_at := pg_catalog.strpos(pg_catalog.lower(v_text), E'\nmessage-id:');
+    IF v_at = 0 THEN
+        RETURN NULL;
+    END IF;
+    v_id := pg_catalog.substring(pg_catalog.substr(v_text, v_at + 12, 400),
+                                 '^[ \t]*(?:\r?\n[ \t]+)?(<[!-;=?-~]+>)');
+    RETURN CASE WHEN pg_catalog.length(v_id) <= 252 THEN v_id END;
+END $$;
 
 COMMENT ON FUNCTION pepsi.header_message_id(bytea) IS
     'The Message-ID (with its angle brackets) of a header block, or NULL: the first '
     'Message-ID field''s value, printable ASCII, at most 250 characters.';
 
 ALTER TABLE pepsi.workqueue
-    ADD COLUMN trail jsonb,
+    ADD COLUMN trail text,
     ADD COLUMN origin bigint,
     ADD COLUMN message_id text GENERATED ALWAYS AS (pepsi.header_message_id(headers)) STORED;
 
 COMMENT ON COLUMN pepsi.workqueue.trail IS
-    'The stages this message passed, oldest first: a JSON array of {"stage", "us" (the '
-    'worker''s time there, microseconds), "at" (epoch milliseconds the pass ended)}, '
+    'The stages this message passed, oldest first: a line "STAGE US AT" each (the '
+    'worker''s time there in microseconds, the epoch milliseconds the pass ended), '
     'appended by the write that moves it on; NULL before its first stage.';
 COMMENT ON COLUMN pepsi.workqueue.origin IS
     'The id of the message this row was split from; NULL for the original.';
@@ -67,6 +81,7 @@ CREATE TABLE pepsi.history (
     arrived timestamptz,
     queued_ms bigint,
     stage_ms bigint,
+    trail text,
     detail jsonb
 ) PARTITION BY RANGE (at);
 
@@ -98,15 +113,19 @@ COMMENT ON COLUMN pepsi.history.arrived IS 'When the message arrived.';
 COMMENT ON COLUMN pepsi.history.queued_ms IS
     'Milliseconds the message waited at the stage before this pass began.';
 COMMENT ON COLUMN pepsi.history.stage_ms IS 'Milliseconds this pass took in the stage.';
+COMMENT ON COLUMN pepsi.history.trail IS
+    'At an outcome other than a deferral: the stages the row passed (its trail, the '
+    'pass that decided included).';
 COMMENT ON COLUMN pepsi.history.detail IS
-    'More, as JSON: the trail (at a final outcome), the split''s row and recipients, the '
-    'notification''s id.';
+    'More, as JSON: the split''s original row, stage and recipients; the notification''s '
+    'id and the recipients it reports.';
 
-CREATE INDEX history_workqueue_id ON pepsi.history (workqueue_id);
+CREATE INDEX history_workqueue_id ON pepsi.history (workqueue_id) WHERE event = 'split';
 CREATE INDEX history_origin ON pepsi.history (origin);
 CREATE INDEX history_message_id ON pepsi.history (message_id) WHERE message_id IS NOT NULL;
 CREATE INDEX history_remote_id ON pepsi.history (remote_id) WHERE remote_id IS NOT NULL;
-COMMENT ON INDEX pepsi.history_workqueue_id IS 'pepsi-queue trace ID.';
+COMMENT ON INDEX pepsi.history_workqueue_id IS
+    'pepsi-queue trace ID of a part split off (the original''s id is its origin).';
 COMMENT ON INDEX pepsi.history_origin IS 'All parts of a message, for pepsi-queue trace.';
 COMMENT ON INDEX pepsi.history_message_id IS 'pepsi-queue trace --message-id.';
 COMMENT ON INDEX pepsi.history_remote_id IS 'pepsi-queue trace --remote-id.';
@@ -116,31 +135,7 @@ COMMENT ON TABLE pepsi.history_default IS
     'History rows of days that had no partition yet; pepsi.history_maintain deletes them '
     'by age.';
 
--- The history rows of one outcome write: one per element of p_log (objects with
--- event, stage, rcpt, relay, reply, remote_id, dsn, queued_ms, stage_ms), for the row
--- (p_id, p_origin, p_mail_from, p_message_id, p_arrived); a final outcome carries the
--- trail. Values are cut to bounded lengths, never refused: a record must not make its
--- outcome's write fail.
-CREATE FUNCTION pepsi.history_rows(p_id bigint, p_origin bigint, p_mail_from text,
-        p_message_id text, p_arrived timestamptz, p_trail jsonb, p_log jsonb)
-RETURNS SETOF pepsi.history
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT now(), p_id, p_origin, l.event, left(l.stage, 200), p_mail_from,
-           left(l.rcpt, 1000), p_message_id, left(l.relay, 300), left(l.reply, 2000),
-           left(l.remote_id, 200), left(l.dsn, 20), p_arrived, l.queued_ms, l.stage_ms,
-           CASE WHEN l.event IN ('delivered', 'bounced', 'expired', 'discarded')
-                THEN jsonb_build_object('trail', p_trail) END
-      FROM jsonb_to_recordset(CASE WHEN jsonb_typeof(p_log) = 'array' THEN p_log
-                                   ELSE '[]'::jsonb END)
-           AS l(event text, stage text, rcpt text, relay text, reply text, remote_id text,
-                dsn text, queued_ms bigint, stage_ms bigint)
-$$;
-
-COMMENT ON FUNCTION pepsi.history_rows(bigint, bigint, text, text, timestamptz, jsonb, jsonb) IS
-    'The pepsi.history rows of one outcome write (p_log: the worker''s records), values '
-    'cut to bounded lengths; used by the outcome functions.';
-
--- workqueue_write, as in schema 17, and: each element may carry "trail" (a JSON array
+-- workqueue_write, as in schema 17, and: each element may carry "trail" (text
 -- appended to the row's trail) and "log" (records of the outcome, written to
 -- pepsi.history in the same statement).
 CREATE OR REPLACE FUNCTION pepsi.workqueue_write(p_rows jsonb) RETURNS SETOF bigint
@@ -159,7 +154,7 @@ BEGIN
     END IF;
     FOR v_row IN SELECT * FROM jsonb_to_recordset(p_rows) AS x(id bigint, stage text,
                   status text, state jsonb, rewritten boolean, mail_from text,
-                  rcpt_to text[], prepend_headers text, trail jsonb, log jsonb) LOOP
+                  rcpt_to text[], prepend_headers text, log jsonb) LOOP
         IF v_row.status IS NULL OR v_row.status NOT IN ('running', 'pending', 'paused', 'failed') THEN
             RAISE EXCEPTION 'workqueue_write(%): a stage may not set the status %', v_row.id,
                     quote_nullable(v_row.status)
@@ -171,10 +166,6 @@ BEGIN
         END IF;
         IF jsonb_typeof(v_row.state) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION 'workqueue_write(%): the state is not a JSON object', v_row.id
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF v_row.trail IS NOT NULL AND jsonb_typeof(v_row.trail) <> 'array' THEN
-            RAISE EXCEPTION 'workqueue_write(%): the trail is not a JSON array', v_row.id
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF v_row.log IS NOT NULL THEN
@@ -211,7 +202,7 @@ BEGIN
             SELECT * FROM jsonb_to_recordset(p_rows) AS r(id bigint, claimed text,
                    claim bigint, stage text, status text, delay_ms bigint, state jsonb,
                    rewritten boolean, mail_from text, rcpt_to text[], header_from text,
-                   subject text, prepend_headers text, trail jsonb, log jsonb)
+                   subject text, prepend_headers text, trail text, log jsonb)
         ), w AS (
             UPDATE pepsi.workqueue q
                SET stage = r.stage,
@@ -220,7 +211,7 @@ BEGIN
                                   ELSE now() + r.delay_ms * interval '1 millisecond' END,
                    state = r.state - 'unwritten',
                    trail = CASE WHEN r.trail IS NULL THEN q.trail
-                                ELSE coalesce(q.trail, '[]'::jsonb) || r.trail END,
+                                ELSE coalesce(q.trail, '') || r.trail END,
                    mail_from = CASE WHEN r.rewritten THEN r.mail_from ELSE q.mail_from END,
                    rcpt_to = CASE WHEN r.rewritten THEN r.rcpt_to ELSE q.rcpt_to END,
                    header_from = CASE WHEN r.rewritten THEN r.header_from ELSE q.header_from END,
@@ -234,10 +225,19 @@ BEGIN
             RETURNING q.workqueue_id, coalesce(q.origin, q.workqueue_id) AS origin, q.mail_from,
                       q.message_id, q.arrived, q.trail
         ), h AS (
-            INSERT INTO pepsi.history
-            SELECT x.* FROM w JOIN r ON r.id = w.workqueue_id,
-                   pepsi.history_rows(w.workqueue_id, w.origin, w.mail_from, w.message_id,
-                                      w.arrived, w.trail, r.log) x
+            INSERT INTO pepsi.history (at, workqueue_id, origin, event, stage, mail_from,
+                   recipient, message_id, relay, reply, remote_id, dsn, arrived, queued_ms,
+                   stage_ms, trail)
+            SELECT now(), w.workqueue_id, w.origin, l.event, left(l.stage, 200),
+                   w.mail_from, left(l.rcpt, 1000), w.message_id, left(l.relay, 300),
+                   left(l.reply, 2000), left(l.remote_id, 200), left(l.dsn, 20), w.arrived,
+                   l.queued_ms, l.stage_ms,
+                   CASE WHEN l.event <> 'deferred' THEN w.trail END
+              FROM w JOIN r ON r.id = w.workqueue_id,
+                   jsonb_to_recordset(CASE WHEN jsonb_typeof(r.log) = 'array' THEN r.log
+                                           ELSE '[]'::jsonb END)
+                   AS l(event text, stage text, rcpt text, relay text, reply text,
+                        remote_id text, dsn text, queued_ms bigint, stage_ms bigint)
              WHERE r.log IS NOT NULL
         )
         SELECT w.workqueue_id FROM w;
@@ -252,9 +252,9 @@ BEGIN
                               ELSE now() + r.delay_ms * interval '1 millisecond' END,
                state = r.state - 'unwritten',
                trail = CASE WHEN r.trail IS NULL THEN q.trail
-                            ELSE coalesce(q.trail, '[]'::jsonb) || r.trail END
+                            ELSE coalesce(q.trail, '') || r.trail END
           FROM jsonb_to_recordset(p_rows) AS r(id bigint, claimed text, claim bigint,
-               stage text, status text, delay_ms bigint, state jsonb, trail jsonb)
+               stage text, status text, delay_ms bigint, state jsonb, trail text)
          WHERE q.workqueue_id = ANY (v_ids) AND q.workqueue_id = r.id
            AND q.status = 'running' AND q.stage = r.claimed AND q.claim = r.claim
         RETURNING q.workqueue_id;
@@ -266,8 +266,9 @@ COMMENT ON FUNCTION pepsi.workqueue_write(jsonb) IS
     'it is running at its claimed stage under the claim token the dispatcher handed with '
     'it; statuses running, pending, paused or failed; a rewritten envelope must be clean; '
     'a rewritten row may carry prepend_headers (base64 header fields put before the '
-    'stored header block, checked by pepsi.header_fields_problem); "trail" is appended to '
-    'the row''s trail and "log" written to pepsi.history. Returns the ids written.';
+    'stored header block, checked by pepsi.header_fields_problem); "trail" (text) is '
+    'appended to the row''s trail and "log" written to pepsi.history. Returns the ids '
+    'written.';
 
 -- A worker's finished messages: deleted, guarded as workqueue_write, each with its
 -- records written to pepsi.history in the same statement. Replaces workqueue_finish.
@@ -285,22 +286,27 @@ BEGIN
     RETURN QUERY
     WITH r AS MATERIALIZED (
         SELECT * FROM jsonb_to_recordset(p_rows)
-               AS r(id bigint, claimed text, claim bigint, trail jsonb, log jsonb)
+               AS r(id bigint, claimed text, claim bigint, trail text, log jsonb)
     ), d AS (
         DELETE FROM pepsi.workqueue q
          USING r
          WHERE q.workqueue_id = ANY (v_ids) AND q.workqueue_id = r.id
            AND q.status = 'running' AND q.stage = r.claimed AND q.claim = r.claim
         RETURNING q.workqueue_id, coalesce(q.origin, q.workqueue_id) AS origin, q.mail_from,
-                  q.message_id, q.arrived, q.trail
+                  q.message_id, q.arrived, coalesce(q.trail, '') || coalesce(r.trail, '') AS trail
     ), h AS (
-        INSERT INTO pepsi.history
-        SELECT x.* FROM d JOIN r ON r.id = d.workqueue_id,
-               pepsi.history_rows(d.workqueue_id, d.origin, d.mail_from, d.message_id,
-                   d.arrived,
-                   CASE WHEN jsonb_typeof(r.trail) = 'array'
-                        THEN coalesce(d.trail, '[]'::jsonb) || r.trail ELSE d.trail END,
-                   r.log) x
+        INSERT INTO pepsi.history (at, workqueue_id, origin, event, stage, mail_from,
+               recipient, message_id, relay, reply, remote_id, dsn, arrived, queued_ms,
+               stage_ms, trail)
+        SELECT now(), d.workqueue_id, d.origin, l.event, left(l.stage, 200),
+               d.mail_from, left(l.rcpt, 1000), d.message_id, left(l.relay, 300),
+               left(l.reply, 2000), left(l.remote_id, 200), left(l.dsn, 20), d.arrived,
+               l.queued_ms, l.stage_ms, d.trail
+          FROM d JOIN r ON r.id = d.workqueue_id,
+               jsonb_to_recordset(CASE WHEN jsonb_typeof(r.log) = 'array' THEN r.log
+                                       ELSE '[]'::jsonb END)
+               AS l(event text, stage text, rcpt text, relay text, reply text,
+                    remote_id text, dsn text, queued_ms bigint, stage_ms bigint)
          WHERE r.log IS NOT NULL
     )
     SELECT d.workqueue_id FROM d;
@@ -434,11 +440,10 @@ BEGIN
     RETURNING workqueue_id INTO v_id;
     DELETE FROM pepsi.workqueue w WHERE w.workqueue_id = p_id;
     INSERT INTO pepsi.history (workqueue_id, origin, event, stage, mail_from, recipient,
-                               message_id, arrived, detail)
+                               message_id, arrived, trail, detail)
     VALUES (p_id, coalesce(r.origin, r.workqueue_id), 'returned', p_claimed_stage, r.mail_from,
-            p_rcpt_to, r.message_id, r.arrived,
-            jsonb_build_object('notification', v_id, 'failed', to_jsonb(r.rcpt_to),
-                               'trail', r.trail));
+            p_rcpt_to, r.message_id, r.arrived, r.trail,
+            jsonb_build_object('notification', v_id, 'failed', to_jsonb(r.rcpt_to)));
     RETURN v_id;
 END $$;
 
@@ -500,6 +505,10 @@ COMMENT ON FUNCTION pepsi.history_maintain(integer) IS
     'The delivery history''s upkeep ([pepsi] HISTORY_RETENTION in days): partitions for '
     'today and the next two days (UTC), days older than the retention dropped, old rows of '
     'the default partition deleted. Returns the partitions dropped. Run by the dispatcher.';
+
+-- Today's partition and the next two days' from the start, so the first outcomes do
+-- not wait in the default partition for the dispatcher's first upkeep.
+SELECT pepsi.history_maintain(7);
 
 DROP FUNCTION pepsi.workqueue_finish(int8[], text[], int8[]);
 DELETE FROM pepsi.role_grants

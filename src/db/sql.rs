@@ -86,7 +86,9 @@ pub const READ_LISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key, s.valu
 /// theirs too. The lifetime age is a difference of epochs in float8, never an interval:
 /// `now() - 'infinity'` is an error, which failed the load of the whole batch, while
 /// the epoch of an infinite timestamp is an infinite float the worker clamps. A
-/// `dsn_created` that is not a finite time falls back to the arrival.
+/// `dsn_created` that is not a finite time falls back to the arrival. Then the
+/// Message-ID, the arrival in epoch seconds and the end of the trail (whose last word is
+/// when the row came to its stage, in epoch milliseconds: schema 22).
 macro_rules! load_columns {
     () => {
         "q.workqueue_id, q.stage, q.status::text, q.mail_from, q.rcpt_to, q.auth_user, \
@@ -101,9 +103,7 @@ macro_rules! load_columns {
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
                                        THEN ARRAY[lower(q.mail_from)] \
                                        ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text, \
-         q.message_id, extract(epoch FROM q.arrived)::float8, \
-         CASE WHEN jsonb_typeof(q.trail -> -1 -> 'at') = 'number' \
-              THEN least(greatest((q.trail -> -1 -> 'at')::numeric, 0), 1e15)::float8 / 1000 END"
+         q.message_id, extract(epoch FROM q.arrived)::float8, right(q.trail, 24)"
     };
 }
 

@@ -2,13 +2,17 @@
 //! reads of the queue and of `pepsi.history`. Named constants like [`super::sql`]'s;
 //! run by `queue::trace`. They read only and lock nothing.
 
-/// The message (its original id) a row id belongs to, from the queue and the history.
-/// $1 the id (int8). Returns the original ids (int8), at most one each.
+/// The message (its original id) a row id belongs to, from the queue and the history
+/// (an original's rows carry its id as their origin; a part's split row names it). $1
+/// the id (int8). Returns the original ids (int8), at most one each.
 pub const TRACE_BY_ID: &str = "SELECT DISTINCT x.o FROM ( \
         SELECT coalesce(q.origin, q.workqueue_id) AS o FROM pepsi.workqueue q \
          WHERE q.workqueue_id = $1 \
         UNION ALL \
-        SELECT h.origin FROM pepsi.history h WHERE h.workqueue_id = $1) x \
+        SELECT h.origin FROM pepsi.history h WHERE h.origin = $1 \
+        UNION ALL \
+        SELECT h.origin FROM pepsi.history h \
+         WHERE h.workqueue_id = $1 AND h.event = 'split') x \
       ORDER BY 1";
 
 /// The messages (original ids) with this Message-ID, in the queue (read whole: the
@@ -42,10 +46,10 @@ pub const TRACE_ROWS: &str = "SELECT q.workqueue_id, q.stage, q.status::text, \
 /// A message's history, oldest first. $1 the original id (int8), $2 the most rows
 /// (int8). Returns (when as epoch seconds float8, row id int8, event, stage, sender,
 /// recipient, Message-ID, relay, reply, remote id, status, arrival as epoch seconds
-/// float8, queued_ms int8, stage_ms int8, detail as JSON text).
+/// float8, queued_ms int8, stage_ms int8, detail as JSON text, trail).
 pub const TRACE_HISTORY: &str = "SELECT extract(epoch FROM h.at)::float8, h.workqueue_id, \
             h.event, h.stage, h.mail_from, h.recipient, h.message_id, h.relay, h.reply, \
             h.remote_id, h.dsn, extract(epoch FROM h.arrived)::float8, h.queued_ms, \
-            h.stage_ms, h.detail::text \
+            h.stage_ms, h.detail::text, h.trail \
        FROM pepsi.history h WHERE h.origin = $1 \
       ORDER BY h.at, h.workqueue_id, h.recipient LIMIT $2";

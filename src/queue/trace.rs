@@ -90,6 +90,7 @@ pub struct Event {
     queued_ms: Option<i64>,
     stage_ms: Option<i64>,
     detail: Value,
+    trail: Value,
 }
 
 /// One message: its original id, its rows in the queue, its history.
@@ -129,7 +130,7 @@ pub fn read(client: &mut impl Queries, key: &TraceKey) -> Result<Vec<Trace>, pos
                     .map(Option::unwrap_or_default)
                     .collect(),
                 message_id: r.get(7),
-                trail: parsed(r.get(8)),
+                trail: trail(r.get::<_, Option<String>>(8).as_deref()),
                 last_error: r.get(9),
             })
             .collect();
@@ -152,6 +153,7 @@ pub fn read(client: &mut impl Queries, key: &TraceKey) -> Result<Vec<Trace>, pos
                 queued_ms: r.get(12),
                 stage_ms: r.get(13),
                 detail: parsed(r.get(14)),
+                trail: trail(r.get::<_, Option<String>>(15).as_deref()),
             })
             .collect();
         traces.push(Trace {
@@ -161,6 +163,24 @@ pub fn read(client: &mut impl Queries, key: &TraceKey) -> Result<Vec<Trace>, pos
         });
     }
     Ok(traces)
+}
+
+/// A trail (`STAGE US AT` lines) as a JSON array of {stage, us, at}; lines that are
+/// not three words (the last two numbers) are skipped.
+fn trail(text: Option<&str>) -> Value {
+    Value::Array(
+        text.unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let [stage, us, at] = words[..] else {
+                    return None;
+                };
+                let (us, at) = (us.parse::<u64>().ok()?, at.parse::<u64>().ok()?);
+                Some(json!({"stage": stage, "us": us, "at": at}))
+            })
+            .collect(),
+    )
 }
 
 /// JSON text read back; `null` for none or text that does not parse.
@@ -313,8 +333,8 @@ pub fn to_text(traces: &[Trace]) -> String {
                             shown(remote, 80)
                         ));
                     }
-                    if let Some(trail) = e.detail.get("trail").filter(|t| !t.is_null()) {
-                        out.push_str(&format!("      passed: {}\n", passes(trail)));
+                    if e.trail.as_array().is_some_and(|t| !t.is_empty()) {
+                        out.push_str(&format!("      passed: {}\n", passes(&e.trail)));
                     }
                 }
             }
@@ -363,7 +383,38 @@ pub fn to_json(key: &TraceKey, traces: &[Trace]) -> Value {
                 "stage_s": e.stage_ms.map(|m| m as f64 / 1000.0),
                 "delay_s": e.arrived.map(|a| e.at - a),
                 "detail": e.detail,
+                "trail": e.trail,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trail_reads_back_and_garbage_lines_are_skipped() {
+        let t = trail(Some(
+            "in 12 1733377200123\nbad line\nout x 1\nrelay 4500 1733377200200\n",
+        ));
+        assert_eq!(
+            t,
+            json!([
+                {"stage": "in", "us": 12, "at": 1_733_377_200_123u64},
+                {"stage": "relay", "us": 4500, "at": 1_733_377_200_200u64},
+            ])
+        );
+        assert_eq!(trail(None), json!([]));
+        assert_eq!(
+            passes(&t),
+            "in 0.0ms (2024-12-05T05:40:00.123Z), relay 4.5ms (2024-12-05T05:40:00.200Z)"
+        );
+    }
+
+    #[test]
+    fn a_message_id_gets_its_brackets() {
+        assert_eq!(message_id("m@x"), "<m@x>");
+        assert_eq!(message_id(" <m@x> "), "<m@x>");
+    }
 }

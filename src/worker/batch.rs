@@ -55,7 +55,8 @@ mod col {
     pub const MESSAGE_ID: usize = 13;
     /// `arrived`, as epoch seconds.
     pub const ARRIVED: usize = 14;
-    /// When the trail's last pass ended, as epoch seconds; NULL before the first.
+    /// The trail's end (its last word: when the last pass ended, in epoch
+    /// milliseconds); NULL before the first pass.
     pub const ENTERED: usize = 15;
     /// `LOAD_FULL` only.
     pub const HEADERS: usize = 16;
@@ -443,6 +444,13 @@ fn lifetime_age(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)
 }
 
+/// When the trail's last pass ended, in epoch seconds, from the trail's end (`… US
+/// AT\n`, AT in epoch milliseconds); `None` for no trail or one that does not end so.
+fn trail_end(end: Option<String>) -> Option<f64> {
+    let at = end?.split_whitespace().last()?.parse::<u64>().ok()?;
+    Some(at as f64 / 1000.0)
+}
+
 /// A time given as epoch seconds; `None` for none or one the system cannot hold.
 fn epoch(seconds: Option<f64>) -> Option<std::time::SystemTime> {
     let s = seconds.filter(|s| s.is_finite())?;
@@ -490,7 +498,7 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
     message.settings = settings::parse(column::<Option<String>>(row, col::SETTINGS)?.as_deref());
     message.message_id = column(row, col::MESSAGE_ID)?;
     message.arrived = epoch(column(row, col::ARRIVED)?);
-    message.entered = epoch(column(row, col::ENTERED)?).or(message.arrived);
+    message.entered = epoch(trail_end(column(row, col::ENTERED)?)).or(message.arrived);
     if loaded == Load::Full {
         message.set_content(column(row, col::HEADERS)?, column(row, col::BODY)?);
     }
@@ -500,6 +508,22 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trails_end_gives_when_the_last_pass_ended_and_garbage_gives_none() {
+        assert_eq!(
+            trail_end(Some("s 12 1733377200123\n".into())),
+            Some(1_733_377_200.123)
+        );
+        assert_eq!(
+            trail_end(Some("0 1733377200000\n".into())),
+            Some(1_733_377_200.0)
+        );
+        assert_eq!(trail_end(None), None);
+        assert_eq!(trail_end(Some("x y z\n".into())), None);
+        assert_eq!(trail_end(Some(String::new())), None);
+        assert_eq!(trail_end(Some("s 1 -5\n".into())), None);
+    }
 
     #[test]
     fn any_lifetime_age_converts_without_a_panic() {

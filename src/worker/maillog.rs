@@ -13,8 +13,9 @@
 //! brackets) and in JSON ([`json_visible`]).
 //!
 //! Set up once per worker ([`init`]) from the configuration; called by `writes.rs`.
-//! A line that cannot be written is dropped with one warning on stderr: the outcome is
-//! committed and in `pepsi.history` either way.
+//! A line that cannot be written is dropped with one warning on stderr (and the lines of
+//! the next ten seconds without trying): the outcome is committed and in
+//! `pepsi.history` either way.
 
 use std::io::Write as _;
 use std::os::unix::net::UnixDatagram;
@@ -48,7 +49,13 @@ struct MailLog {
     pid: u32,
     socket: Mutex<Option<UnixDatagram>>,
     warned: AtomicBool,
+    /// After a line could not be written: when to try again (lines until then are
+    /// dropped without a system call each).
+    retry_at: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long lines are dropped after one could not be written.
+const RETRY_GAP: Duration = Duration::from_secs(10);
 
 /// Sets the delivery log up from `[pepsi]`; later calls change nothing.
 pub fn init(pepsi: &PepsiOptions) {
@@ -59,6 +66,7 @@ pub fn init(pepsi: &PepsiOptions) {
         pid: std::process::id(),
         socket: Mutex::new(None),
         warned: AtomicBool::new(false),
+        retry_at: Mutex::new(None),
     });
 }
 
@@ -90,7 +98,7 @@ impl About {
 /// Writes a line for each record.
 pub fn records(about: &About, records: &[Record]) {
     let Some(log) = LOG.get() else { return };
-    if log.target == MailLogTarget::Off {
+    if log.target == MailLogTarget::Off || log.resting() {
         return;
     }
     let now = SystemTime::now();
@@ -161,14 +169,27 @@ pub fn returned(id: i64, notification: i64, to: &str, stage: &str) {
 }
 
 impl MailLog {
+    /// Are lines dropped for now, after one could not be written?
+    fn resting(&self) -> bool {
+        let retry_at = self.retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        retry_at.is_some_and(|t| std::time::Instant::now() < t)
+    }
+
     /// Writes one line as `pepsi/STAGE`.
     fn write(&self, stage: &str, line: &str, now: SystemTime) {
+        let mut retry_at = self.retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        if retry_at.is_some_and(|t| std::time::Instant::now() < t) {
+            return;
+        }
         let program = program(stage);
         let result = match &self.target {
             MailLogTarget::Off => return,
             MailLogTarget::Syslog => self.to_syslog(&program, line),
             MailLogTarget::File(path) => self.to_file(path, &program, line, now),
         };
+        *retry_at = result
+            .is_err()
+            .then(|| std::time::Instant::now() + RETRY_GAP);
         if let Err(e) = result {
             if !self.warned.swap(true, Ordering::Relaxed) {
                 log::warn!(
@@ -282,9 +303,13 @@ fn text_line(about: &About, r: &Record, now: SystemTime) -> String {
         "{}: to=<{}>, relay={}, delay={}, delays={}/{}/0/{}, dsn={}, status={}{reply}, stage={}, from=<{}>{message_id}",
         about.id,
         address(&r.recipient),
-        r.relay
-            .as_deref()
-            .map_or("none".to_string(), |h| Visible(h).to_string()),
+        r.relay.as_deref().map_or("none".to_string(), |h| {
+            // A host name from DNS may hold what would end the field.
+            Visible(h)
+                .to_string()
+                .replace(',', "\\u{2c}")
+                .replace(' ', "\\u{20}")
+        }),
         seconds(total),
         seconds(before),
         seconds(r.waited),

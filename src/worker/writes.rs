@@ -57,15 +57,16 @@ pub(super) fn commit(conn: &mut PgConn, plans: &mut [Plan]) {
 }
 
 /// Adds to an update's or a delete's element what it records: the trail of this pass
-/// (each stage run, its time, when the pass ended) and the records of the outcome.
+/// (a line `STAGE US AT` for each stage run: its time in microseconds, when the pass
+/// ended in epoch milliseconds) and the records of the outcome.
 fn annotate(plan: &mut Plan) {
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let trail: Vec<Value> = plan
+    let trail: String = plan
         .report
         .iter()
-        .map(|(stage, us)| json!({"stage": stage, "us": us, "at": at}))
+        .map(|(stage, us)| format!("{} {us} {at}\n", stage.replace(char::is_whitespace, "_")))
         .collect();
     let log = (!plan.records.is_empty()).then(|| record::to_json(&plan.records));
     let element = match &mut plan.write {
@@ -84,7 +85,7 @@ fn annotate(plan: &mut Plan) {
         _ => return,
     };
     if !trail.is_empty() {
-        element["trail"] = Value::Array(trail);
+        element["trail"] = Value::String(trail);
     }
     if let Some(log) = log {
         element["log"] = log;

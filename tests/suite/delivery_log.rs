@@ -289,7 +289,7 @@ fn json_lines_parse_and_trace_finds_a_message_still_queued_and_one_gone() {
     let found = trace(&s.conf, &[&gone.to_string()]);
     assert_eq!(found.len(), 1);
     assert!(found[0]["rows"].as_array().unwrap().is_empty());
-    let passed: Vec<&str> = found[0]["history"][0]["detail"]["trail"]
+    let passed: Vec<&str> = found[0]["history"][0]["trail"]
         .as_array()
         .unwrap()
         .iter()
