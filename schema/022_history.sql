@@ -27,10 +27,9 @@
 -- there is none. Reads the first 64 KiB only; never fails (bytes beyond ASCII are
 -- seen as \ooo escapes, which cannot form a match across them). The field is found by
 -- position and only a short slice goes through the regular expression: computed for
--- every message queued, it must cost little (a few microseconds): no SET clause, whose
--- setting and resetting would cost more than the search; every name is qualified.
+-- every message queued, it must cost little (a few microseconds).
 CREATE FUNCTION pepsi.header_message_id(p_headers bytea) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE STRICT AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE STRICT SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_text text := E'\n' || pg_catalog.encode(pg_catalog.substring(p_headers, 1, 65536), 'escape');
     v_at integer;
