@@ -27,7 +27,7 @@ use super::message::Message;
 use super::outcome::{Outcome, StageError};
 use super::plan::{Plan, Write, update_row};
 use super::recipients;
-use super::record::{self, Event};
+use super::record::{self, Event, Handed};
 use super::registry::Registry;
 use super::settings::{self, Group};
 use super::stage::{Configured, Context, Load, Stage};
@@ -401,12 +401,22 @@ impl Runner {
                 } else {
                     Event::Discarded
                 };
-                let reason = (event == Event::Discarded).then(|| format!("discarded by {stage}"));
+                // A stage that delivers itself (`exec`) is its own relay, as Postfix's
+                // pipe(8) names its transport.
+                let own = Handed {
+                    relay: Some(stage.to_string()),
+                    replies: Default::default(),
+                };
+                let (handed, reason) = match (&plan.handed, event) {
+                    (Some(h), _) => (Some(h), None),
+                    (None, Event::Delivered) => (Some(&own), Some(format!("delivered by {stage}"))),
+                    (None, _) => (None, Some(format!("discarded by {stage}"))),
+                };
                 plan.records.extend(record::records(
                     &message,
                     stage,
                     event,
-                    plan.handed.as_ref(),
+                    handed,
                     reason.as_deref(),
                     "2.0.0",
                     plan.timing,

@@ -260,7 +260,9 @@ fn json_lines_parse_and_trace_finds_a_message_still_queued_and_one_gone() {
         .timers("")
         .stages(
             "[stage-in]\nPROGRAM = {pass}\nNEXT = hold\n\n\
-             [stage-hold]\nPROGRAM = {if}\nMATCH = subject is wait\nNEXT = parked\nELSE_STAGE = out\n\n\
+             [stage-hold]\nPROGRAM = {if}\nMATCH = subject is wait\nNEXT = parked\nELSE_STAGE = route\n\n\
+             [stage-route]\nPROGRAM = {if}\nMATCH = subject is deliver\nNEXT = deliver\nELSE_STAGE = out\n\n\
+             [stage-deliver]\nPROGRAM = {exec}\nCOMMAND = /bin/true\n\n\
              [stage-parked]\nPROGRAM = {exec}\nCOMMAND = /bin/false\n\n\
              [stage-out]\nPROGRAM = {discard}\n",
         )
@@ -270,8 +272,9 @@ fn json_lines_parse_and_trace_finds_a_message_still_queued_and_one_gone() {
     let mut c = s.client();
     let gone = inject_with_id(&mut c, "in", "<gone@x.example>", "go");
     let waiting = inject_with_id(&mut c, "in", "<wait@x.example>", "wait");
+    let delivered = inject_with_id(&mut c, "in", "<deliver@x.example>", "deliver");
     let d = s.start();
-    let lines = log_lines(&logfile, 2);
+    let lines = log_lines(&logfile, 3);
     let records: Vec<Value> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -281,6 +284,22 @@ fn json_lines_parse_and_trace_finds_a_message_still_queued_and_one_gone() {
     assert_eq!(discard["event"], "discarded");
     assert_eq!(discard["message_id"], "<gone@x.example>");
     assert_eq!(discard["stage"], "out");
+    // A stage that delivers itself is its own relay.
+    let sent = of(delivered);
+    assert_eq!(
+        (
+            &sent["event"],
+            &sent["status"],
+            &sent["relay"],
+            &sent["stage"]
+        ),
+        (
+            &"delivered".into(),
+            &"sent".into(),
+            &"deliver".into(),
+            &"deliver".into()
+        )
+    );
     let deferred = of(waiting);
     assert_eq!(deferred["event"], "deferred");
     assert_eq!(deferred["status"], "deferred");
@@ -295,7 +314,11 @@ fn json_lines_parse_and_trace_finds_a_message_still_queued_and_one_gone() {
         .iter()
         .map(|p| p["stage"].as_str().unwrap())
         .collect();
-    assert_eq!(passed, ["in", "hold", "out"], "every stage it passed");
+    assert_eq!(
+        passed,
+        ["in", "hold", "route", "out"],
+        "every stage it passed"
+    );
     // The message still queued: its row, where it is and how it got there, and its
     // deferral.
     wait_until(Duration::from_secs(30), "the parked row paused", || {
