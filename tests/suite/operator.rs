@@ -136,8 +136,18 @@ fn systemctl_reload_checks_the_configuration_before_it_signals_the_dispatcher() 
         .connect();
     let lines = exec_reload();
     assert!(lines.len() >= 2, "{lines:?}");
-    // A process standing for the dispatcher: SIGHUP ends it.
-    let mut main = Command::new("sleep").arg("60").spawn().unwrap();
+    // A process standing for the dispatcher: SIGHUP ends it, even when this test runs
+    // under `nohup` (an ignored signal stays ignored across exec).
+    let mut sleeper = Command::new("sleep");
+    sleeper.arg("60");
+    // SAFETY: signal(2) with constant arguments, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut sleeper, || {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut main = sleeper.spawn().unwrap();
     // A broken file: the reload fails before the signal, the process lives on.
     let good = std::fs::read_to_string(&s.conf).unwrap();
     std::fs::write(&s.conf, format!("{good}\n[stage-broken]\nNEXT = drop\n")).unwrap();
