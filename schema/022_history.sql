@@ -23,9 +23,9 @@
 -- age. Workers write it only through the outcome functions; admins read it.
 
 -- The Message-ID of a header block: the first Message-ID field's <…> (folded or
--- not), of printable ASCII without '<' and '>', at most 250 characters; NULL when
--- there is none. Reads the first 64 KiB only; never fails (bytes beyond ASCII are
--- seen as \ooo escapes, which cannot form a match across them). The field is found by
+-- not), of printable ASCII without '<', '>' and '\', at most 250 characters; NULL
+-- when there is none. Reads the first 64 KiB only; never fails (NUL and bytes beyond
+-- ASCII are seen as \ooo escapes, whose backslash no Message-ID may hold). The field is found by
 -- position and only a short slice goes through the regular expression: computed for
 -- every message queued, it must cost little (a few microseconds).
 CREATE FUNCTION pepsi.header_message_id(p_headers bytea) RETURNS text
@@ -40,7 +40,7 @@ BEGIN
         RETURN NULL;
     END IF;
     v_id := pg_catalog.substring(pg_catalog.substr(v_text, v_at + 12, 400),
-                                 '^[ \t]*(?:\r?\n[ \t]+)?(<[!-;=?-~]+>)');
+                                 '^[ \t]*(?:\r?\n[ \t]+)?(<[]!-;=?-[^-~]+>)');
     RETURN CASE WHEN pg_catalog.length(v_id) <= 252 THEN v_id END;
 END $$;
 

@@ -376,7 +376,16 @@ impl Runner {
         result: Result<Outcome, StageError>,
     ) {
         let claimed = plan.claimed.clone();
-        plan.about = About::of(&message);
+        // What the records' lines say of the message, made only for an outcome that
+        // records (an error's are made by `handle_error`): not for every hop.
+        let records = match &result {
+            Ok(Outcome::Finish | Outcome::Pause(_)) => true,
+            Ok(Outcome::Advance(_)) => plan.handed.is_some(),
+            _ => false,
+        };
+        if records {
+            plan.about = About::of(&message);
+        }
         let delivers = section
             .and_then(|s| self.registry.for_program(&s.program))
             .is_none_or(|b| b.delivers());

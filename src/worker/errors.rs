@@ -17,9 +17,9 @@ use serde_json::{Map, Value, json};
 
 use super::maillog::About;
 use super::message::Message;
-use super::outcome::{ErrorClass, StageError};
+use super::outcome::{ErrorClass, StageError, enhanced};
 use super::plan::{Plan, Write, update_row};
-use super::record::{Event, enhanced, records};
+use super::record::{Event, records};
 use crate::config::StageSection;
 use crate::db::{self, ErrorKind};
 use crate::protocol;

@@ -95,12 +95,16 @@ impl About {
     }
 }
 
+/// The delivery log, when lines are to be written now: set up, not `no`, not resting
+/// after a failed write.
+fn active() -> Option<&'static MailLog> {
+    LOG.get()
+        .filter(|log| log.target != MailLogTarget::Off && !log.resting())
+}
+
 /// Writes a line for each record.
 pub fn records(about: &About, records: &[Record]) {
-    let Some(log) = LOG.get() else { return };
-    if log.target == MailLogTarget::Off || log.resting() {
-        return;
-    }
+    let Some(log) = active() else { return };
     let now = SystemTime::now();
     for r in records {
         let line = match log.format {
@@ -113,10 +117,7 @@ pub fn records(about: &About, records: &[Record]) {
 
 /// Writes the line of a split: `new` took `recipients` off `from` at `stage`.
 pub fn split(from: i64, new: &[(i64, Vec<String>)], stage: &str) {
-    let Some(log) = LOG.get() else { return };
-    if log.target == MailLogTarget::Off {
-        return;
-    }
+    let Some(log) = active() else { return };
     let now = SystemTime::now();
     for (id, recipients) in new {
         let line = match log.format {
@@ -144,10 +145,7 @@ pub fn split(from: i64, new: &[(i64, Vec<String>)], stage: &str) {
 /// Writes the line of a delivery status notification `notification` made for message
 /// `id`'s sender `to`, as Postfix says it.
 pub fn returned(id: i64, notification: i64, to: &str, stage: &str) {
-    let Some(log) = LOG.get() else { return };
-    if log.target == MailLogTarget::Off {
-        return;
-    }
+    let Some(log) = active() else { return };
     let now = SystemTime::now();
     let line = match log.format {
         MailLogFormat::Text => {

@@ -112,7 +112,7 @@ impl StageError {
     pub fn deferred(reason: impl Into<String>) -> StageError {
         let reason = reason.into();
         let dsn = DsnReason {
-            status: enhanced_temporary(&reason).unwrap_or(EXPIRED).to_string(),
+            status: enhanced(&reason, '4').unwrap_or(EXPIRED).to_string(),
             diagnostic: Some(format!("x-pepsi; {reason}")),
         };
         StageError::host(reason).with_dsn(dsn)
@@ -155,12 +155,14 @@ impl StageError {
 /// The status of a message that expired while deferred, when its reason gives none.
 const EXPIRED: &str = "4.4.7";
 
-/// The first enhanced status code of a temporary failure (`4.x.y`) in a reason, as a
-/// reply quotes it (`452 4.2.2 mailbox full`).
-fn enhanced_temporary(reason: &str) -> Option<&str> {
-    reason.split_whitespace().find(|word| {
+/// The first enhanced status code of class `class` (`2.0.0`, `4.2.2`) among the words
+/// of `text`, as a reply quotes it (`452 4.2.2 mailbox full`).
+pub fn enhanced(text: &str, class: char) -> Option<&str> {
+    text.split_whitespace().find(|word| {
         let mut parts = word.split('.');
-        parts.next() == Some("4")
+        parts
+            .next()
+            .is_some_and(|c| c.len() == 1 && c.starts_with(class))
             && parts.clone().count() == 2
             && parts.all(|p| (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
     })

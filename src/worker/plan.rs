@@ -74,7 +74,7 @@ pub(super) struct Plan {
     pub(super) write: Write,
     /// What the write records of each recipient (`pepsi.history`, the delivery log).
     pub(super) records: Vec<Record>,
-    /// The message the records are of.
+    /// The message the records are of; set with them.
     pub(super) about: About,
     /// When this pass began.
     pub(super) timing: Timing,
@@ -115,7 +115,7 @@ impl Plan {
             events: Vec::new(),
             write: Write::Nothing,
             records: Vec::new(),
-            about: About::of(message),
+            about: About::default(),
             timing: Timing::now(),
             handed: None,
             written: false,

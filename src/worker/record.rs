@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use super::message::Message;
-use super::outcome::RecipientResult;
+use super::outcome::{RecipientResult, enhanced};
 
 /// What happened to a recipient. (`pepsi.history` also records a split-off part and a
 /// notification made, which the database writes itself.)
@@ -143,17 +143,21 @@ impl Handed {
     }
 }
 
-/// The first enhanced status code of class `class` (`2.0.0`, `4.2.2`) among the words
-/// of `text`.
-pub fn enhanced(text: &str, class: char) -> Option<&str> {
-    text.split_whitespace().find(|word| {
-        let mut parts = word.split('.');
-        parts
-            .next()
-            .is_some_and(|c| c.len() == 1 && c.starts_with(class))
-            && parts.clone().count() == 2
-            && parts.all(|p| (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
-    })
+/// The longest values a record keeps, in characters: what `pepsi.history` keeps of
+/// them, so that a peer's 100 KB reply makes neither a 100 KB log line nor a record
+/// the log and the history tell apart.
+const STAGE_MAX: usize = 200;
+const RECIPIENT_MAX: usize = 1000;
+const RELAY_MAX: usize = 300;
+const REPLY_MAX: usize = 2000;
+const DSN_MAX: usize = 20;
+
+/// `text`, cut to `max` characters.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => text[..at].to_string(),
+        None => text.to_string(),
+    }
 }
 
 /// The records of `event` for every recipient the message still has at `stage`:
@@ -173,17 +177,19 @@ pub fn records(
         .iter()
         .map(|recipient| {
             let said = handed.and_then(|h| h.replies.get(recipient));
-            let reply = said.map(|(r, _)| r.clone()).or(reason.map(str::to_string));
+            let reply = said.map(|(r, _)| r.as_str()).or(reason);
             Record {
                 event,
-                stage: stage.to_string(),
-                recipient: recipient.clone(),
-                relay: handed.and_then(|h| h.relay.clone()),
+                stage: bounded(stage, STAGE_MAX),
+                recipient: bounded(recipient, RECIPIENT_MAX),
+                relay: handed
+                    .and_then(|h| h.relay.as_deref())
+                    .map(|r| bounded(r, RELAY_MAX)),
                 remote_id: (event == Event::Delivered)
-                    .then(|| reply.as_deref().and_then(remote_id))
+                    .then(|| reply.and_then(remote_id))
                     .flatten(),
-                reply,
-                dsn: said.map_or(dsn, |(_, d)| d.as_str()).to_string(),
+                reply: reply.map(|r| bounded(r, REPLY_MAX)),
+                dsn: bounded(said.map_or(dsn, |(_, d)| d.as_str()), DSN_MAX),
                 waited,
                 took,
             }
@@ -271,6 +277,48 @@ mod tests {
             remote_id(&format!("250 queued as {}", "x".repeat(65))),
             None
         );
+    }
+
+    #[test]
+    fn a_100_kb_reply_is_kept_as_the_history_keeps_it_and_every_value_is_bounded() {
+        let long = "é".repeat(100_000);
+        let results = vec![(
+            "a@y".to_string(),
+            RecipientResult::Deferred(format!("451 4.3.0 {long}")),
+        )];
+        let h = Handed::from_results(Some(long.clone()), None, &results);
+        let m = Message::new(
+            7,
+            "relay".into(),
+            "s@x".into(),
+            vec!["a@y".into()],
+            None,
+            None,
+            Default::default(),
+            String::new(),
+        );
+        let r = records(
+            &m,
+            &long,
+            Event::Deferred,
+            Some(&h),
+            None,
+            "4.0.0",
+            Timing::now(),
+        );
+        assert_eq!(
+            r[0].reply.as_ref().map(|t| t.chars().count()),
+            Some(REPLY_MAX)
+        );
+        assert!(r[0].reply.as_ref().unwrap().starts_with("451 4.3.0 é"));
+        assert_eq!(
+            r[0].relay.as_ref().map(|t| t.chars().count()),
+            Some(RELAY_MAX)
+        );
+        assert_eq!(r[0].stage.chars().count(), STAGE_MAX);
+        assert_eq!(r[0].dsn, "4.3.0");
+        assert_eq!(bounded("abc", 5), "abc");
+        assert_eq!(bounded("abcdef", 3), "abc");
     }
 
     #[test]

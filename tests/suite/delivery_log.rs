@@ -404,3 +404,114 @@ fn the_history_keeps_its_days_and_drops_those_past_the_retention() {
         .unwrap_or_default();
     assert!(text.contains("retention 0"), "{err:?}");
 }
+
+#[test]
+fn trace_shows_hostile_history_values_escaped_and_gives_them_exactly_in_json() {
+    let (s, mut c) = Scenario::new("dl-hostile").connect();
+    // What a peer's reply, a correspondent's address or a compromised worker's record
+    // may hold: line breaks, ESC, NUL-free controls, a right-to-left override, quotes.
+    let hostile = "x\r\nForged: line\u{1b}[31m\u{202e}\"q\"";
+    c.execute(
+        "INSERT INTO pepsi.history (workqueue_id, origin, event, stage, mail_from, recipient, \
+                                    message_id, relay, reply, remote_id, dsn, trail) \
+         VALUES (7, 7, 'bounced', $1, $1, $1, '<h@x>', $1, $1, 'R7', $1, $2)",
+        &[&hostile, &format!("{hostile} 1 2\nbad\n")],
+    )
+    .unwrap();
+    let out = pepsi_queue(&s.conf, &["trace", "7"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for raw in ['\r', '\u{1b}', '\u{202e}'] {
+        assert!(!text.contains(raw), "shown raw: {text:?}");
+    }
+    assert!(!text.contains("\nForged"), "no forged line: {text}");
+    assert_has!(text, "x\\r\\nForged: line\\u{1b}[31m\\u{202e}", "escaped");
+    let json = trace(&s.conf, &["--remote-id", "R7"]);
+    assert_eq!(json[0]["history"][0]["reply"], hostile, "exact in JSON");
+    assert_eq!(json[0]["history"][0]["to"], hostile);
+}
+
+#[test]
+fn the_message_id_is_taken_only_from_a_clean_message_id_field() {
+    let (_s, mut c) = Scenario::new("dl-mid").connect();
+    let id = |c: &mut postgres::Client, headers: &[u8]| -> Option<String> {
+        c.query_one("SELECT pepsi.header_message_id($1)", &[&headers])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(
+        id(&mut c, b"Subject: a\r\nMessage-ID: <a@b>\r\n").as_deref(),
+        Some("<a@b>")
+    );
+    assert_eq!(
+        id(&mut c, b"message-id:\r\n  <Folded@Y>\r\n").as_deref(),
+        Some("<Folded@Y>")
+    );
+    assert_eq!(
+        id(&mut c, b"X-Message-ID: <no@x>\r\n"),
+        None,
+        "another field"
+    );
+    assert_eq!(id(&mut c, b"Message-ID: <a\x1b[31m@b>\r\n"), None, "ESC");
+    assert_eq!(
+        id(&mut c, b"Message-ID: <a\r\nForged: x@b>\r\n"),
+        None,
+        "CR/LF"
+    );
+    assert_eq!(id(&mut c, b"Message-ID: <a\0b@c>\r\n"), None, "NUL");
+    assert_eq!(
+        id(&mut c, "Message-ID: <a\u{202e}@b>\r\n".as_bytes()),
+        None,
+        "bidi"
+    );
+    assert_eq!(
+        id(&mut c, b"Message-ID: <\xff\xfe@b>\r\n"),
+        None,
+        "not UTF-8"
+    );
+    let long = format!("Message-ID: <{}@b>\r\n", "x".repeat(300));
+    assert_eq!(id(&mut c, long.as_bytes()), None, "over 250 characters");
+    // A 100 KB header block: the field past the first 64 KiB is not looked for.
+    let mut big = format!("X-Pad: {}\r\n", "p".repeat(100_000)).into_bytes();
+    big.extend_from_slice(b"Message-ID: <late@b>\r\n");
+    assert_eq!(id(&mut c, &big), None);
+    let mut early = b"Message-ID: <early@b>\r\n".to_vec();
+    early.extend_from_slice(format!("X-Pad: {}\r\n", "p".repeat(100_000)).as_bytes());
+    assert_eq!(id(&mut c, &early).as_deref(), Some("<early@b>"));
+}
+
+#[test]
+fn a_message_to_10000_recipients_leaves_one_record_and_one_line_each() {
+    let s = Scenario::new("dl-many")
+        .timers("")
+        .stages("[stage-out]\nPROGRAM = {discard}\n")
+        .build();
+    let logfile = s.dir.path("pepsi.log");
+    add_to_pepsi(&s.conf, &format!("DELIVERY_LOG = {}\n", logfile.display()));
+    let mut c = s.client();
+    let rcpts: Vec<String> = (0..10_000).map(|i| format!("r{i}@y.example")).collect();
+    let id: i64 = c
+        .query_one(
+            "SELECT pepsi.workqueue_inject('out', 'a@x.example', $1, \
+                    'Message-ID: <many@x.example>\r\n'::bytea, 'x\r\n'::bytea, NULL, NULL, \
+                    'a@x.example', 'many')",
+            &[&rcpts],
+        )
+        .unwrap()
+        .get(0);
+    let _d = s.start();
+    let lines = log_lines(&logfile, 10_000);
+    assert_eq!(lines.len(), 10_000, "a line per recipient");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains(": to=<r") && l.contains("status=discarded"))
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            &format!("SELECT count(DISTINCT recipient) FROM pepsi.history WHERE origin = {id}")
+        ),
+        10_000
+    );
+}
