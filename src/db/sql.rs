@@ -124,6 +124,14 @@ pub const LOAD_FULL: &str = concat!(
      WHERE q.workqueue_id = ANY ($1)"
 );
 
+/// The header block and body of one row a fused chain goes on with into a stage that
+/// needs them (§12.6 amended): $1 the id, $2 the stage it was claimed at. Reads only;
+/// no row when it is no longer running at that stage (taken away: the chain ends
+/// there, and its write finds nothing either).
+pub const LOAD_CONTENT: &str = "SELECT q.headers, b.body FROM pepsi.workqueue q \
+     LEFT JOIN pepsi.workqueue_body b ON b.body_id = q.body_id \
+     WHERE q.workqueue_id = $1 AND q.status = 'running' AND q.stage = $2";
+
 /// A worker's outcome writes for a batch, one round trip (§12.3), through
 /// `pepsi.workqueue_write`. $1 a JSON array of objects {id, claimed, claim, stage,
 /// status, delay_ms, state, trail (appended to the row's), log (records for

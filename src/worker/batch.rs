@@ -138,6 +138,7 @@ impl Server {
     /// One batch: load, run every chain, commit; one plan per id, in input order.
     fn process(&mut self, batch: &[Assignment]) -> Vec<Plan> {
         let started = Instant::now();
+        self.runner.begin_batch();
         let ids: Vec<i64> = batch.iter().map(|a| a.id).collect();
         let ids = ids.as_slice();
         let mut conn = match self.pool.get() {

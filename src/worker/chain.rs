@@ -17,7 +17,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use postgres::types::Type;
 
 use serde_json::{Value, json};
 
@@ -36,12 +38,21 @@ use crate::config::graph::{MAX_FUSION_DEPTH, may_be_fused_into};
 use crate::config::raw::join_errors;
 use crate::config::{Config, StageGraph, StageSection};
 use crate::db::pool::PgConn;
+use crate::db::{self, sql};
+use crate::escape::Visible;
 
 /// Configured stages cached per (stage, per-address overrides), cleared beyond this.
 const CONFIGURED_CACHE: usize = 1024;
 /// Ignored per-address rows remembered as warned about, forgotten beyond this (a row
 /// then warns once more).
 const IGNORED_REMEMBERED: usize = 10_000;
+
+/// How long into a batch its chains may still go on into a stage that needs what the
+/// batch did not load (a body, for a stage that sends the message on): the batch's
+/// answers go out together, so a slow destination must not hold its first message's
+/// answer near the dispatcher's `MAX_RUNTIME`. A later row of a slow batch advances
+/// as an ordinary hop, to that stage's own workers (§12.6).
+pub(super) const LATE_LOAD_BUDGET: Duration = Duration::from_secs(2);
 
 /// A stage configured for one effective section.
 #[derive(Clone)]
@@ -70,6 +81,8 @@ pub(super) struct Runner {
     ignored_settings: HashSet<(String, String, String)>,
     /// Stages this process could not prepare to run ([`Stage::start`]): never fused.
     unfusable: HashSet<String>,
+    /// When the batch being run began ([`Runner::begin_batch`]).
+    batch_started: Instant,
 }
 
 /// Resolves a program as the dispatcher would: absolute, or looked up on `PATH`.
@@ -98,7 +111,14 @@ impl Runner {
             configured: HashMap::new(),
             ignored_settings: HashSet::new(),
             unfusable: HashSet::new(),
+            batch_started: Instant::now(),
         }
+    }
+
+    /// A batch begins: its chains go on into stages that need more than it loaded only
+    /// for [`LATE_LOAD_BUDGET`] from now.
+    pub(super) fn begin_batch(&mut self) {
+        self.batch_started = Instant::now();
     }
 
     /// Never fuses into `stage` (it could not be prepared in this process).
@@ -242,12 +262,14 @@ impl Runner {
         &mut self,
         conn: &mut PgConn,
         mut message: Message,
-        loaded: Load,
+        mut loaded: Load,
     ) -> Plan {
         let claimed = message.claimed_stage.clone();
         let mut plan = Plan::for_message(&message);
         let mut stage = claimed.clone();
         let mut depth = 0;
+        // Time spent loading what a fused stage needed, counted as that stage's.
+        let mut late_load = Duration::ZERO;
         loop {
             let base = self.graph.get(&stage).cloned();
             let builtin = base
@@ -328,8 +350,8 @@ impl Runner {
             };
             let result = ready.body.run(&mut message, &mut cx);
             plan.count(&stage, &cx.counted);
-            plan.report
-                .push((stage.clone(), started.elapsed().as_micros() as u64));
+            let spent = started.elapsed() + std::mem::take(&mut late_load);
+            plan.report.push((stage.clone(), spent.as_micros() as u64));
             let result = match result {
                 Ok(Outcome::Recipients(outcomes)) => {
                     match recipients::settle(conn, &mut message, &mut plan, &stage, outcomes) {
@@ -340,7 +362,17 @@ impl Runner {
                 other => other,
             };
             if let Ok(Outcome::Advance(next)) = &result {
-                if self.can_fuse(next, &message, depth, loaded) {
+                let load_started = Instant::now();
+                let fuse = match self.can_fuse(next, &message, depth, loaded) {
+                    Some(needs) if needs > loaded => {
+                        late_content(conn, &mut message).then_some(needs)
+                    }
+                    Some(_) => Some(loaded),
+                    None => None,
+                };
+                if let Some(now_loaded) = fuse {
+                    loaded = now_loaded;
+                    late_load = load_started.elapsed();
                     // What this stage handed on is recorded here, at this stage; the
                     // next one's outcome is its own.
                     if let Some(handed) = plan.handed.take() {
@@ -461,34 +493,74 @@ impl Runner {
         }
     }
 
-    /// May `next` run in this pass (§12.6)?
-    fn can_fuse(&mut self, next: &str, message: &Message, depth: usize, loaded: Load) -> bool {
+    /// May `next` run in this pass (§12.6)? Then what it loads: when that is more
+    /// than the pass has, the caller loads the rest by the row's id (the amendment of
+    /// §12.6), which this allows only within the batch's [`LATE_LOAD_BUDGET`].
+    fn can_fuse(
+        &mut self,
+        next: &str,
+        message: &Message,
+        depth: usize,
+        loaded: Load,
+    ) -> Option<Load> {
         if !self.config.pepsi.allow_fusion
             || depth + 1 >= MAX_FUSION_DEPTH
             || self.unfusable.contains(next)
         {
-            return false;
+            return None;
         }
-        let Some(section) = self.graph.get(next).cloned() else {
-            return false;
-        };
-        let Some(builtin) = self.fusable_builtin(&section.program) else {
-            return false;
-        };
-        if !fuses_into(&section, builtin) || builtin.loads() > loaded {
-            return false;
+        let section = self.graph.get(next).cloned()?;
+        let builtin = self.fusable_builtin(&section.program)?;
+        if !fuses_into(&section, builtin) {
+            return None;
+        }
+        let needs = builtin.loads();
+        if needs > loaded && self.batch_started.elapsed() >= LATE_LOAD_BUDGET {
+            return None;
         }
         // A later per-address split must clone from a row that carries the rewrite.
         if message.rewritten() && message.rcpt_to().len() > 1 {
-            return false;
+            return None;
         }
         let groups = settings::groups(message, next);
         if groups.len() != 1 {
-            return false;
+            return None;
         }
         match self.ready(next, builtin, &groups[0]) {
-            Ok(ready) => ready.body.fusion_gate(message),
-            Err(_) => false,
+            Ok(ready) if ready.body.fusion_gate(message) => Some(needs),
+            _ => None,
+        }
+    }
+}
+
+/// Loads the header block and body of a row whose pass goes on into a stage that needs
+/// them ([`sql::LOAD_CONTENT`], guarded by the claimed stage): one read, no write. False
+/// when it cannot be had (the row was taken away, or the read failed: the connection's
+/// trouble then meets the chain's write too): the chain ends with an ordinary hop.
+fn late_content(conn: &mut PgConn, message: &mut Message) -> bool {
+    let (id, stage) = (message.id, message.claimed_stage.clone());
+    let rows = db::retry_transient(|| {
+        conn.query_prepared(sql::LOAD_CONTENT, &[Type::INT8, Type::TEXT], &[&id, &stage])
+    });
+    let stage = Visible(&stage);
+    match rows.as_deref() {
+        Ok([row]) => match (row.try_get(0), row.try_get(1)) {
+            (Ok(headers), Ok(body)) => {
+                message.set_late_content(headers, body);
+                true
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                log::warn!("{stage}: message {id}: cannot read its content: {e}; not fused");
+                false
+            }
+        },
+        Ok(_) => false,
+        Err(e) => {
+            log::warn!(
+                "{stage}: message {id}: cannot load its content: {}; not fused",
+                db::describe(e)
+            );
+            false
         }
     }
 }

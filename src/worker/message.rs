@@ -173,6 +173,18 @@ impl Message {
         self.body = body;
     }
 
+    /// Sets the header block and body loaded after the pass began, for a fused stage
+    /// that needs them (§12.6): the fields earlier stages of the pass prepended go
+    /// before the stored block, as the write will put them.
+    pub(crate) fn set_late_content(&mut self, headers: Option<Vec<u8>>, body: Option<Vec<u8>>) {
+        self.headers = headers.map(|stored| {
+            let mut block = self.prepended.clone();
+            block.extend_from_slice(&stored);
+            block
+        });
+        self.body = body;
+    }
+
     /// Rewrites the envelope sender.
     pub fn set_mail_from(&mut self, value: String) {
         self.mail_from = value;

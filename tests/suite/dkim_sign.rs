@@ -289,7 +289,7 @@ fn signing_fused_between_stages_and_on_a_message_for_several_recipients_verifies
         headers,
         b"2\r\n",
     );
-    let _d = s.start();
+    let mut d = s.start();
     wait_empty(&mut c, WAIT);
     for rcpt in ["one@dest.example", "two@dest.example", "three@dest.example"] {
         let data = delivered(&host, rcpt);
@@ -304,6 +304,25 @@ fn signing_fused_between_stages_and_on_a_message_for_several_recipients_verifies
             .count();
         assert_eq!(signatures, 2, "signed once, by each key: {rcpt}");
     }
+    // The signer's body is read within the pass of `in` for both messages; the relay
+    // runs there for one recipient, and is a claim of its own after the rewrite for two.
+    let stats = "SELECT (SELECT rows_claimed FROM pepsi.dispatch_stats), \
+                 (SELECT passes FROM pepsi.stage_stats WHERE stage = 'sign'), \
+                 (SELECT fused_passes FROM pepsi.stage_stats WHERE stage = 'sign'), \
+                 (SELECT passes FROM pepsi.stage_stats WHERE stage = 'relay'), \
+                 (SELECT fused_passes FROM pepsi.stage_stats WHERE stage = 'relay')";
+    crate::util::wait_until(WAIT, "the statistics count every pass", || {
+        let r = c.query_one(stats, &[]).unwrap();
+        r.get::<_, Option<i64>>(3) == Some(2)
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    let r = c.query_one(stats, &[]).unwrap();
+    let figures: Vec<Option<i64>> = (0..5).map(|i| r.get(i)).collect();
+    assert_eq!(
+        figures,
+        [Some(3), Some(2), Some(2), Some(2), Some(1)],
+        "claims, sign's passes and fused passes, relay's passes and fused passes"
+    );
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod exec_reports;
 mod fair;
 mod fair_sql;
 mod foundation;
+mod fused_relay;
 mod guarantees;
 mod harness;
 mod hung_server;

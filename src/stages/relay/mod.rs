@@ -1,5 +1,6 @@
 //! `pepsi-stage-relay` (§17): hands each message to `SMARTHOST` over SMTP or LMTP
-//! (`PROTOCOL`). Loads headers and body; not fusable by default.
+//! (`PROTOCOL`). Loads headers and body; fusable by default (a filter's workers hand the
+//! message on themselves, §12.6).
 //!
 //! One connection per worker, kept open across messages and batches (RSET between
 //! messages; a connection lost while idle is opened again) until
@@ -233,7 +234,7 @@ impl Stage for Relay {
     }
 
     fn fusion_default(&self) -> bool {
-        false
+        true
     }
 
     fn keys(&self) -> &'static [&'static str] {
