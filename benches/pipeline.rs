@@ -447,9 +447,9 @@ struct Profile {
     rows_claimed: i64,
     /// Top-level statements of every session but the benchmark's own
     /// (`pg_stat_statements`; `None` on a server that does not load it), and the most
-    /// frequent of them: (calls, rows, text).
+    /// frequent of them: (calls, rows, ms per call, planning ms per call, plans, text).
     statements: Option<i64>,
-    top: Vec<(i64, i64, f64, f64, String)>,
+    top: Vec<(i64, i64, f64, f64, i64, String)>,
     /// Those statements' calls per role they ran as (`BENCH_ROLES` shows here).
     by_role: Vec<(String, i64)>,
     /// CPU seconds during the burst of PostgreSQL's processes and of the stage workers
@@ -552,12 +552,12 @@ impl Profile {
             )
             .unwrap();
         }
-        for (calls, rows, ms, plan_ms, text) in &self.top {
+        for (calls, rows, ms, plan_ms, plans, text) in &self.top {
             let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
             let short: String = text.chars().take(80).collect();
             writeln!(
                 out,
-                "    {calls:8} calls {:6.1} rows/call {ms:7.3} ms/call ({plan_ms:.3} planning)  {short}",
+                "    {calls:8} calls {:6.1} rows/call {ms:7.3} ms/call ({plan_ms:.3} planning, {plans} plans)  {short}",
                 *rows as f64 / (*calls).max(1) as f64
             )
             .unwrap();
@@ -623,7 +623,7 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
         .unwrap();
     let rows = if counting {
         c.query(
-            "/* bench */ SELECT calls, rows, mean_exec_time + mean_plan_time, mean_plan_time, query FROM pg_stat_statements s \
+            "/* bench */ SELECT calls, rows, mean_exec_time + total_plan_time / greatest(calls, 1), total_plan_time / greatest(calls, 1), plans, query FROM pg_stat_statements s \
              JOIN pg_database d ON d.oid = s.dbid \
              WHERE d.datname = current_database() AND s.toplevel AND s.query NOT LIKE '%/* bench */%' \
              ORDER BY calls DESC",
@@ -657,7 +657,7 @@ fn burst_with(setup: &Setup, fusion: bool, queue_limit: u32, n: i64, fair: bool)
         top: rows
             .iter()
             .take(6)
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
             .collect(),
         transactions,
         batches: batch_sizes(&log),
