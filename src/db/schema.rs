@@ -108,6 +108,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("020_stage_events.sql"),
     migration!("021_destinations.sql"),
     migration!("022_history.sql"),
+    migration!("023_claim_token_inline.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

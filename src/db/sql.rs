@@ -83,7 +83,9 @@ pub const READ_LISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key, s.valu
 /// array. Never the claim token, which the worker's role may not read: the dispatcher
 /// hands it with the id (§6 "Claim tokens"). The settings subquery fetches the per-address overrides of the correspondents (the
 /// sender of a local message, else the recipients) for all stages, so fused stages have
-/// theirs too. The lifetime age is a difference of epochs in float8, never an interval:
+/// theirs too; it runs only when there are settings at all (an `EXISTS` the server
+/// evaluates once per statement), so a system without them does not look up every
+/// recipient of every row. The lifetime age is a difference of epochs in float8, never an interval:
 /// `now() - 'infinity'` is an error, which failed the load of the whole batch, while
 /// the epoch of an infinite timestamp is an infinite float the worker clamps. A
 /// `dsn_created` that is not a finite time falls back to the arrival. Then the
@@ -98,11 +100,12 @@ macro_rules! load_columns {
                                       AND isfinite(pepsi.lifetime_start(q.state, q.arrived)) \
                                      THEN pepsi.lifetime_start(q.state, q.arrived) \
                                      ELSE q.arrived END)::float8, \
+         CASE WHEN EXISTS (SELECT FROM pepsi.settings) THEN \
          (SELECT jsonb_agg(jsonb_build_array(s.address, s.stage, s.key, s.value)) \
             FROM pepsi.settings s \
            WHERE s.address = ANY (CASE WHEN q.state -> 'local_origin' = 'true'::jsonb \
                                        THEN ARRAY[lower(q.mail_from)] \
-                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text, \
+                                       ELSE ARRAY(SELECT lower(r) FROM unnest(q.rcpt_to) r) END))::text END, \
          q.message_id, extract(epoch FROM q.arrived)::float8, right(q.trail, 24)"
     };
 }

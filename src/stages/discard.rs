@@ -1,7 +1,8 @@
 //! `pepsi-stage-discard`: deletes the row; the message is done. Metadata only, fusable
-//! by default. Every message it deletes is logged at INFO (its id, sender and
-//! recipients, the stage), as Postfix logs a discard: a pipeline that routes mail here
-//! by mistake shows it.
+//! by default. Every recipient of a message it deletes gets its delivery log line
+//! (`status=discarded (discarded by STAGE)`) and its row in `pepsi.history`, as
+//! Postfix's discard(8) logs one: a pipeline that routes mail here by mistake shows
+//! it. Its own line (id, sender, recipients) is written at DEBUG only.
 //!
 //! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
 //! and for each effective section and runs the body it returns, and `pepsi-dispatch
@@ -75,7 +76,9 @@ fn named(recipients: &[String]) -> String {
 
 impl Configured for ConfiguredDiscard {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        log::info!(
+        // The delivery log has a line for each recipient (status=discarded) and the
+        // history a row: this one is for debugging, not written per message.
+        log::debug!(
             "{}: message {} from <{}> to {}: discarded (stage {} deletes every message it gets)",
             cx.section.name,
             message.id,

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::message::Message;
 use super::outcome::{RecipientResult, enhanced};
@@ -199,22 +199,30 @@ pub fn records(
 
 /// The records as `pepsi.workqueue_write` and `pepsi.workqueue_done` take them (the
 /// element's "log").
+/// A value that is absent is left out (the server reads it as NULL), so the server
+/// parses no more than the record holds.
 pub fn to_json(records: &[Record]) -> Value {
     Value::Array(
         records
             .iter()
             .map(|r| {
-                json!({
-                    "event": r.event.name(),
-                    "stage": r.stage,
-                    "rcpt": r.recipient,
-                    "relay": r.relay,
-                    "reply": r.reply,
-                    "remote_id": r.remote_id,
-                    "dsn": r.dsn,
-                    "queued_ms": r.waited.as_millis() as u64,
-                    "stage_ms": r.took.as_millis() as u64,
-                })
+                let mut o = serde_json::Map::new();
+                o.insert("event".into(), r.event.name().into());
+                o.insert("stage".into(), r.stage.clone().into());
+                o.insert("rcpt".into(), r.recipient.clone().into());
+                for (key, value) in [
+                    ("relay", &r.relay),
+                    ("reply", &r.reply),
+                    ("remote_id", &r.remote_id),
+                ] {
+                    if let Some(v) = value {
+                        o.insert(key.into(), v.clone().into());
+                    }
+                }
+                o.insert("dsn".into(), r.dsn.clone().into());
+                o.insert("queued_ms".into(), (r.waited.as_millis() as u64).into());
+                o.insert("stage_ms".into(), (r.took.as_millis() as u64).into());
+                Value::Object(o)
             })
             .collect(),
     )

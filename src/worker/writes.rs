@@ -12,6 +12,7 @@
 //! (the stages and the error model do) nor read stdin or write status lines.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 
 use postgres::types::Type;
 use serde_json::{Value, json};
@@ -63,11 +64,15 @@ fn annotate(plan: &mut Plan) {
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let trail: String = plan
-        .report
-        .iter()
-        .map(|(stage, us)| format!("{} {us} {at}\n", stage.replace(char::is_whitespace, "_")))
-        .collect();
+    let mut trail = String::with_capacity(plan.report.len() * 40);
+    for (stage, us) in &plan.report {
+        if stage.contains(char::is_whitespace) {
+            trail.push_str(&stage.replace(char::is_whitespace, "_"));
+        } else {
+            trail.push_str(stage);
+        }
+        let _ = writeln!(trail, " {us} {at}");
+    }
     let log = (!plan.records.is_empty()).then(|| record::to_json(&plan.records));
     let element = match &mut plan.write {
         Write::Update(v) => v,
