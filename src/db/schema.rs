@@ -108,7 +108,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("020_stage_events.sql"),
     migration!("021_destinations.sql"),
     migration!("022_history.sql"),
-    migration!("023_claim_token_inline.sql"),
+    migration!("023_claim_take.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).
