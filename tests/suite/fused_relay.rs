@@ -183,3 +183,46 @@ fn a_failure_in_the_fused_relay_is_handled_at_the_relay_and_retried_there() {
     );
     assert_eq!(rows_claimed(&mut c), 2, "claimed at in, then at relay");
 }
+
+#[test]
+fn a_slow_destination_stops_a_batch_from_fusing_into_the_relay_after_two_seconds() {
+    // Each message takes the smarthost a second: a batch of six, fused all the way, would
+    // hold its first answer six seconds. Only what starts within the batch's first two
+    // seconds (`chain::LATE_LOAD_BUDGET`) is relayed in the pass of `in`: the first and at
+    // most the second; the others are written on to `relay`, whose own workers send them.
+    let host = Smarthost::start(Script {
+        data_delay: Duration::from_secs(1),
+        ..Script::default()
+    });
+    let (s, mut c) = Scenario::new("fused-relay-slow")
+        .timers("")
+        .stages(&stages(&host, "").replace(
+            "[stage-in]\n",
+            "[stage-in]\nPARALLELISM = 1\nQUEUE_LIMIT = 16\n",
+        ))
+        .connect();
+    let n = 6;
+    for i in 0..n {
+        inject(&mut c, &format!("s{i}@dest.example"), b"slow\r\n");
+    }
+    let mut d = s.start();
+    wait_empty(&mut c, WAIT);
+    for i in 0..n {
+        assert_eq!(host.deliveries(&format!("s{i}@dest.example")), 1, "s{i}");
+    }
+    wait_count(
+        &mut c,
+        "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats WHERE stage = 'relay'",
+        n,
+        WAIT,
+    );
+    assert!(d.terminate().success(), "{}", d.log());
+    let (passes, fused) = passes(&mut c, "relay");
+    assert_eq!(passes, n);
+    assert!(fused <= 2, "{fused} of {n} relayed in the pass of in");
+    assert_eq!(
+        rows_claimed(&mut c),
+        2 * n - fused,
+        "the others claimed at relay"
+    );
+}

@@ -38,6 +38,9 @@ pub struct Script {
     /// Replies to the coming DATA commands instead of `354` (each used once; the data
     /// phase is not entered), e.g. a broken `250`.
     pub data_replies: VecDeque<String>,
+    /// How long it takes over each message before it answers the data (a slow
+    /// destination).
+    pub data_delay: std::time::Duration,
 }
 
 impl Default for Script {
@@ -54,6 +57,7 @@ impl Default for Script {
             after_data: HashMap::new(),
             drop_mid_data: 0,
             data_replies: VecDeque::new(),
+            data_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -287,7 +291,11 @@ fn session(stream: TcpStream, seen: &Mutex<Seen>, script: &Mutex<Script>) -> std
                     let l = if l.starts_with(b".") { &l[1..] } else { &l[..] };
                     data.extend_from_slice(l);
                 }
-                let lmtp = script.lock().unwrap().lmtp;
+                let (lmtp, delay) = {
+                    let s = script.lock().unwrap();
+                    (s.lmtp, s.data_delay)
+                };
+                std::thread::sleep(delay);
                 let mut delivered = Vec::new();
                 if lmtp {
                     for r in &accepted {
