@@ -56,9 +56,26 @@ pub fn parent_of(pid: u32) -> u32 {
         .unwrap_or(0)
 }
 
-/// CPU seconds used so far by each of `parents` and its live children, in order.
+/// CPU seconds used so far by a process and by the children it reaped (which count
+/// their own reaped children: the time of every descendant that ended and was waited
+/// for).
+fn cpu_with_reaped(pid: u32) -> f64 {
+    let fields = stat_fields(&format!("/proc/{pid}/stat"));
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the command name: utime 11, stime 12, cutime 13, cstime 14.
+    (ticks(11) + ticks(12) + ticks(13) + ticks(14)) / clk_tck()
+}
+
+/// CPU seconds used so far by each of `parents` and its descendants, in order: the
+/// live ones (the dispatcher's workers are its launcher's children) and those that
+/// ended and were reaped (a worker recycled, a backend whose session ended).
 pub fn cpu_of_families(parents: &[u32]) -> Vec<f64> {
-    let mut sums: Vec<f64> = parents.iter().map(|&p| cpu_seconds(p)).collect();
+    let mut sums: Vec<f64> = parents.iter().map(|&p| cpu_with_reaped(p)).collect();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
             .file_name()
@@ -67,8 +84,17 @@ pub fn cpu_of_families(parents: &[u32]) -> Vec<f64> {
         else {
             continue;
         };
-        if let Some(i) = parents.iter().position(|&p| p == parent_of(pid)) {
-            sums[i] += cpu_seconds(pid);
+        // Up the chain of parents, a few generations at most.
+        let mut up = parent_of(pid);
+        for _ in 0..4 {
+            if up <= 1 {
+                break;
+            }
+            if let Some(i) = parents.iter().position(|&p| p == up) {
+                sums[i] += cpu_with_reaped(pid);
+                break;
+            }
+            up = parent_of(up);
         }
     }
     sums
