@@ -85,8 +85,8 @@ pub const READ_LISTED_SETTINGS: &str = "SELECT s.address, s.stage, s.key, s.valu
 /// sender of a local message, else the recipients) for all stages, so fused stages have
 /// theirs too; it runs only when there are settings at all (an `EXISTS` the server
 /// evaluates once per statement), so a system without them does not look up every
-/// recipient of every row. The lifetime age is a difference of epochs in float8, never an interval:
-/// `now() - 'infinity'` is an error, which failed the load of the whole batch, while
+/// recipient of every row. The lifetime age is a difference of epochs in float8, never
+/// an interval: `now() - 'infinity'` is an error, which failed the load of the whole batch, while
 /// the epoch of an infinite timestamp is an infinite float the worker clamps. A
 /// `dsn_created` that is not a finite time falls back to the arrival. Then the
 /// Message-ID, the arrival in epoch seconds and the end of the trail (whose last word is

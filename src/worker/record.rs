@@ -198,9 +198,8 @@ pub fn records(
 }
 
 /// The records as `pepsi.workqueue_write` and `pepsi.workqueue_done` take them (the
-/// element's "log").
-/// A value that is absent is left out (the server reads it as NULL), so the server
-/// parses no more than the record holds.
+/// element's "log"). A value that is absent is left out (the server reads it as NULL),
+/// so the server parses no more than the record holds.
 pub fn to_json(records: &[Record]) -> Value {
     Value::Array(
         records
@@ -379,5 +378,28 @@ mod tests {
         let j = to_json(&r);
         assert_eq!(j[0]["event"], "delivered");
         assert_eq!(j[0]["rcpt"], "a@y");
+        assert_eq!(j[0]["remote_id"], "ABC");
+        // What a record lacks is left out, not sent as null.
+        let r = records(
+            &m,
+            "drop",
+            Event::Discarded,
+            None,
+            None,
+            "2.0.0",
+            Timing::now(),
+        );
+        let j = to_json(&r);
+        let keys: Vec<&str> = j[0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            ["dsn", "event", "queued_ms", "rcpt", "stage", "stage_ms"],
+            "{j}"
+        );
     }
 }
