@@ -2,7 +2,8 @@
 //! by default. Every recipient of a message it deletes gets its delivery log line
 //! (`status=discarded (discarded by STAGE)`) and its row in `pepsi.history`, as
 //! Postfix's discard(8) logs one: a pipeline that routes mail here by mistake shows
-//! it. Its own line (id, sender, recipients) is written at DEBUG only.
+//! it. With `[pepsi] DELIVERY_LOG = no` the stage logs each message at INFO instead
+//! (its id, sender and recipients, the stage); otherwise that line is DEBUG.
 //!
 //! Listed in `stages::BUILTINS`; the worker runtime calls its `configure` at start
 //! and for each effective section and runs the body it returns, and `pepsi-dispatch
@@ -10,7 +11,7 @@
 //! not write to the database (the runtime writes its outcome) nor know about batches,
 //! fusion or the protocol.
 
-use crate::config::{ConfigError, StageSection};
+use crate::config::{ConfigError, MailLogTarget, StageSection};
 use crate::escape::Visible;
 use crate::worker::{Configured, Context, Load, Message, Outcome, Stage, StageError};
 
@@ -76,9 +77,15 @@ fn named(recipients: &[String]) -> String {
 
 impl Configured for ConfiguredDiscard {
     fn run(&self, message: &mut Message, cx: &mut Context<'_>) -> Result<Outcome, StageError> {
-        // The delivery log has a line for each recipient (status=discarded) and the
-        // history a row: this one is for debugging, not written per message.
-        log::debug!(
+        // With a delivery log, its line for each recipient (status=discarded) says it;
+        // without one, this line does.
+        let level = if cx.pepsi.delivery_log == MailLogTarget::Off {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
             "{}: message {} from <{}> to {}: discarded (stage {} deletes every message it gets)",
             cx.section.name,
             message.id,

@@ -1,5 +1,6 @@
 //! What a new operator met first, each held to what it must be now: a discard is
-//! logged (id, sender, recipients, the stage), `check` warns about a key a built-in
+//! logged (id, sender, recipients, the stage: in the delivery log, or without one in
+//! the stage's own log), `check` warns about a key a built-in
 //! stage does not read, SIGHUP leaves the failure bouncer running, and `systemctl
 //! reload pepsi-dispatch` checks the configuration before it signals the dispatcher.
 
@@ -15,8 +16,47 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn every_discarded_message_is_logged_with_its_id_sender_recipients_and_stage() {
-    let (s, mut c) = Scenario::new("op-discard")
+    // With a delivery log: a line per recipient there, as Postfix's discard(8) logs.
+    let scenario = Scenario::new("op-discard");
+    let maillog = scenario.dir().path("mail.log");
+    let (s, mut c) = scenario
         .timers("")
+        .pepsi(&format!("DELIVERY_LOG = {}\n", maillog.display()))
+        .stages(
+            "[stage-filter]\nPROGRAM = {if}\nMATCH = recipient-domain is kept.example\n\
+             NEXT = drop\nELSE_STAGE = drop\n\n[stage-drop]\nPROGRAM = {discard}\n",
+        )
+        .connect();
+    let id = inject(
+        &mut c,
+        "filter",
+        "alice@x.example",
+        &["bob@y.example", "carol@y.example"],
+    );
+    let d = s.start();
+    wait_empty(&mut c, WAIT);
+    wait_until(WAIT, "a delivery log line for each recipient", || {
+        std::fs::read_to_string(&maillog).is_ok_and(|t| t.lines().count() >= 2)
+    });
+    let text = std::fs::read_to_string(&maillog).unwrap();
+    for rcpt in ["bob@y.example", "carol@y.example"] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!(" {id}: to=<{rcpt}>")))
+            .unwrap_or_else(|| panic!("no line for {rcpt}:\n{text}"));
+        for part in [
+            "status=discarded (discarded by drop)",
+            "stage=drop",
+            "from=<alice@x.example>",
+        ] {
+            assert_has!(line, part);
+        }
+    }
+    drop(d);
+    // Without one: the stage's own line in the log.
+    let (s, mut c) = Scenario::new("op-discard-nolog")
+        .timers("")
+        .pepsi("DELIVERY_LOG = no\n")
         .stages(
             "[stage-filter]\nPROGRAM = {if}\nMATCH = recipient-domain is kept.example\n\
              NEXT = drop\nELSE_STAGE = drop\n\n[stage-drop]\nPROGRAM = {discard}\n",
