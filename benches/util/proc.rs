@@ -16,17 +16,24 @@ fn stat_fields(path: &str) -> Vec<String> {
     after.split_whitespace().map(str::to_string).collect()
 }
 
+/// After the command name of a /proc `stat` file: user and system time (state is 0).
+const OWN: &[usize] = &[11, 12];
+/// The same of the children reaped (which count their own reaped children).
+const OWN_AND_REAPED: &[usize] = &[11, 12, 13, 14];
+
+/// CPU seconds in these fields of a /proc `stat` file (a process or a thread).
+fn seconds_of_stat(path: &str, which: &[usize]) -> f64 {
+    let fields = stat_fields(path);
+    let ticks: f64 = which
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    ticks / clk_tck()
+}
+
 /// CPU seconds (user + system) of a /proc `stat` file (a process or a thread).
 fn cpu_of_stat(path: &str) -> f64 {
-    let fields = stat_fields(path);
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the command name: state is 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) / clk_tck()
+    seconds_of_stat(path, OWN)
 }
 
 /// CPU seconds used so far by a process (all its threads, live and ended).
@@ -60,15 +67,7 @@ pub fn parent_of(pid: u32) -> u32 {
 /// their own reaped children: the time of every descendant that ended and was waited
 /// for).
 fn cpu_with_reaped(pid: u32) -> f64 {
-    let fields = stat_fields(&format!("/proc/{pid}/stat"));
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the command name: utime 11, stime 12, cutime 13, cstime 14.
-    (ticks(11) + ticks(12) + ticks(13) + ticks(14)) / clk_tck()
+    seconds_of_stat(&format!("/proc/{pid}/stat"), OWN_AND_REAPED)
 }
 
 /// CPU seconds used so far by each of `parents` and its descendants, in order: the

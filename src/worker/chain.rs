@@ -52,7 +52,7 @@ const IGNORED_REMEMBERED: usize = 10_000;
 /// answers go out together, so a slow destination must not hold its first message's
 /// answer near the dispatcher's `MAX_RUNTIME`. A later row of a slow batch advances
 /// as an ordinary hop, to that stage's own workers (§12.6).
-pub(super) const LATE_LOAD_BUDGET: Duration = Duration::from_secs(2);
+const LATE_LOAD_BUDGET: Duration = Duration::from_secs(2);
 
 /// A stage configured for one effective section.
 #[derive(Clone)]

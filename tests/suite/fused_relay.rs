@@ -226,3 +226,70 @@ fn a_slow_destination_stops_a_batch_from_fusing_into_the_relay_after_two_seconds
         "the others claimed at relay"
     );
 }
+
+#[test]
+fn hostile_content_and_10000_recipients_arrive_from_a_fused_relay_as_from_the_relay_alone() {
+    // The body read in the middle of a pass must be the body the relay's own load
+    // reads: the same message injected at `in` (fused) and at `relay` (its own
+    // workers) arrives the same, whatever bytes it holds, for every recipient.
+    let host = Smarthost::start(Script::default());
+    let (s, mut c) = Scenario::new("fused-relay-hostile")
+        .timers("")
+        .stages(&stages(&host, ""))
+        .connect();
+    let headers = "From: Alice <alice@origin.example>\r\n\
+                   Subject: \u{202e}txt.exe\u{202c} bidi\r\n\
+                   X-Long: "
+        .to_string()
+        + &"x".repeat(100_000)
+        + "\r\n";
+    let mut body = b"a NUL \0 here, a bare CR \r and a bare LF \n there\r\n.\r\n..\r\n".to_vec();
+    body.extend_from_slice(&[b'y'; 100_000]);
+    body.extend_from_slice(b"\r\nend\r\n");
+    let to: Vec<String> = (0..10_000).map(|i| format!("r{i}@dest.example")).collect();
+    for (stage, from) in [
+        ("in", "alice@origin.example"),
+        ("relay", "bob@origin.example"),
+    ] {
+        c.execute(
+            "SELECT pepsi.workqueue_inject($1, $2, $3, $4, $5)",
+            &[&stage, &from, &to, &headers.as_bytes(), &body],
+        )
+        .unwrap();
+    }
+    let mut d = s.start();
+    wait_empty(&mut c, Duration::from_secs(120));
+    let seen = host.seen();
+    let from = |sender: &str| {
+        let got: Vec<_> = seen
+            .messages
+            .iter()
+            .filter(|m| m.mail.contains(sender))
+            .collect();
+        let delivered: usize = got.iter().map(|m| m.delivered.len()).sum();
+        assert_eq!(delivered, 10_000, "{sender}: every recipient once");
+        got[0].data.clone()
+    };
+    let fused = from("<alice@origin.example>");
+    let alone = from("<bob@origin.example>");
+    // (The relay writes bare CRs and LFs as line ends, and stuffs dots, either way.)
+    assert!(
+        fused == alone,
+        "the same bytes either way: {} and {} bytes",
+        fused.len(),
+        alone.len()
+    );
+    assert!(
+        fused.windows(100_000).any(|w| w.iter().all(|&b| b == b'x')),
+        "the 100 KB header line arrives whole"
+    );
+    drop(seen);
+    wait_count(
+        &mut c,
+        "SELECT coalesce(sum(passes), 0)::int8 FROM pepsi.stage_stats WHERE stage = 'relay'",
+        2,
+        WAIT,
+    );
+    assert!(d.terminate().success(), "{}", d.log());
+    assert_eq!(passes(&mut c, "relay"), (2, 1), "one fused, one on its own");
+}
