@@ -915,3 +915,40 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     let answer = claim_fair(&mut c, &asks, &leads, MAX_HOPS);
     assert_eq!(answer.rows.len(), 16, "{answer:?}");
 }
+
+/// Scenario (f) of the pipeline benchmark: one sender 100,000 rows deep and 50 small
+/// ones, analyzed. From the sixth call of a session PL/pgSQL may use generic plans, and
+/// before schema 24 the read of the stage's 513 oldest rows then took the covering
+/// sender index and sorted the whole stage: 100,500 rows a claim.
+#[test]
+fn the_fair_claims_generic_plans_stop_at_the_window_at_a_middling_depth() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.batch_execute(
+        "ALTER TABLE pepsi.workqueue SET (autovacuum_enabled = off);
+         INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to)
+         SELECT 'a', 'flood@a.example', ARRAY['r@y.example'] FROM generate_series(1, 100000);
+         INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to)
+         SELECT 'a', 'x@s' || (g % 50) || '.example', ARRAY['r@y.example']
+           FROM generate_series(1, 500) g;",
+    )
+    .unwrap();
+    c.batch_execute("VACUUM ANALYZE pepsi.workqueue").unwrap();
+    let (senders, cap, fifo) = (51.0, 16, 2);
+    let most = senders * f64::from(cap) + f64::from(fifo);
+    let call = format!(
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
+        sql::CLAIM_FAIR
+    ) + &"BEGIN;\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL);\n\
+          ROLLBACK;\n"
+        .repeat(8);
+    let plans = nested_plans(&db, &call);
+    assert_eq!(
+        plans.matches("LIMIT 513) x").count(),
+        8,
+        "every call reads the stage's oldest rows:\n{plans}"
+    );
+    assert_reads_at_most(&plans, most, 3.0 * most, "100,000 deep, analyzed");
+    assert_lacks!(plans, "Sort Key: q.stage, q.workqueue_id");
+}
