@@ -26,7 +26,8 @@
 //!
 //! `BENCH_MESSAGES` (default 5000) sets the burst size, `BENCH_QUEUE_LIMITS` (default
 //! `4,16`) the QUEUE_LIMITs of (b); `BENCH_QUICK` set stops after
-//! (a), (a2), (b) and (e), `BENCH_QUICK=c` after (c). Figures, never assertions.
+//! (a), (a2), (b) and (e), `BENCH_QUICK=c` after (c); `BENCH_QUICK=f` runs (f) alone.
+//! Figures, never assertions.
 //!
 //! `BENCH_ROLES=split` runs every pipeline the dispatcher serves ((b), (c), (e), (g),
 //! (h)) with the dispatcher connecting as the login role `pepsi_bench_dispatch`, a
@@ -722,6 +723,21 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
     (row.get(0), row.get(1))
 }
 
+/// (f) at the depths 1k, 10k, 100k and 1M, each printed: the times in ms.
+fn fair_claim_depths(out: &mut impl Write) -> Vec<f64> {
+    let mut depths = Vec::new();
+    for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
+        let ms = fair_claim_ms(depth);
+        writeln!(
+            out,
+            "(f) fair claim, one sender {depth:>9} deep + 50 small senders, cap 16: {ms:6.2} ms (median of 21)"
+        )
+        .unwrap();
+        depths.push(ms);
+    }
+    depths
+}
+
 /// (f): the fair claim's median time over 21 calls (each rolled back) with `depth` rows
 /// of one sender and 10 rows of each of 50 others waiting at one stage; cap 16.
 fn fair_claim_ms(depth: i64) -> f64 {
@@ -869,6 +885,16 @@ fn main() {
     if roles == Roles::Split {
         create_login_roles();
     }
+    if std::env::var_os("BENCH_QUICK").is_some_and(|q| q == "f") {
+        let depths = fair_claim_depths(&mut out);
+        writeln!(
+            out,
+            "fair claim at 100k / at 1k deep: {:.2}",
+            depths[2] / depths[0]
+        )
+        .unwrap();
+        return;
+    }
     let setup = Setup::new(roles);
 
     let mut raw = Vec::new();
@@ -951,16 +977,7 @@ fn main() {
     if quick.is_some() {
         return;
     }
-    let mut depths = Vec::new();
-    for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
-        let ms = fair_claim_ms(depth);
-        writeln!(
-            out,
-            "(f) fair claim, one sender {depth:>9} deep + 50 small senders, cap 16: {ms:6.2} ms (median of 21)"
-        )
-        .unwrap();
-        depths.push(ms);
-    }
+    let depths = fair_claim_depths(&mut out);
     let alone = p50_p99(&small_sender_waits(&setup, 0));
     let behind = p50_p99(&small_sender_waits(&setup, 10_000));
     writeln!(
