@@ -118,13 +118,26 @@ pub const LOAD_METADATA: &str = concat!(
     " FROM pepsi.workqueue q WHERE q.workqueue_id = ANY ($1)"
 );
 
-/// Loads rows with their header block and body. $1 ids (int8[]).
+/// Loads rows with their header block and body, within a budget. $1 ids (int8[]), $2
+/// bytes (int8): in the order of $1, a row's header block and body come while the
+/// rows before it brought fewer bytes than $2 (the first row's always); a later row's
+/// are NULL, and its last column false, to be read in its turn ([`LOAD_CONTENT`]).
+/// The sizes are the stored lengths, read without reading the values.
 pub const LOAD_FULL: &str = concat!(
     "SELECT ",
     load_columns!(),
-    ", q.headers, b.body FROM pepsi.workqueue q \
-     LEFT JOIN pepsi.workqueue_body b ON b.body_id = q.body_id \
-     WHERE q.workqueue_id = ANY ($1)"
+    ", CASE WHEN q.before < $2 THEN q.headers END, CASE WHEN q.before < $2 THEN q.body END, \
+       q.before < $2 \
+     FROM (SELECT w.workqueue_id, w.stage, w.status, w.mail_from, w.rcpt_to, w.auth_user, \
+                  w.client_ip, w.header_from, w.subject, w.state, w.sender_key, w.arrived, \
+                  w.message_id, w.trail, w.headers, b.body, \
+                  coalesce(sum(coalesce(octet_length(w.headers), 0) \
+                               + coalesce(octet_length(b.body), 0)) OVER ( \
+                      ORDER BY array_position($1, w.workqueue_id) \
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before \
+             FROM pepsi.workqueue w \
+             LEFT JOIN pepsi.workqueue_body b ON b.body_id = w.body_id \
+            WHERE w.workqueue_id = ANY ($1)) q"
 );
 
 /// The header block and body of one row a fused chain goes on with into a stage that

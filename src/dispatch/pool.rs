@@ -24,6 +24,9 @@ const COOLDOWN_CAP: Duration = Duration::from_secs(60);
 pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
 /// Overload halvings closer together than this are one episode (a batch of 75s).
 const THROTTLE_GAP: Duration = Duration::from_secs(1);
+/// An answer claims again once at least 1/REFILL_SHARE of its stage's slots are free
+/// ([`StagePool::refill_due`]).
+const REFILL_SHARE: usize = 4;
 /// A death by an outside signal before `ready` cools the stage for at most this.
 const COOLDOWN_BRIEF: Duration = Duration::from_secs(2);
 /// After a 75 the stage claims nothing for this long, doubling up to the cap (§8.3).
@@ -124,12 +127,6 @@ impl StagePool {
         if self.removed || self.overload_until.is_some_and(|t| t > now) {
             return 0;
         }
-        let retiring = workers.iter().filter(|w| !takes_ids(w)).count() as u32;
-        let usable = if self.cooling(now) {
-            workers.len() as u32 - retiring
-        } else {
-            self.cap().saturating_sub(retiring)
-        };
         let held: usize = workers
             .iter()
             .filter(|w| takes_ids(w))
@@ -137,7 +134,38 @@ impl StagePool {
             .sum::<usize>()
             + self.queue.len()
             + self.reserved;
-        (usable as usize * self.section.queue_limit as usize).saturating_sub(held)
+        self.slots(workers, now).saturating_sub(held)
+    }
+
+    /// `QUEUE_LIMIT` for every worker slot the stage may use now (see
+    /// [`Self::capacity`]).
+    fn slots(&self, workers: &[WorkerView], now: Instant) -> usize {
+        let retiring = workers.iter().filter(|w| !takes_ids(w)).count() as u32;
+        let usable = if self.cooling(now) {
+            workers.len() as u32 - retiring
+        } else {
+            self.cap().saturating_sub(retiring)
+        };
+        usable as usize * self.section.queue_limit as usize
+    }
+
+    /// Does an answer of this stage call for a claim now (§6 "Refills")? Yes when it
+    /// has free capacity and any of: a [`REFILL_SHARE`] of its slots is free; a worker
+    /// that takes ids holds at most the one it works on (its pipeline ran dry) or none
+    /// takes ids; the stage has a `NEXT`, so its answers put rows at another stage.
+    /// Otherwise the claim waits for more answers and takes them in one go: a stage
+    /// whose workers take one message at a time would claim a row or two per answer.
+    pub fn refill_due(&self, workers: &[WorkerView], now: Instant) -> bool {
+        let free = self.capacity(workers, now);
+        if free == 0 {
+            return false;
+        }
+        let mut takers = workers
+            .iter()
+            .filter(|w| takes_ids(w) && !w.isolated)
+            .peekable();
+        let dry = takers.peek().is_none() || takers.any(|w| w.queued <= 1);
+        free * REFILL_SHARE >= self.slots(workers, now) || dry || self.section.next.is_some()
     }
 
     /// Where the next id goes: the fullest ready worker with a free slot (then the
@@ -334,6 +362,35 @@ mod tests {
         assert_eq!(p.capacity(&[], now), 0, "no worker may start while cooling");
         p.removed = true;
         assert_eq!(p.capacity(&[], now + Duration::from_secs(999)), 0);
+    }
+
+    #[test]
+    fn an_answer_claims_again_once_a_quarter_is_free_a_pipeline_ran_dry_or_rows_move_on() {
+        let now = Instant::now();
+        let p = pool(4, 4);
+        let ready = |queued: &[usize]| -> Vec<WorkerView> {
+            (1..)
+                .zip(queued)
+                .map(|(serial, &q)| view(serial, Phase::Ready, q))
+                .collect()
+        };
+        // 16 slots: 3 free of 16 waits; 4 free claims.
+        assert!(!p.refill_due(&ready(&[4, 3, 3, 3]), now));
+        assert!(p.refill_due(&ready(&[3, 3, 3, 3]), now));
+        // A worker down to the message it works on claims at once.
+        assert!(p.refill_due(&ready(&[4, 4, 4, 1]), now));
+        // Nothing free, nothing to claim; no worker yet, claim.
+        assert!(!p.refill_due(&ready(&[4, 4, 4, 4]), now));
+        assert!(p.refill_due(&[], now));
+        // A worker that runs a suspect alone takes nothing else: it does not count.
+        let mut lone = ready(&[4, 4, 4, 1]);
+        lone[3].isolated = true;
+        assert!(!p.refill_due(&lone, now));
+        // A stage with a NEXT claims at every answer: its rows went on.
+        let mut text = p.section.clone();
+        text.next = Some("t".into());
+        let chained = StagePool::new(text);
+        assert!(chained.refill_due(&ready(&[4, 3, 3, 3]), now));
     }
 
     #[test]

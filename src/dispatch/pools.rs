@@ -358,6 +358,14 @@ impl Pools {
         asked
     }
 
+    /// Does an answer of this stage call for a claim now ([`StagePool::refill_due`])?
+    /// A stage that is not in the table does not.
+    pub fn refill_due(&self, stage: &str, now: Instant) -> bool {
+        self.stages
+            .get(stage)
+            .is_some_and(|s| s.refill_due(&self.views(s), now))
+    }
+
     /// A claim asking this capacity per stage was sent.
     pub fn reserve(&mut self, asked: &[(String, i32)]) {
         for (name, cap) in asked {

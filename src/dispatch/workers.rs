@@ -106,8 +106,16 @@ impl Dispatcher {
             return;
         };
         self.note_started(serial);
+        let stage = slot.claim.stage.clone();
+        // Nothing committed (74) or an overload (75): claim as after any change.
+        let settled = !matches!(
+            parsed.status,
+            protocol::STATUS_IOERR | protocol::STATUS_TEMPFAIL
+        );
         self.on_answer(serial, slot, parsed);
-        self.claim_side.want();
+        if !settled || self.pools.refill_due(&stage, Instant::now()) {
+            self.claim_side.want();
+        }
     }
 
     /// One status line for the claim at the front.

@@ -1,7 +1,8 @@
 //! The serve loop and one batch (§5, §12.2, §12.3): read a batch of ids from stdin
-//! (greedy for metadata-only stages, one at a time otherwise), load their rows with one
-//! SELECT, turn every running row into a [`Message`] and its chain into a [`Plan`],
-//! commit the plans, and answer one status line per id, in input order.
+//! (greedy), load their rows with one SELECT (the content of a full load within a
+//! budget, the rest in its turn), turn every running row into a [`Message`] and its
+//! chain into a [`Plan`], commit the plans (a slow batch every 500 ms as it goes), and
+//! answer one status line per id, in input order.
 //!
 //! Owns the [`Server`]: the worker's pool, the chain [`Runner`] and the batch size.
 //! Called by `runtime.rs` once `ready` is out. It owns the batch's connection and the
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use postgres::types::Type;
 use serde_json::Value;
 
-use super::chain::Runner;
+use super::chain::{Runner, read_content};
 use super::errors::{PERMANENT, status_for};
 use super::input::IdReader;
 use super::message::Message;
@@ -58,11 +59,28 @@ mod col {
     /// The trail's end (its last word: when the last pass ended, in epoch
     /// milliseconds); NULL before the first pass.
     pub const ENTERED: usize = 15;
-    /// `LOAD_FULL` only.
+    /// `LOAD_FULL` only: NULL past the batch's content budget.
     pub const HEADERS: usize = 16;
-    /// `LOAD_FULL` only.
+    /// `LOAD_FULL` only: NULL past the batch's content budget.
     pub const BODY: usize = 17;
+    /// `LOAD_FULL` only: whether the row's header block and body came with it.
+    pub const CONTENT: usize = 18;
 }
+
+/// The header blocks and bodies a batch's load brings at most together (the first
+/// row's always come): a later row's are read when its turn comes
+/// ([`super::chain::read_content`]), so a worker holds about this much content at once
+/// however large the messages and `QUEUE_LIMIT`.
+const BATCH_CONTENT_BYTES: i64 = 4 << 20;
+
+/// A batch commits what it has run and answers those ids whenever this long passed
+/// since its start or its last commit, before it goes on: an outcome is never held
+/// back behind a slow message of its batch for longer, which is also the most a
+/// worker that dies mid-batch takes back (§12.3).
+const COMMIT_EVERY: Duration = Duration::from_millis(500);
+
+/// Where a batch's early answers go: the serve loop writes them out.
+type Emit<'a> = dyn FnMut(&[Plan]) -> Result<(), Failure> + 'a;
 
 /// The serve loop's state: what a batch is loaded with and handed to.
 pub(super) struct Server {
@@ -70,16 +88,15 @@ pub(super) struct Server {
     runner: Runner,
     /// The worker's connections (one serves the loop; a stage may borrow another).
     pool: Pool,
-    /// What the stage this process was started as loads: the load query, and whether
-    /// its batches take more than one id.
+    /// What the stage this process was started as loads: the load query.
     loads: Load,
-    /// The largest batch a metadata-only stage takes (its greatest `QUEUE_LIMIT`).
+    /// The largest batch it takes (its greatest `QUEUE_LIMIT`).
     batch_max: usize,
 }
 
 impl Server {
     /// A serve loop for a stage that loads `loads`, taking batches of up to `batch_max`
-    /// ids when that is metadata only.
+    /// ids.
     pub(super) fn new(runner: Runner, pool: Pool, loads: Load, batch_max: usize) -> Server {
         Server {
             runner,
@@ -92,11 +109,7 @@ impl Server {
     /// Answers batches of ids until stdin ends, then logs the batch sizes under `label`
     /// (the stage it was started for).
     pub(super) fn serve(&mut self, mut input: IdReader, label: &str) -> Result<(), Failure> {
-        let max = if self.loads == Load::Metadata {
-            self.batch_max
-        } else {
-            1
-        };
+        let max = self.batch_max;
         let stdout = std::io::stdout();
         let mut tally = BatchTally::default();
         loop {
@@ -114,29 +127,16 @@ impl Server {
                 Err(e) => return Err(Failure::new(exit::EX_SOFTWARE, e.to_string())),
             };
             tally.add(batch.len());
-            let plans = self.process(&batch);
-            // The batch's answers in one write (atomic on a pipe up to PIPE_BUF): the
-            // dispatcher sees the whole batch's capacity free at once and claims it in
-            // one go, instead of a row or two per line as a line-buffered stdout would
-            // hand them over.
-            let mut answers = String::new();
-            for plan in &plans {
-                answers.push_str(&protocol::format_status(
-                    plan.answer,
-                    &plan.report,
-                    &plan.events,
-                ));
-                answers.push('\n');
-            }
-            let mut out = stdout.lock();
-            out.write_all(answers.as_bytes())
-                .and_then(|()| out.flush())
-                .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))?;
+            let mut emit = |plans: &[Plan]| answer(&stdout, plans);
+            let plans = self.process(&batch, &mut emit)?;
+            answer(&stdout, &plans)?;
         }
     }
 
-    /// One batch: load, run every chain, commit; one plan per id, in input order.
-    fn process(&mut self, batch: &[Assignment]) -> Vec<Plan> {
+    /// One batch: load, run every chain, commit; one plan per id, in input order. The
+    /// plans of what was committed before the end ([`COMMIT_EVERY`]) go to `emit`; the
+    /// rest are returned.
+    fn process(&mut self, batch: &[Assignment], emit: &mut Emit) -> Result<Vec<Plan>, Failure> {
         let started = Instant::now();
         self.runner.begin_batch();
         let ids: Vec<i64> = batch.iter().map(|a| a.id).collect();
@@ -149,19 +149,16 @@ impl Server {
                     e.message
                 );
                 let answer = status_for(e.kind);
-                return ids
+                return Ok(ids
                     .iter()
                     .map(|&id| Plan::answer_only(id, answer))
-                    .collect();
+                    .collect());
             }
         };
-        let (query, loaded) = match self.loads {
-            Load::Metadata => (sql::LOAD_METADATA, Load::Metadata),
-            Load::Full => (sql::LOAD_FULL, Load::Full),
-        };
+        let loaded = self.loads;
         // Ids answered without a row: those whose load failed when loaded one by one.
         let mut settled: HashMap<i64, Plan> = HashMap::new();
-        let rows = match load_rows(&mut conn, query, ids) {
+        let rows = match load_rows(&mut conn, loaded, ids) {
             Ok(rows) => rows,
             // A pooled connection that died while idle (a database restart) is noticed
             // only now, before anything was done: one fresh connection, then 74.
@@ -177,74 +174,96 @@ impl Server {
                     Err(e) => {
                         log::warn!("cannot reconnect for messages {ids:?}: {}", e.message);
                         let answer = status_for(e.kind);
-                        return ids
+                        return Ok(ids
                             .iter()
                             .map(|&id| Plan::answer_only(id, answer))
-                            .collect();
+                            .collect());
                     }
                 };
-                match load_rows(&mut conn, query, ids) {
+                match load_rows(&mut conn, loaded, ids) {
                     Ok(rows) => rows,
                     Err(e) if db::classify(&e) == ErrorKind::Other => {
-                        load_one_by_one(&mut conn, query, batch, &e, &mut settled)
+                        load_one_by_one(&mut conn, loaded, batch, &e, &mut settled)
                     }
-                    Err(e) => return load_failed(ids, &e),
+                    Err(e) => return Ok(load_failed(ids, &e)),
                 }
             }
             // Refused for a reason of its own (a value of one row the statement cannot
             // handle): the same for every later try, so one row must not hold up the
             // batch forever.
             Err(e) if db::classify(&e) == ErrorKind::Other => {
-                load_one_by_one(&mut conn, query, batch, &e, &mut settled)
+                load_one_by_one(&mut conn, loaded, batch, &e, &mut settled)
             }
-            Err(e) => return load_failed(ids, &e),
+            Err(e) => return Ok(load_failed(ids, &e)),
         };
         let mut by_id: HashMap<i64, postgres::Row> =
             rows.into_iter().map(|r| (r.get(col::ID), r)).collect();
         let load_share = per_message(started.elapsed(), ids.len());
         let mut plans = Vec::with_capacity(ids.len());
         let mut seen = HashSet::new();
-        for &assignment in batch {
+        let mut since = started;
+        for (n, &assignment) in batch.iter().enumerate() {
             let id = assignment.id;
-            if let Some(plan) = settled.remove(&id) {
-                plans.push(plan);
-                continue;
-            }
             let row = if seen.insert(id) {
                 by_id.remove(&id)
             } else {
                 None
             };
-            let plan = match row {
-                None => {
-                    log::warn!(
-                        "message {id} does not exist (or was handed out twice); nothing to do"
-                    );
-                    Plan::answer_only(id, protocol::STATUS_OK)
+            let mut plan = if let Some(plan) = settled.remove(&id) {
+                plan
+            } else {
+                match row {
+                    None => {
+                        log::warn!(
+                            "message {id} does not exist (or was handed out twice); nothing to do"
+                        );
+                        Plan::answer_only(id, protocol::STATUS_OK)
+                    }
+                    Some(row) => self.plan_row(&mut conn, assignment, &row, loaded),
                 }
-                Some(row) => self.plan_row(&mut conn, assignment, &row, loaded),
             };
-            plans.push(plan);
-        }
-        for plan in &mut plans {
             if let Some(first) = plan.report.first_mut() {
                 first.1 += load_share;
             }
+            plans.push(plan);
+            let rest = &batch[n + 1..];
+            if rest.is_empty() || since.elapsed() < COMMIT_EVERY {
+                continue;
+            }
+            // A slow batch: what is done is committed and answered now.
+            self.commit(&mut conn, &mut plans);
+            emit(&plans)?;
+            plans.clear();
+            since = Instant::now();
+            if conn.is_closed() {
+                // Nothing was done for the rest: the dispatcher defers them.
+                log::warn!("the database connection was lost; answering 74 for the batch's rest");
+                return Ok(rest
+                    .iter()
+                    .map(|a| Plan::answer_only(a.id, protocol::STATUS_IOERR))
+                    .collect());
+            }
         }
+        self.commit(&mut conn, &mut plans);
+        Ok(plans)
+    }
+
+    /// Commits plans of the batch and adds the write's time, shared evenly, to each
+    /// one's last stage.
+    fn commit(&mut self, conn: &mut PgConn, plans: &mut [Plan]) {
         let write_started = Instant::now();
-        commit(&mut conn, &mut plans);
+        commit(conn, plans);
         if conn.is_closed() {
             // The session is gone, and the pool's other connections went to the same
             // server: none is tried again for the next batch.
             self.pool.forget_connections();
         }
         let write_share = per_message(write_started.elapsed(), plans.len());
-        for plan in &mut plans {
+        for plan in plans.iter_mut() {
             if let Some(last) = plan.report.last_mut() {
                 last.1 += write_share;
             }
         }
-        plans
     }
 
     /// The plan for one loaded row: its chain when it is running and readable.
@@ -267,12 +286,60 @@ impl Server {
         match message_from_row(row, loaded) {
             Ok(mut message) => {
                 message.claim = assignment.token;
+                if loaded == Load::Full && !row.try_get(col::CONTENT).unwrap_or(true) {
+                    // Past the batch's content budget: read now, in its turn.
+                    match read_content(conn, &mut message) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            log::warn!(
+                                "{}: message {id} is no longer running there; left alone",
+                                Visible(&message.claimed_stage)
+                            );
+                            return Plan::answer_only(id, protocol::STATUS_OK);
+                        }
+                        Err(e) if db::classify(&e) == ErrorKind::Other => {
+                            let why = format!("cannot load its content: {}", db::describe(&e));
+                            return unreadable(assignment, row, why);
+                        }
+                        Err(e) => {
+                            let answer = status_for(db::classify(&e));
+                            log::warn!(
+                                "message {id}: cannot load its content: {}; answering {answer}",
+                                db::describe(&e)
+                            );
+                            return Plan::answer_only(id, answer);
+                        }
+                    }
+                }
                 self.runner.drop_refused_settings(&mut message);
                 self.runner.run_chain(conn, message, loaded)
             }
             Err(why) => unreadable(assignment, row, why),
         }
     }
+}
+
+/// Writes the answers of these plans, one status line each, in one write (atomic on a
+/// pipe up to PIPE_BUF): the dispatcher sees their capacity free at once and claims it
+/// in one go, instead of a row or two per line as a line-buffered stdout would hand
+/// them over.
+fn answer(stdout: &std::io::Stdout, plans: &[Plan]) -> Result<(), Failure> {
+    if plans.is_empty() {
+        return Ok(());
+    }
+    let mut answers = String::new();
+    for plan in plans {
+        answers.push_str(&protocol::format_status(
+            plan.answer,
+            &plan.report,
+            &plan.events,
+        ));
+        answers.push('\n');
+    }
+    let mut out = stdout.lock();
+    out.write_all(answers.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::general(format!("cannot write to stdout: {e}")))
 }
 
 /// A running row that cannot be read into a message is that message's permanent
@@ -301,15 +368,22 @@ fn failing_plan(assignment: Assignment, stage: String, class: &'static str, erro
     plan
 }
 
-/// Runs [`sql::LOAD_METADATA`] or [`sql::LOAD_FULL`] for these ids, re-running it on a
-/// serialization failure or deadlock.
+/// Runs [`sql::LOAD_METADATA`] or [`sql::LOAD_FULL`] (within [`BATCH_CONTENT_BYTES`])
+/// for these ids, re-running it on a serialization failure or deadlock.
 fn load_rows(
     conn: &mut PgConn,
-    query: &'static str,
+    loaded: Load,
     ids: &[i64],
 ) -> Result<Vec<postgres::Row>, postgres::Error> {
     let ids = ids.to_vec();
-    db::retry_transient(|| conn.query_prepared(query, &[Type::INT8_ARRAY], &[&ids]))
+    db::retry_transient(|| match loaded {
+        Load::Metadata => conn.query_prepared(sql::LOAD_METADATA, &[Type::INT8_ARRAY], &[&ids]),
+        Load::Full => conn.query_prepared(
+            sql::LOAD_FULL,
+            &[Type::INT8_ARRAY, Type::INT8],
+            &[&ids, &BATCH_CONTENT_BYTES],
+        ),
+    })
 }
 
 /// The batch's load was refused for a non-connection reason (`err`): loads its ids one
@@ -317,7 +391,7 @@ fn load_rows(
 /// that loaded; every other id gets its plan in `settled`.
 fn load_one_by_one(
     conn: &mut PgConn,
-    query: &'static str,
+    loaded: Load,
     batch: &[Assignment],
     err: &postgres::Error,
     settled: &mut HashMap<i64, Plan>,
@@ -343,7 +417,7 @@ fn load_one_by_one(
         let err = if ids.len() == 1 {
             err
         } else {
-            match load_rows(conn, query, &[id]) {
+            match load_rows(conn, loaded, &[id]) {
                 Ok(row) => {
                     rows.extend(row);
                     continue;
@@ -501,6 +575,7 @@ fn message_from_row(row: &postgres::Row, loaded: Load) -> Result<Message, String
     message.arrived = epoch(column(row, col::ARRIVED)?);
     message.entered = epoch(trail_end(column(row, col::ENTERED)?)).or(message.arrived);
     if loaded == Load::Full {
+        // Past the batch's content budget both are NULL; plan_row reads them then.
         message.set_content(column(row, col::HEADERS)?, column(row, col::BODY)?);
     }
     Ok(message)

@@ -534,35 +534,40 @@ impl Runner {
 }
 
 /// Loads the header block and body of a row whose pass goes on into a stage that needs
-/// them ([`sql::LOAD_CONTENT`], guarded by the claimed stage): one read, no write. False
-/// when it cannot be had (the row was taken away, or the read failed: the connection's
-/// trouble then meets the chain's write too): the chain ends with an ordinary hop.
+/// them: one read, no write. False when it cannot be had (the row was taken away, or
+/// the read failed: the connection's trouble then meets the chain's write too): the
+/// chain ends with an ordinary hop.
 fn late_content(conn: &mut PgConn, message: &mut Message) -> bool {
-    let (id, stage) = (message.id, message.claimed_stage.clone());
-    let rows = db::retry_transient(|| {
-        conn.query_prepared(sql::LOAD_CONTENT, &[Type::INT8, Type::TEXT], &[&id, &stage])
-    });
-    let stage = Visible(&stage);
-    match rows.as_deref() {
-        Ok([row]) => match (row.try_get(0), row.try_get(1)) {
-            (Ok(headers), Ok(body)) => {
-                message.set_late_content(headers, body);
-                true
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                log::warn!("{stage}: message {id}: cannot read its content: {e}; not fused");
-                false
-            }
-        },
-        Ok(_) => false,
+    match read_content(conn, message) {
+        Ok(read) => read,
         Err(e) => {
             log::warn!(
-                "{stage}: message {id}: cannot load its content: {}; not fused",
-                db::describe(e)
+                "{}: message {}: cannot load its content: {}; not fused",
+                Visible(&message.claimed_stage),
+                message.id,
+                db::describe(&e)
             );
             false
         }
     }
+}
+
+/// Reads the header block and body of a running row into its message
+/// ([`sql::LOAD_CONTENT`], guarded by the claimed stage), after any header fields this
+/// pass prepended. `Ok(false)`: the row is no longer running there.
+pub(super) fn read_content(
+    conn: &mut PgConn,
+    message: &mut Message,
+) -> Result<bool, postgres::Error> {
+    let (id, stage) = (message.id, message.claimed_stage.clone());
+    let rows = db::retry_transient(|| {
+        conn.query_prepared(sql::LOAD_CONTENT, &[Type::INT8, Type::TEXT], &[&id, &stage])
+    })?;
+    let Some(row) = rows.first() else {
+        return Ok(false);
+    };
+    message.set_late_content(row.try_get(0)?, row.try_get(1)?);
+    Ok(true)
 }
 
 /// Splits the row by per-address settings, guarded by the claimed stage and the claim

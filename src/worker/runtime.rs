@@ -21,7 +21,8 @@
 //! (the claimed stage, then any fused successors); then one UPDATE writes every
 //! update-shaped outcome and one DELETE every finished message, each guarded by
 //! `status = 'running' AND stage = <claimed stage> AND claim = <token>`; then one status
-//! line per id, in input order. Stages that load headers and body get batches of one.
+//! line per id, in input order, a slow batch's early part committed and answered first
+//! (§12.3).
 
 use std::io::Write as _;
 use std::time::Duration;

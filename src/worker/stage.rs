@@ -17,7 +17,7 @@ use crate::config::{Config, ConfigError, PepsiOptions, Section, StageGraph, Stag
 /// state). Ordered: a stage may run on a row loaded with at least what it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Load {
-    /// Metadata only: such a stage is batched (§12.3).
+    /// Metadata only.
     Metadata,
     /// Metadata, the header block and the body.
     Full,

@@ -159,9 +159,21 @@ fn a_worker_writes_every_outcome_of_a_stage_through_the_workers_own_statements()
         .unwrap();
     assert_eq!(rows.len(), 5);
     let rows = w
-        .query_typed(sql::LOAD_FULL, &[(&ids, Type::INT8_ARRAY)])
+        .query_typed(
+            sql::LOAD_FULL,
+            &[(&ids, Type::INT8_ARRAY), (&(4i64 << 20), Type::INT8)],
+        )
         .unwrap();
     assert_eq!(rows.len(), 5);
+    assert!(
+        rows.iter().all(|r| r.get::<_, bool>(18)),
+        "every content came"
+    );
+    w.query_typed(
+        sql::LOAD_CONTENT,
+        &[(&ids[0], Type::INT8), (&"s", Type::TEXT)],
+    )
+    .unwrap();
     w.query_typed_one(sql::LOAD_CLAIM, &[(&ids[0], Type::INT8)])
         .unwrap();
 
