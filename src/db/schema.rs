@@ -109,7 +109,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("021_destinations.sql"),
     migration!("022_history.sql"),
     migration!("023_claim_take.sql"),
-    migration!("024_claim_sort.sql"),
+    migration!("024_claim_one_sender.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

@@ -177,7 +177,7 @@ fn the_claims_plans_stay_on_the_pending_indexes_after_the_table_was_emptied_vacu
          SELECT CASE WHEN g % 10 = 0 THEN 'b' ELSE 'a' END, \
                 CASE WHEN g % 50 = 0 THEN 'paused' ELSE 'pending' END::pepsi.workqueue_status, \
                 CASE WHEN g % 50 = 0 THEN now() + interval '1 hour' END, \
-                's' || (g % 40) || '@x.example', ARRAY['r@y.example'] \
+                'x@s' || (g % 40) || '.example', ARRAY['r@y.example'] \
            FROM generate_series(1, 10000) g;\n\
          SET auto_explain.log_min_duration = 0;\n{}",
         claims.repeat(7),

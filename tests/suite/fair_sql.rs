@@ -15,7 +15,7 @@ use postgres::{Client, GenericClient};
 
 use pepsi::db::sql;
 
-use crate::util::{TempDir, TestDb, assert_lacks, pg, write_config};
+use crate::util::{TempDir, TestDb, assert_has, assert_lacks, pg, write_config};
 
 /// MAX_HOPS for the calls that do not test it.
 const MAX_HOPS: i32 = 100;
@@ -951,4 +951,41 @@ fn the_fair_claims_generic_plans_stop_at_the_window_at_a_middling_depth() {
     );
     assert_reads_at_most(&plans, most, 3.0 * most, "100,000 deep, analyzed");
     assert_lacks!(plans, "Sort Key: q.stage, q.workqueue_id");
+}
+
+#[test]
+fn one_waiting_sender_is_claimed_oldest_first_without_the_window() {
+    // One sender deep at a stage (schema 24): the claim is its oldest rows up to the cap,
+    // as the full pick would take them, without the read of 513 rows or the walk. A
+    // second sender, arriving last, brings the window back.
+    let db = TestDb::new();
+    let mut c = db.client();
+    let flood = add(&mut c, "a", "x@flood.example", 1000);
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 16).fifo(2)], &[]);
+    let want: HashSet<i64> = flood[..16].iter().copied().collect();
+    assert_eq!(answer.ids(), want, "{answer:?}");
+    assert_eq!(answer.end("a"), None, "the window reached every sender");
+    // A cap beyond the window's 64 is filled too.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 100)], &[]);
+    let want: HashSet<i64> = flood[..100].iter().copied().collect();
+    assert_eq!(answer.ids(), want);
+    let one = "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS "
+        .to_string()
+        + sql::CLAIM_FAIR
+        + ";\nBEGIN;\n\
+          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL);\n\
+          ROLLBACK;\n";
+    let plans = nested_plans(&db, &one);
+    assert_lacks!(plans, "LIMIT 513) x");
+    assert_lacks!(plans, "WITH RECURSIVE walk");
+    // The take updates 16 rows and their index entries: a few hundred buffers.
+    assert_reads_at_most(&plans, 100.0, 1000.0, "one sender");
+
+    // The newest row from another sender: the window again, and its row is ranked in.
+    let late = add(&mut c, "a", "y@late.example", 1);
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 16).fifo(2)], &[]);
+    assert!(answer.ids().contains(&late[0]), "{answer:?}");
+    assert_eq!(answer.rows.len(), 16);
+    let plans = nested_plans(&db, &one);
+    assert_has!(plans, "LIMIT 513) x");
 }
