@@ -249,3 +249,72 @@ fn a_slow_batch_commits_what_it_ran_before_it_goes_on() {
         assert_eq!(host.deliveries(&format!("s{i}@dest.example")), 1);
     }
 }
+
+#[test]
+fn hostile_content_read_in_its_turn_arrives_as_content_loaded_with_the_batch() {
+    // The same hostile message (bidi in a header, a 100 KB header line, NUL, bare CR and
+    // LF, lone dots, 10,000 recipients) first in a batch, loaded with it, and third,
+    // behind 5 MiB, read in its turn: both arrive byte for byte the same.
+    let host = Smarthost::start(Script::default());
+    let (s, mut c) = Scenario::new("full-batch-hostile")
+        .timers("")
+        .stages(&relay_alone(&host))
+        .connect();
+    let headers = "From: Alice <alice@origin.example>\r\n\
+                   Subject: \u{202e}txt.exe\u{202c} bidi\r\n\
+                   X-Long: "
+        .to_string()
+        + &"x".repeat(100_000)
+        + "\r\n";
+    let mut body = b"a NUL \0 here, a bare CR \r and a bare LF \n there\r\n.\r\n..\r\n".to_vec();
+    body.extend_from_slice(&[b'y'; 100_000]);
+    body.extend_from_slice(b"\r\nend\r\n");
+    let to: Vec<String> = (0..10_000).map(|i| format!("r{i}@dest.example")).collect();
+    let filler = b"filler line\r\n".repeat((5 << 20) / 13 + 1);
+    for (from, rcpt, body) in [
+        ("first@origin.example", to.clone(), body.as_slice()),
+        (
+            "filler@origin.example",
+            vec!["f@dest.example".to_string()],
+            filler.as_slice(),
+        ),
+        ("third@origin.example", to.clone(), body.as_slice()),
+    ] {
+        c.execute(
+            "SELECT pepsi.workqueue_inject('relay', $1, $2, $3, $4)",
+            &[&from, &rcpt, &headers.as_bytes(), &body],
+        )
+        .unwrap();
+    }
+    let turns_before = statement(&mut c, "b.body FROM pepsi.workqueue q");
+    let mut d = s.start();
+    wait_until(Duration::from_secs(120), "the relay drained", || {
+        queue_len(&mut c) == 0
+    });
+    assert!(d.terminate().success(), "{}", d.log());
+    let turns = statement(&mut c, "b.body FROM pepsi.workqueue q");
+    assert_eq!(turns.1 - turns_before.1, 1, "the third read in its turn");
+    let seen = host.seen();
+    let from = |sender: &str| {
+        let got: Vec<&Received> = seen
+            .messages
+            .iter()
+            .filter(|m| m.mail.contains(sender))
+            .collect();
+        let delivered: usize = got.iter().map(|m| m.delivered.len()).sum();
+        assert_eq!(delivered, 10_000, "{sender}: every recipient once");
+        got[0].data.clone()
+    };
+    let first = from("<first@origin.example>");
+    let third = from("<third@origin.example>");
+    assert!(
+        first == third,
+        "the same bytes either way: {} and {} bytes",
+        first.len(),
+        third.len()
+    );
+    assert!(
+        third.windows(100_000).any(|w| w.iter().all(|&b| b == b'x')),
+        "the 100 KB header line arrives whole"
+    );
+}

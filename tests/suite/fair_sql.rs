@@ -693,6 +693,15 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
     assert!(answer.due.is_some());
 }
 
+/// A psql script: [`sql::CLAIM_FAIR`] prepared as `fair`, then `n` calls with `args`
+/// (its twelve parameters as SQL literals), each in a transaction rolled back.
+fn prepared_calls(args: &str, n: usize) -> String {
+    format!(
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
+        sql::CLAIM_FAIR
+    ) + &format!("BEGIN;\nEXECUTE fair({args});\nROLLBACK;\n").repeat(n)
+}
+
 /// The plan lines of every statement `auto_explain` logged while `psql` ran `calls`
 /// (superuser: `LOAD` of a library outside `plugins/` needs it).
 pub(super) fn nested_plans(db: &TestDb, calls: &str) -> String {
@@ -864,13 +873,10 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
 
     // Seven calls in one session: the first five with custom plans, the later ones
     // with the generic plans PL/pgSQL switches to.
-    let call = format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
-        sql::CLAIM_FAIR
-    ) + &"BEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL, NULL, NULL);\n\
-          ROLLBACK;\n"
-        .repeat(7);
+    let call = prepared_calls(
+        "'{a}', '{16}', '{2}', '{1000}', '{NULL}', '{a}', '{user:flood}', '{0}', 100, NULL, NULL, NULL",
+        7,
+    );
     for when in ["a fresh burst", "after ANALYZE"] {
         if when == "after ANALYZE" {
             c.batch_execute("ANALYZE pepsi.workqueue").unwrap();
@@ -936,13 +942,10 @@ fn the_fair_claims_generic_plans_stop_at_the_window_at_a_middling_depth() {
     c.batch_execute("VACUUM ANALYZE pepsi.workqueue").unwrap();
     let (senders, cap, fifo) = (51.0, 16, 2);
     let most = senders * f64::from(cap) + f64::from(fifo);
-    let call = format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
-        sql::CLAIM_FAIR
-    ) + &"BEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL);\n\
-          ROLLBACK;\n"
-        .repeat(8);
+    let call = prepared_calls(
+        "'{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL",
+        8,
+    );
     let plans = nested_plans(&db, &call);
     assert_eq!(
         plans.matches("LIMIT 513) x").count(),
@@ -969,12 +972,10 @@ fn one_waiting_sender_is_claimed_oldest_first_without_the_window() {
     let answer = what_would_be_claimed(&mut c, &[ask("a", 100)], &[]);
     let want: HashSet<i64> = flood[..100].iter().copied().collect();
     assert_eq!(answer.ids(), want);
-    let one = "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS "
-        .to_string()
-        + sql::CLAIM_FAIR
-        + ";\nBEGIN;\n\
-          EXECUTE fair('{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL);\n\
-          ROLLBACK;\n";
+    let one = prepared_calls(
+        "'{a}', '{16}', '{2}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL, NULL, NULL",
+        1,
+    );
     let plans = nested_plans(&db, &one);
     assert_lacks!(plans, "LIMIT 513) x");
     assert_lacks!(plans, "WITH RECURSIVE walk");
@@ -988,4 +989,46 @@ fn one_waiting_sender_is_claimed_oldest_first_without_the_window() {
     assert_eq!(answer.rows.len(), 16);
     let plans = nested_plans(&db, &one);
     assert_has!(plans, "LIMIT 513) x");
+}
+
+#[test]
+fn senders_whose_keys_differ_only_by_hostile_characters_are_not_one_sender() {
+    // A flood of `user:flood` and, newest, one row each of keys that print the same or
+    // nearly: a bidi override, CR/LF with a forged line, a NUL-free 100 KB name. Each is
+    // a sender of its own, so the window runs and ranks each one's row in ahead of the
+    // flood's backlog.
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, auth_user) \
+         SELECT 'a', 'x@flood.example', ARRAY['r@y.example'], 'flood' FROM generate_series(1, 1000)",
+        &[],
+    )
+    .unwrap();
+    let long = "flood".to_string() + &"x".repeat(100_000);
+    let mut late = Vec::new();
+    for user in ["flood\u{202e}", "flood\r\nX-Forged: yes", long.as_str()] {
+        let id: i64 = c
+            .query_one(
+                "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, auth_user) \
+                 VALUES ('a', 'x@flood.example', ARRAY['r@y.example'], $1) RETURNING workqueue_id",
+                &[&user],
+            )
+            .unwrap()
+            .get(0);
+        late.push(id);
+    }
+    let keys: i64 = c
+        .query_one(
+            "SELECT count(DISTINCT sender_key) FROM pepsi.workqueue",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(keys, 4, "four senders");
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 16).fifo(2)], &[]);
+    for id in &late {
+        assert!(answer.ids().contains(id), "row {id} ranked in: {answer:?}");
+    }
+    assert_eq!(answer.rows.len(), 16);
 }
