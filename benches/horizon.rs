@@ -223,7 +223,7 @@ fn snap(c: &mut Client, injected: &AtomicI64) -> Snap {
         .query_one(
             "/* bench */ SELECT coalesce(sum(idx_scan), 0)::int8, coalesce(sum(idx_tup_read), 0)::int8 \
                FROM pg_stat_user_indexes \
-              WHERE indexrelname IN ('workqueue_pending_idx', 'workqueue_pending_sender_idx')",
+              WHERE indexrelname IN ('workqueue_pending_idx', 'workqueue_pending_tenant_idx')",
             &[],
         )
         .unwrap();

@@ -782,6 +782,18 @@ fn fair_claim_ms(depth: i64) -> f64 {
                 &None::<Vec<i64>>,
                 &None::<Vec<bool>>,
                 &None::<Vec<i64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
             ],
         )
         .unwrap();

@@ -66,6 +66,8 @@ pub struct StageSection {
     /// `SYNCHRONOUS_COMMIT`, when set: the level of the commits of this stage's
     /// outcomes; otherwise `[pepsi-postgres] WORKER_SYNCHRONOUS_COMMIT` decides.
     pub synchronous_commit: Option<SynchronousCommit>,
+    /// `RATE`, messages a second: the most each tenant may start here (§7 "Rates").
+    pub rate: Option<f64>,
     /// Every key of the section, for the program's own options.
     pub section: Section,
 }
@@ -85,6 +87,12 @@ impl StageSection {
         }
         let max_lifetime = p.ok(section.duration("MAX_LIFETIME", Duration::from_secs(120 * 3600)));
         let synchronous_commit = p.ok(section.optional_synchronous_commit("SYNCHRONOUS_COMMIT"));
+        let rate = p.ok(match section.get("RATE") {
+            None => Ok(None),
+            Some(text) => super::rate::parse(text)
+                .map(Some)
+                .map_err(|m| section.error("RATE", m)),
+        });
         match (
             program,
             parallelism,
@@ -93,6 +101,7 @@ impl StageSection {
             fusion,
             max_lifetime,
             synchronous_commit,
+            rate,
         ) {
             (
                 Some(program),
@@ -102,6 +111,7 @@ impl StageSection {
                 Some(fusion),
                 Some(max_lifetime),
                 Some(synchronous_commit),
+                Some(rate),
             ) if p.is_empty() => Ok(StageSection {
                 name: section.name[STAGE_PREFIX.len()..].to_string(),
                 program,
@@ -113,6 +123,7 @@ impl StageSection {
                 max_lifetime,
                 bounce_stage: section.get("BOUNCE_STAGE").map(str::to_string),
                 synchronous_commit,
+                rate,
                 section: section.clone(),
             }),
             _ => Err(p.0),

@@ -22,6 +22,7 @@ pub const STAGE_KEYS: &[&str] = &[
     "MAX_LIFETIME",
     "BOUNCE_STAGE",
     "SYNCHRONOUS_COMMIT",
+    "RATE",
 ];
 
 /// The largest edit distance at which a known key is suggested for an unknown one.

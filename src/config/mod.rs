@@ -38,6 +38,7 @@ pub mod overlay;
 #[cfg(test)]
 mod overlay_tests;
 pub mod program_path;
+pub mod rate;
 pub mod raw;
 
 use std::path::{Path, PathBuf};

@@ -46,7 +46,8 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
        FROM pepsi.workqueue_claim_oldest($1::text[], $2::int4[], $4::int8[], $3::int4) c";
 
 /// The batched fair claim (§7), one round trip: `pepsi.workqueue_claim_fair` (schema
-/// 18) for every stage with free capacity at once. $1 stages (text[]), $2 capacities
+/// 25, between tenants first, then their senders) for every stage with free capacity
+/// at once. $1 stages (text[]), $2 capacities
 /// (int4[], never exceeded), $3 of each capacity the slots for the stage's oldest rows
 /// whoever sent them (int4[]), $4 each stage's average worker time per message in µs
 /// (float8[]), $5 each stage's sender cursor (text[], NULL elements: from the first
@@ -55,21 +56,33 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 /// floor (int8[], NULL elements or a NULL array: none), $11 whether each stage may walk
 /// its senders (bool[], NULL elements or a NULL array: yes), $12 each stage's sweep
 /// (int8[], schema 18; NULL elements or a NULL array: none, the set read from the
-/// floor). Returns (0 id, 1 stage, 2 sender key, 3 token, 4 seconds until the earliest
-/// paused row is due or NULL, 5 looped, 6 window end, 7 next floor, 8 next sweep): one
-/// row per claimed row (the last three NULL), and one row per stage of $1 with a NULL
-/// id, its window end — the last sender considered when its window of 64 senders was
-/// full, to pass as its next cursor; NULL when the window reached every waiting sender,
-/// so the cursor starts over (a stage asked with no capacity returns its cursor
-/// unmoved) — its next floor (NULL: the claim read no row there) and its next sweep
-/// (NULL: none, the stage's rows fitted without a set read). The due time is on every
-/// row; with no stage asked the one row holds only it.
+/// floor), $13 each known sender's weight (float8[], parallel to $6–$8), $14–$17 the
+/// known tenant leads as parallel arrays of stage (text[]), tenant (text[]), lead in µs
+/// and weight (float8[] each), $18–$20 where each tenant's walk of its senders starts:
+/// stage, tenant and sender (text[] each), $21 per stage the most rows a tenant not
+/// listed in $22–$24 may take (int4[], NULL elements or a NULL array: no limit), $22–$24
+/// per stage and tenant the rows it may take now (a rate's allowance: stage text[],
+/// tenant text[], rows int4[]; a stage with any limit gives no FIFO slots and goes
+/// through the ranking, which stops each tenant at its allowance). $5 is now each
+/// stage's tenant cursor.
+/// Returns (0 id, 1 stage, 2 sender key, 3 token, 4 seconds until the earliest paused
+/// row is due or NULL, 5 looped, 6 window end, 7 next floor, 8 next sweep, 9 tenant):
+/// one row per claimed row with its tenant (6–8 NULL); one row per stage of $1 with a
+/// NULL id and tenant, its window end — the last tenant considered when its window of
+/// 64 tenants was full, to pass as its next cursor; NULL when the window reached every
+/// waiting tenant, so the cursor starts over (a stage asked with no capacity returns
+/// its cursor unmoved) — its next floor (NULL: the claim read no row there) and its
+/// next sweep (NULL: none, the stage's rows fitted without a set read); and one row per
+/// tenant whose walk of its senders stopped short (window end: its next cursor) or
+/// started at a cursor and went round (window end NULL). The due time is on every row;
+/// with no stage asked the one row holds only it.
 ///
 /// It keeps every property of [`CLAIM_OLDEST`]:
 /// - Pending-index-only access, whatever the backlog: the senders waiting at a stage
-///   are enumerated by a loose index scan over the `(stage, sender_key, workqueue_id)`
-///   pending index (one probe per sender, at most 64 senders, the window rotating
-///   from one claim to the next), each sender's candidates are its capacity of oldest
+///   are enumerated by loose index scans over the `(stage, tenant_key, sender_key,
+///   workqueue_id)` pending index (one probe per tenant, at most 64 tenants, the window
+///   rotating from one claim to the next; within each tenant one probe per sender, at
+///   most 64 / tenants of them from the tenant's cursor), each sender's candidates are its capacity of oldest
 ///   rows from the floor in the same index, and the FIFO reserve reads the stage's
 ///   oldest rows from the floor in the `(stage, workqueue_id)` pending index. A stage
 ///   whose rows from the floor fit its capacity and a window (65 entries read) has them
@@ -90,11 +103,13 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 /// - One claim token per statement, hops and the looped failure, and the due time as
 ///   in [`CLAIM_OLDEST`].
 ///
-/// Per stage, the pick: the $3 oldest rows first, then the candidates by
-/// `lead + k × average` (the k-th oldest row of its sender, k from 0; ties by lower
-/// id), skipping rows already taken. A sender's lead is its known lead ($6–$8) or,
-/// without one, level with the least-served: the least known lead among the senders
-/// considered, 0 when none has one (§7 "keeping quiet buys no later priority").
+/// Per stage, the pick: the $3 oldest rows first, then the candidates: within a
+/// tenant by `sender lead + k × average / sender weight` (the k-th oldest row of its
+/// sender, k from 0), numbered j from 0; across tenants by `tenant lead + j × average /
+/// tenant weight`; ties by lower id; rows already taken skipped. A lead is the known
+/// one or, without one, level with the least-served: the least known lead among the
+/// tenants considered (among its tenant's senders), 0 when none has one (§7 "keeping
+/// quiet buys no later priority").
 ///
 /// The next floor: the lowest id the claim read from the floor in id order (at most
 /// 65) and did not claim, or just past the highest when it claimed them all.
@@ -105,7 +120,9 @@ pub const CLAIM_OLDEST: &str = "SELECT c.workqueue_id, c.stage, c.sender_key, c.
 /// row of those 513, in that order, that the claim took. The dispatcher passes sweeps
 /// only while a snapshot holds the horizon (`dispatch/floors.rs`).
 pub const CLAIM_FAIR: &str = "SELECT f.workqueue_id, f.stage, f.sender_key, f.claim, f.due, f.looped, \
-            f.window_end, f.next_floor, f.next_sweep \
+            f.window_end, f.next_floor, f.next_sweep, f.tenant_key \
        FROM pepsi.workqueue_claim_fair($1::text[], $2::int4[], $3::int4[], $4::float8[], \
                  $5::text[], $6::text[], $7::text[], $8::float8[], $9::int4, $10::int8[], \
-                 $11::bool[], $12::int8[]) f";
+                 $11::bool[], $12::int8[], $13::float8[], $14::text[], $15::text[], \
+                 $16::float8[], $17::float8[], $18::text[], $19::text[], $20::text[], \
+                 $21::int4[], $22::text[], $23::text[], $24::int4[]) f";

@@ -110,6 +110,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("022_history.sql"),
     migration!("023_claim_take.sql"),
     migration!("024_claim_one_sender.sql"),
+    migration!("025_tenants.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

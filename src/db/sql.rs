@@ -63,6 +63,12 @@ pub const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 pub const READ_CONFIG_OVERRIDE: &str =
     "SELECT o.section, o.key, o.value FROM pepsi.config_override_rows() o ORDER BY 1, 2";
 
+/// The fair-share weights and rates (`pepsi.fair_weights`, schema 25): (pattern,
+/// weight, rate in messages a second or NULL), read by the dispatcher at start and at
+/// every reload. No parameters.
+pub const READ_FAIR_WEIGHTS: &str =
+    "SELECT w.pattern, w.weight, w.rate FROM pepsi.fair_weights w ORDER BY w.pattern";
+
 /// The per-address settings outside the allowed (stage, key) pairs, for
 /// `pepsi-dispatch check`: $1 stages (text[]) and $2 keys (text[]), pairwise the keys
 /// each stage section lets a per-address setting override. Rows of stages without a

@@ -4,9 +4,11 @@
 //! read the table through the load query of [`super::sql`], and `check` through its
 //! own two statements there.
 //!
-//! A write never sends a notification: the workers read an address's settings with
-//! every message they load, so a committed change applies from the next message on,
-//! and the dispatcher keeps nothing of the table.
+//! A write of a setting never sends a notification: the workers read an address's
+//! settings with every message they load, so a committed change applies from the next
+//! message on, and the dispatcher keeps nothing of the table. The fair-share weights
+//! and the tenants (§7) have statements of their own at the end; their tables'
+//! triggers notify the dispatcher and set the queue rows' tenants again.
 
 /// First statement of every writing transaction: writers of `pepsi.settings` wait for
 /// each other, so each checks the rows the other's change left (two changes of one
@@ -48,3 +50,55 @@ pub const WRITE_SETTINGS: &str = "INSERT INTO pepsi.settings (address, stage, ke
 pub const DELETE_SETTINGS: &str = "DELETE FROM pepsi.settings s \
      USING unnest($1::text[], $2::text[], $3::text[]) AS d(address, stage, key) \
      WHERE s.address = d.address AND s.stage = d.stage AND s.key = d.key";
+
+/// The least and the greatest fair-share weight, as the CHECK of
+/// `pepsi.fair_weights.weight` (schema 25) says; the dispatcher clamps to them too.
+pub const WEIGHT_MIN: f64 = 0.01;
+pub const WEIGHT_MAX: f64 = 100.0;
+
+/// The fair-share weights and rates (`pepsi.fair_weights`, schema 25), by pattern.
+/// Returns (pattern, weight, rate in messages a second or NULL, changed as text). Reads
+/// only.
+pub const READ_WEIGHTS: &str = "SELECT w.pattern, w.weight, w.rate, w.changed::text \
+       FROM pepsi.fair_weights w ORDER BY w.pattern";
+
+/// Sets a pattern's weight: $1 pattern (text), $2 weight (float8); the table's CHECKs
+/// refuse what `pepsi-settings` let through by mistake. Its trigger notifies the
+/// dispatcher, which reads the weights again.
+pub const SET_WEIGHT: &str = "INSERT INTO pepsi.fair_weights (pattern, weight) VALUES ($1::text, $2::float8) \
+     ON CONFLICT (pattern) DO UPDATE SET weight = EXCLUDED.weight, changed = now()";
+
+/// Sets a pattern's weight back to 1: $1 pattern (text). Returns the row, if any;
+/// [`DROP_PLAIN_WEIGHT`] then removes it when it sets nothing else.
+pub const UNSET_WEIGHT: &str = "UPDATE pepsi.fair_weights w SET weight = 1, changed = now() \
+      WHERE w.pattern = $1::text RETURNING w.pattern";
+
+/// Sets a pattern's rate: $1 pattern (text), $2 messages a second (float8).
+pub const SET_RATE: &str = "INSERT INTO pepsi.fair_weights (pattern, rate) VALUES ($1::text, $2::float8) \
+     ON CONFLICT (pattern) DO UPDATE SET rate = EXCLUDED.rate, changed = now()";
+
+/// Removes a pattern's rate: $1 pattern (text). Returns the row, if it had one;
+/// [`DROP_PLAIN_WEIGHT`] then removes it when it sets nothing else.
+pub const UNSET_RATE: &str = "UPDATE pepsi.fair_weights w SET rate = NULL, changed = now() \
+      WHERE w.pattern = $1::text AND w.rate IS NOT NULL RETURNING w.pattern";
+
+/// Removes a pattern's row when it sets nothing: weight 1 and no rate. $1 pattern.
+pub const DROP_PLAIN_WEIGHT: &str = "DELETE FROM pepsi.fair_weights w \
+      WHERE w.pattern = $1::text AND w.weight = 1 AND w.rate IS NULL";
+
+/// The tenants named by pattern (`pepsi.tenants`, schema 25), by pattern. Returns
+/// (pattern, tenant, changed as text). Reads only.
+pub const READ_TENANTS: &str =
+    "SELECT t.pattern, t.tenant, t.changed::text FROM pepsi.tenants t ORDER BY t.pattern";
+
+/// Names the tenant of a sender-key pattern: $1 pattern (text), $2 tenant (text). The
+/// table's trigger sets every queue row's tenant again in the same transaction.
+pub const SET_TENANT: &str = "INSERT INTO pepsi.tenants (pattern, tenant) VALUES ($1::text, $2::text) \
+     ON CONFLICT (pattern) DO UPDATE SET tenant = EXCLUDED.tenant, changed = now()";
+
+/// Removes a pattern's tenant: $1 pattern (text). Returns the row removed, if any.
+pub const UNSET_TENANT: &str =
+    "DELETE FROM pepsi.tenants t WHERE t.pattern = $1::text RETURNING t.pattern";
+
+/// The tenant a sender key belongs to now: $1 sender key (text). Returns one row.
+pub const TENANT_OF: &str = "SELECT pepsi.tenant_of($1::text)";

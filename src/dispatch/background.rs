@@ -74,9 +74,14 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                     events.send(Event::Flushed(Err((e.message, d))));
                 }
                 Job::ReadReload(path) => {
-                    let overlay = Err(e.message);
+                    let (overlay, weights) = (Err(e.message.clone()), Err(e.message));
                     let file = read_config_file(&path);
-                    events.send(Event::ReloadRead(Box::new(ReloadInput { overlay, file })));
+                    let input = ReloadInput {
+                        overlay,
+                        weights,
+                        file,
+                    };
+                    events.send(Event::ReloadRead(Box::new(input)));
                 }
                 Job::BodyGc => {
                     events.send(Event::BodyGcDone { more: true });
@@ -111,8 +116,21 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
         },
         Job::ReadReload(path) => {
             let overlay = db::read_overlay(&mut **conn).map_err(|e| db::describe(&e));
+            let weights = conn
+                .query(sql::READ_FAIR_WEIGHTS, &[])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2)))
+                        .collect()
+                })
+                .map_err(|e| db::describe(&e));
             let file = read_config_file(&path);
-            events.send(Event::ReloadRead(Box::new(ReloadInput { overlay, file })));
+            let input = ReloadInput {
+                overlay,
+                weights,
+                file,
+            };
+            events.send(Event::ReloadRead(Box::new(input)));
         }
         Job::UnknownStages(known) => {
             match conn.query_typed(sql::UNKNOWN_STAGES, &[(&known, Type::TEXT_ARRAY)]) {

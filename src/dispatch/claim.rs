@@ -18,6 +18,8 @@ pub struct Claim {
     pub stage: String,
     /// Its fairness key (§7).
     pub sender_key: String,
+    /// The tenant its sender belongs to (§7), `pepsi.workqueue.tenant_key`.
+    pub tenant_key: String,
     /// The claim token stamped on the row; every write of the claim is guarded by it.
     pub token: i64,
     /// When the claim's answer reached the loop.

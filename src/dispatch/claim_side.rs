@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::claim::Claim;
 use super::floors::{self, Next, Starts};
 use super::ledger::Ledger;
-use super::scheduler::ClaimRequest;
+use super::scheduler::{ClaimRequest, Window};
 use crate::config::DispatchOptions;
 
 /// How soon a claim that failed is tried again.
@@ -106,6 +106,8 @@ pub struct ClaimSide {
     /// a row back below a floor): when a claim goes without floors for every stage
     /// whose floors were last set aside before it (`floors.rs`).
     catch_up_at: Option<Instant>,
+    /// When a tenant a rate holds back may take a row again (§7 "Rates"): a claim then.
+    release_at: Option<Instant>,
     /// How often each stage's claim goes without its floor.
     full_every: Duration,
 }
@@ -121,6 +123,7 @@ impl ClaimSide {
             deferred: Vec::new(),
             ledger: Ledger::for_options(opts),
             catch_up_at: None,
+            release_at: None,
             full_every: floors::full_every(opts.poll_interval),
         }
     }
@@ -134,6 +137,17 @@ impl ClaimSide {
                 s.references().map(|(_, to)| to).collect::<Vec<&str>>(),
             )
         }));
+        let rates: Vec<(String, f64)> = graph
+            .stages()
+            .filter_map(|s| Some((s.name.clone(), s.rate?)))
+            .collect();
+        let named: Vec<String> = rates.iter().map(|(s, _)| s.clone()).collect();
+        if !self.ledger.policy().rates(rates) && !named.is_empty() {
+            log::warn!(
+                "RATE of {} is held by the fair claim; with FAIR_SCHEDULING = no it is ignored",
+                named.join(", ")
+            );
+        }
     }
 
     /// The claim ledger, for the transitions of claimed rows.
@@ -162,6 +176,7 @@ impl ClaimSide {
     /// A claim that failed (or the catch-up after a notification) is due again.
     pub fn retry_due(&mut self) {
         self.gate.retry_at = None;
+        self.release_at = None;
         self.gate.want = true;
     }
 
@@ -226,7 +241,7 @@ impl ClaimSide {
     pub fn answered(
         &mut self,
         claims: &[Claim],
-        windows: &[(String, Option<String>)],
+        windows: &[Window],
         (floors, sweeps): (&[Next], &[Next]),
         next_paused: Option<f64>,
         now: Instant,
@@ -235,6 +250,7 @@ impl ClaimSide {
         self.paused.learn(next_paused, now);
         self.ledger.claimed(claims, windows);
         self.ledger.floors().answered(floors, sweeps);
+        self.release_at = self.ledger.policy().release_at(now);
         std::mem::take(&mut self.asked)
     }
 
@@ -349,13 +365,13 @@ impl ClaimSide {
         self.gate.last
     }
 
-    /// When a failed claim is tried again, or the catch-up claim after a notification
-    /// is due, whichever comes first.
+    /// When a failed claim is tried again, the catch-up claim after a notification is
+    /// due, or a tenant a rate held back may take a row again, whichever comes first.
     pub fn retry_at(&self) -> Option<Instant> {
-        match (self.gate.retry_at, self.catch_up_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.gate.retry_at, self.catch_up_at, self.release_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// When the earliest paused row is due, if a flip may be sent.

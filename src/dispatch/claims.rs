@@ -16,6 +16,7 @@ use super::claim::Claim;
 use super::coordinator::Command;
 use super::event_loop::Dispatcher;
 use super::floors::Next;
+use super::scheduler::Window;
 
 impl Dispatcher {
     /// A claim answered: the claim side takes in the rows (the policy learns where a
@@ -27,7 +28,7 @@ impl Dispatcher {
         &mut self,
         claims: Vec<Claim>,
         next_paused: Option<f64>,
-        windows: &[(String, Option<String>)],
+        windows: &[Window],
         (floors, sweeps): (&[Next], &[Next]),
         took: Duration,
     ) {

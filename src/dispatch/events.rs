@@ -11,7 +11,9 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use super::claim::Claim;
+use super::scheduler::Window;
 use super::stats::Deltas;
+use super::weights::WeightRow;
 use crate::config::graph::OverrideRow;
 use crate::config::{Config, ConfigError};
 use crate::db::horizon::Holder;
@@ -28,10 +30,11 @@ pub enum Event {
         claims: Vec<Claim>,
         /// Seconds until the earliest paused row is due.
         next_paused: Option<f64>,
-        /// A fair claim's sender windows: per stage asked, the last sender considered
-        /// when the window was full and more wait, else `None` (§7). Empty for an
-        /// oldest-first claim.
-        windows: Vec<(String, Option<String>)>,
+        /// A fair claim's windows: per stage asked, the last tenant considered when its
+        /// window was full and more wait, else `None`; per tenant whose walk of its
+        /// senders stopped short or had a start, the same of its senders (§7). Empty
+        /// for an oldest-first claim.
+        windows: Vec<Window>,
         /// Per stage asked, where its next pick may start (`None`: the claim read no
         /// row there), as `floors.rs` takes it.
         floors: Vec<(String, Option<i64>)>,
@@ -104,6 +107,8 @@ pub enum Event {
 pub struct ReloadInput {
     /// `pepsi.config_override`, or why it cannot be read right now.
     pub overlay: Result<Vec<OverrideRow>, String>,
+    /// `pepsi.fair_weights` (pattern, weight, rate), or why it cannot be read right now.
+    pub weights: Result<Vec<WeightRow>, String>,
     /// The configuration file.
     pub file: ReloadFile,
 }

@@ -1,9 +1,11 @@
-//! Fair scheduling between senders (§7), the dispatcher's half: per stage, each
-//! sender's **lead** in microseconds of worker time, the stage's average time per
-//! message, the credit of slots kept for the oldest rows and the cursor of the sender
-//! window — and from them each claim's [`FairRequest`]. The ranking itself (lead + k ×
-//! average, newcomers level with the least-served waiting sender, the FIFO reserve, the
-//! 64-sender window) is done by `pepsi.workqueue_claim_fair` in the claim statement.
+//! Fair scheduling between tenants and senders (§7), the dispatcher's half: per stage,
+//! each tenant's and each sender's **lead** in microseconds of worker time divided by
+//! its weight (`weights.rs`), the stage's average time per message, the credit of slots
+//! kept for the oldest rows, the cursor of the tenant window and each tenant's cursor
+//! of its senders — and from them each claim's [`FairRequest`]. The ranking itself
+//! (tenant lead + j × average / weight across tenants, sender lead + k × average /
+//! weight within one, newcomers level with the least-served, the FIFO reserve, the
+//! 64-tenant window) is done by `pepsi.workqueue_claim_fair` in the claim statement.
 //!
 //! [`FairPolicy`] is a [`ClaimPolicy`]: the claim ledger tells it each claimed row's
 //! life exactly once (charged the stage's average when claimed, corrected to the
@@ -22,7 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
-use super::scheduler::{ClaimPolicy, ClaimRequest, FairRequest, Served};
+use super::rates::Rates;
+use super::scheduler::{ClaimPolicy, ClaimRequest, FairRequest, Served, Window};
+use super::weights::{WeightRow, Weights};
 use crate::config::DispatchOptions;
 
 /// A stage's average time per message before its first measurement: a guess, replaced
@@ -44,11 +48,14 @@ const AVG_MIN_US: f64 = 1.0;
 /// exactly (ten claims of 0.1 slot make exactly one slot).
 const CREDIT_PER_SLOT: u64 = 100;
 
-/// One sender at one stage.
+/// One sender, or one tenant, at one stage.
 #[derive(Clone, Debug)]
 struct Sender {
-    /// Worker time charged, µs, decayed up to `at`; 0 once forgotten.
+    /// Worker time charged, µs (divided by the weight), decayed up to `at`; 0 once
+    /// forgotten.
     lead: f64,
+    /// A sender's tenant (empty for a tenant).
+    tenant: String,
     /// When `lead` was last decayed.
     at: Instant,
     /// Claimed rows not yet settled (their charges are in `lead`).
@@ -74,9 +81,13 @@ struct Stage {
     measured: bool,
     /// Senders with a lead or an unsettled claim.
     senders: HashMap<String, Sender>,
+    /// Tenants with a lead or an unsettled claim.
+    tenants: HashMap<String, Sender>,
+    /// Per tenant whose last walk of its senders stopped short, where the next starts.
+    tenant_cursors: HashMap<String, String>,
     /// FIFO slots owed, in hundredths.
     fifo_credit: u64,
-    /// Where the next sender window starts.
+    /// Where the next tenant window starts.
     cursor: Option<String>,
     /// What the request in flight gave the stage.
     given: Option<Given>,
@@ -88,6 +99,8 @@ impl Stage {
             avg: AVG_START_US,
             measured: false,
             senders: HashMap::new(),
+            tenants: HashMap::new(),
+            tenant_cursors: HashMap::new(),
             fifo_credit: 0,
             cursor: None,
             given: None,
@@ -137,29 +150,109 @@ impl Stage {
         sender.lead == 0.0 && sender.unsettled == 0
     }
 
-    /// Decays every sender to `now`, dropping those with nothing left.
+    /// Decays every sender and tenant to `now`, dropping those with nothing left, and
+    /// the cursors of tenants gone.
     fn sweep(&mut self, half_life: f64, now: Instant) {
         let avg = self.avg;
         self.senders
             .retain(|_, s| !Stage::decay(s, avg, half_life, now));
+        self.tenants
+            .retain(|_, s| !Stage::decay(s, avg, half_life, now));
+        let tenants = &self.tenants;
+        self.tenant_cursors.retain(|t, _| tenants.contains_key(t));
     }
 
-    /// Applies `delta` µs to a sender's lead (never below 0) at `now`; `settled` when
-    /// this ends one of its claims.
-    fn adjust(&mut self, key: &str, delta: f64, settled: bool, half_life: f64, now: Instant) {
+    /// Applies a charge's correction to its sender and its tenant (see [`adjust`]).
+    fn settle(&mut self, claim: &Claim, c: &Charge, by_us: f64, half_life: f64, now: Instant) {
         let avg = self.avg;
-        let Some(sender) = self.senders.get_mut(key) else {
-            return;
-        };
-        Stage::decay(sender, avg, half_life, now);
-        sender.lead = (sender.lead + delta).max(0.0);
-        if settled {
-            sender.unsettled = sender.unsettled.saturating_sub(1);
-        }
-        if sender.lead == 0.0 && sender.unsettled == 0 {
-            self.senders.remove(key);
-        }
+        let sender = by_us / c.sender_w;
+        adjust(
+            &mut self.senders,
+            &claim.sender_key,
+            sender,
+            (avg, half_life),
+            now,
+        );
+        let tenant = by_us / c.tenant_w;
+        adjust(
+            &mut self.tenants,
+            &claim.tenant_key,
+            tenant,
+            (avg, half_life),
+            now,
+        );
     }
+}
+
+/// Applies `delta` µs to the lead of `key` in `map` (never below 0) at `now`, ending one
+/// of its claims; drops it when nothing is left.
+fn adjust(
+    map: &mut HashMap<String, Sender>,
+    key: &str,
+    delta: f64,
+    (avg, half_life): (f64, f64),
+    now: Instant,
+) {
+    let Some(sender) = map.get_mut(key) else {
+        return;
+    };
+    Stage::decay(sender, avg, half_life, now);
+    sender.lead = (sender.lead + delta).max(0.0);
+    sender.unsettled = sender.unsettled.saturating_sub(1);
+    if sender.lead == 0.0 && sender.unsettled == 0 {
+        map.remove(key);
+    }
+}
+
+/// Charges `charge` µs (already divided by the weight) to `key` in `map` at `now`: a
+/// newcomer starts level with the least-served of those `among` admits, less half a
+/// message (`avg`), as the claim statement ranked it.
+fn charge(
+    map: &mut HashMap<String, Sender>,
+    (key, tenant): (&str, &str),
+    charge: f64,
+    (avg, half_life): (f64, f64),
+    now: Instant,
+) {
+    if !map.contains_key(key) {
+        let least = map
+            .values()
+            .filter(|s| s.tenant == tenant && s.lead > 0.0)
+            .map(|s| s.lead)
+            .fold(f64::INFINITY, f64::min);
+        let level = if least.is_finite() {
+            (least - avg / 2.0).max(0.0)
+        } else {
+            0.0
+        };
+        map.insert(
+            key.to_string(),
+            Sender {
+                lead: level,
+                tenant: tenant.to_string(),
+                at: now,
+                unsettled: 0,
+                charged: now,
+            },
+        );
+    }
+    let sender = map.get_mut(key).expect("present");
+    Stage::decay(sender, avg, half_life, now);
+    sender.lead += charge;
+    sender.unsettled += 1;
+    sender.charged = now;
+}
+
+/// What a live claim was charged: the stage's average, and the weights its sender and
+/// tenant had then (a reload between the claim and its end changes neither).
+#[derive(Clone, Copy, Debug)]
+struct Charge {
+    avg: f64,
+    sender_w: f64,
+    tenant_w: f64,
+    /// It took a cell of its tenant's rate at the stage (given back if it goes back
+    /// without having run).
+    rated: bool,
 }
 
 /// The fair claim policy (§7).
@@ -173,7 +266,11 @@ pub struct FairPolicy {
     max_runtime_us: f64,
     stages: BTreeMap<String, Stage>,
     /// What each live claim, by (id, token), was charged; removed when it settles.
-    charges: HashMap<(i64, i64), f64>,
+    charges: HashMap<(i64, i64), Charge>,
+    /// `pepsi.fair_weights`, as of the last start or reload.
+    weights: Weights,
+    /// The rates' buckets (`rates.rs`).
+    rates: Rates,
     /// When every stage's senders are next swept (asked stages are swept at every
     /// claim; this catches stages that were not asked for a while, or went away).
     next_sweep: Option<Instant>,
@@ -198,6 +295,8 @@ impl FairPolicy {
             max_runtime_us: max_runtime.as_secs_f64() * 1e6,
             stages: BTreeMap::new(),
             charges: HashMap::new(),
+            weights: Weights::default(),
+            rates: Rates::default(),
             next_sweep: None,
         }
     }
@@ -216,13 +315,12 @@ impl FairPolicy {
             for stage in self.stages.values_mut() {
                 stage.sweep(half_life, now);
             }
+            self.rates.sweep(now);
             self.next_sweep = Some(now + Duration::from_secs_f64(half_life));
         }
         let mut r = FairRequest::default();
         for (name, cap) in &capacities {
-            let stage = self.stage(name);
-            // Asked stages are swept at every claim: the leads passed are current, and
-            // a forgotten lead is left out, so its sender starts level.
+            let stage = self.stages.entry(name.clone()).or_insert_with(Stage::new);
             stage.sweep(half_life, now);
             let fifo = stage.fifo(*cap, percent);
             stage.given = Some(Given {
@@ -237,126 +335,170 @@ impl FairPolicy {
                 r.lead_stage.push(name.clone());
                 r.lead_sender.push(key.clone());
                 r.lead_us.push(sender.lead);
+                r.lead_w.push(self.weights.of(key));
+            }
+            for (key, tenant) in stage.tenants.iter().filter(|(_, s)| s.lead > 0.0) {
+                r.tlead_stage.push(name.clone());
+                r.tlead_tenant.push(key.clone());
+                r.tlead_us.push(tenant.lead);
+                r.tlead_w.push(self.weights.of(key));
+            }
+            for (tenant, sender) in &stage.tenant_cursors {
+                r.tcur_stage.push(name.clone());
+                r.tcur_tenant.push(tenant.clone());
+                r.tcur_sender.push(sender.clone());
+            }
+            let (default, listed) = self.rates.allowances(name, now);
+            r.allow_default.push(default);
+            for (tenant, n) in listed {
+                r.allow_stage.push(name.clone());
+                r.allow_tenant.push(tenant);
+                r.allow_n.push(n);
             }
         }
         r.asked = capacities;
         r
     }
 
-    /// A claim statement answered: the cursors move to where each window ended.
-    pub fn answered_at(
-        &mut self,
-        windows: &[(String, Option<String>)],
-        served: &BTreeMap<&str, Served>,
-    ) {
-        for (name, end) in windows {
-            let stage = self.stage(name);
+    pub fn answered_at(&mut self, windows: &[Window], served: &BTreeMap<&str, Served>) {
+        for w in windows {
+            let stage = self.stage(&w.stage);
+            if let Some(tenant) = &w.tenant {
+                match &w.end {
+                    Some(end) => stage.tenant_cursors.insert(tenant.clone(), end.clone()),
+                    None => stage.tenant_cursors.remove(tenant),
+                };
+                continue;
+            }
             let given = stage.given.take();
             let from = given.as_ref().and_then(|g| g.from.clone());
-            stage.cursor = end.clone();
-            let s = served.get(name.as_str()).copied().unwrap_or_default();
-            // Only stages that took rows or filled their window say anything, and the
-            // line is built only when it is logged.
-            if (s.rows == 0 && end.is_none()) || !log::log_enabled!(log::Level::Debug) {
+            stage.cursor = w.end.clone();
+            let s = served.get(w.stage.as_str()).copied().unwrap_or_default();
+            if (s.rows == 0 && w.end.is_none()) || !log::log_enabled!(log::Level::Debug) {
                 continue;
             }
             let (cap, fifo) = given.map_or((0, 0), |g| (g.cap, g.fifo));
-            let start = from.map_or("from the first sender".to_string(), |f| {
+            let start = from.map_or("from the first tenant".to_string(), |f| {
                 format!("after {f:?}")
             });
-            let stop = end
+            let stop = w
+                .end
                 .as_ref()
-                .map_or("through the last waiting sender".to_string(), |e| {
-                    format!("through {e:?}; more senders wait, the next claim starts there")
+                .map_or("through the last waiting tenant".to_string(), |e| {
+                    format!("through {e:?}; more tenants wait, the next claim starts there")
                 });
             log::debug!(
-                "{name}: fair claim: {} of {cap} slots ({fifo} kept for the oldest rows) to {} senders; sender window {start} {stop}",
+                "{}: fair claim: {} of {cap} slots ({fifo} kept for the oldest rows) to {} senders; tenant window {start} {stop}",
+                w.stage,
                 s.rows,
                 s.senders,
             );
         }
     }
 
-    /// A row was claimed at `now`: its sender is charged the stage's average.
+    /// Takes the weights and rates read from `pepsi.fair_weights`; live claims keep
+    /// the weights they were charged with.
+    pub fn set_weights(&mut self, rows: Vec<WeightRow>) {
+        self.weights = Weights::new(rows);
+    }
+
+    /// Takes the stages' `RATE`s.
+    pub fn set_rates(&mut self, rates: Vec<(String, f64)>) {
+        self.rates.set_stage_rates(rates);
+    }
+
     pub fn claimed_at(&mut self, claim: &Claim, now: Instant) {
         if self.charges.contains_key(&(claim.id, claim.token)) {
             return;
         }
         let half_life = self.half_life;
+        let sender_w = self.weights.of(&claim.sender_key);
+        let tenant_w = self.weights.of(&claim.tenant_key);
+        let tenant_rate = self.weights.rate_of(&claim.tenant_key);
+        let rate = self.rates.effective(&claim.stage, tenant_rate);
+        if let Some(rate) = rate {
+            self.rates.took(&claim.stage, &claim.tenant_key, rate, now);
+        }
         let stage = self.stage(&claim.stage);
-        let charge = stage.avg;
-        // A newcomer starts where the claim ranked it: level with the least-served
-        // sender the stage knows, less half a message (see `sql::CLAIM_FAIR`).
-        let least = stage
-            .senders
-            .values()
-            .map(|s| s.lead)
-            .filter(|&l| l > 0.0)
-            .fold(f64::INFINITY, f64::min);
-        let level = if least.is_finite() {
-            (least - charge / 2.0).max(0.0)
-        } else {
-            0.0
+        let avg = stage.avg;
+        let tenant = (claim.tenant_key.as_str(), "");
+        charge(
+            &mut stage.tenants,
+            tenant,
+            avg / tenant_w,
+            (avg, half_life),
+            now,
+        );
+        let sender = (claim.sender_key.as_str(), claim.tenant_key.as_str());
+        charge(
+            &mut stage.senders,
+            sender,
+            avg / sender_w,
+            (avg, half_life),
+            now,
+        );
+        let c = Charge {
+            avg,
+            sender_w,
+            tenant_w,
+            rated: rate.is_some(),
         };
-        let sender = stage
-            .senders
-            .entry(claim.sender_key.clone())
-            .or_insert(Sender {
-                lead: level,
-                at: now,
-                unsettled: 0,
-                charged: now,
-            });
-        // Decay (and perhaps forget) what it had before adding the new charge.
-        Stage::decay(sender, charge, half_life, now);
-        sender.lead += charge;
-        sender.unsettled += 1;
-        sender.charged = now;
-        self.charges.insert((claim.id, claim.token), charge);
+        self.charges.insert((claim.id, claim.token), c);
     }
 
-    /// A claimed row ran for `took`: its charge is corrected to the measured time,
-    /// which also goes into the stage's average.
     pub fn ran_at(&mut self, claim: &Claim, took: Duration, now: Instant) {
-        let Some(charge) = self.charges.remove(&(claim.id, claim.token)) else {
+        let Some(c) = self.charges.remove(&(claim.id, claim.token)) else {
             return;
         };
         let took_us = took.as_secs_f64() * 1e6;
         let half_life = self.half_life;
         let stage = self.stage(&claim.stage);
-        stage.adjust(&claim.sender_key, took_us - charge, true, half_life, now);
+        stage.settle(claim, &c, took_us - c.avg, half_life, now);
         stage.measure(took_us);
     }
 
-    /// A claimed row went back to pending without running: its charge is refunded.
     pub fn requeued_at(&mut self, claim: &Claim, now: Instant) {
-        let Some(charge) = self.charges.remove(&(claim.id, claim.token)) else {
+        let Some(c) = self.charges.remove(&(claim.id, claim.token)) else {
             return;
         };
         let half_life = self.half_life;
+        if c.rated {
+            self.rates.gave_back(&claim.stage, &claim.tenant_key, now);
+        }
         self.stage(&claim.stage)
-            .adjust(&claim.sender_key, -charge, true, half_life, now);
+            .settle(claim, &c, -c.avg, half_life, now);
     }
 
-    /// A row was killed at MAX_RUNTIME: it is charged the whole of it. A hang says
-    /// nothing about the stage's usual cost, so the average is left alone.
     pub fn timed_out_at(&mut self, claim: &Claim, now: Instant) {
-        let Some(charge) = self.charges.remove(&(claim.id, claim.token)) else {
+        let Some(c) = self.charges.remove(&(claim.id, claim.token)) else {
             return;
         };
         let (half_life, max) = (self.half_life, self.max_runtime_us);
         self.stage(&claim.stage)
-            .adjust(&claim.sender_key, max - charge, true, half_life, now);
+            .settle(claim, &c, max - c.avg, half_life, now);
     }
 }
 
 impl ClaimPolicy for FairPolicy {
     fn request(&mut self, capacities: Vec<(String, i32)>) -> ClaimRequest {
-        ClaimRequest::Fair(self.request_at(capacities, Instant::now()))
+        ClaimRequest::Fair(Box::new(self.request_at(capacities, Instant::now())))
     }
 
-    fn answered(&mut self, windows: &[(String, Option<String>)], served: &BTreeMap<&str, Served>) {
+    fn answered(&mut self, windows: &[Window], served: &BTreeMap<&str, Served>) {
         self.answered_at(windows, served);
+    }
+
+    fn weights(&mut self, weights: Vec<WeightRow>) {
+        self.set_weights(weights);
+    }
+
+    fn rates(&mut self, rates: Vec<(String, f64)>) -> bool {
+        self.set_rates(rates);
+        true
+    }
+
+    fn release_at(&self, now: Instant) -> Option<Instant> {
+        self.rates.release_at(now)
     }
 
     fn claimed(&mut self, claim: &Claim) {
@@ -377,298 +519,5 @@ impl ClaimPolicy for FairPolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const HALF: Duration = Duration::from_secs(60);
-
-    fn policy() -> FairPolicy {
-        FairPolicy::with(HALF, 10, Duration::from_secs(300))
-    }
-
-    fn claim(id: i64, stage: &str, sender: &str) -> Claim {
-        Claim {
-            id,
-            stage: stage.into(),
-            sender_key: sender.into(),
-            token: 7,
-            claimed_at: Instant::now(),
-        }
-    }
-
-    fn us(n: u64) -> Duration {
-        Duration::from_micros(n)
-    }
-
-    /// The known leads of a stage, as the request passes them.
-    fn leads(p: &mut FairPolicy, stage: &str, now: Instant) -> BTreeMap<String, f64> {
-        let r = p.request_at(vec![(stage.to_string(), 1)], now);
-        r.lead_sender.into_iter().zip(r.lead_us).collect()
-    }
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() < 1e-6 * b.abs().max(1.0)
-    }
-
-    #[test]
-    fn a_claim_is_charged_the_average_then_corrected_refunded_or_charged_max_runtime() {
-        let mut p = policy();
-        let t = Instant::now();
-        // Charged the start average (1 ms) at once.
-        p.claimed_at(&claim(1, "s", "ip:a"), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], AVG_START_US);
-        // Corrected to the measured 3 ms, which becomes the average.
-        p.ran_at(&claim(1, "s", "ip:a"), us(3_000), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 3_000.0);
-        assert_eq!(p.stages["s"].avg, 3_000.0);
-        // Charged 3 ms, refunded when requeued without running.
-        p.claimed_at(&claim(2, "s", "ip:a"), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 6_000.0);
-        p.requeued_at(&claim(2, "s", "ip:a"), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 3_000.0);
-        // A timed-out row is charged the whole MAX_RUNTIME; the average is untouched.
-        p.claimed_at(&claim(3, "s", "ip:a"), t);
-        p.timed_out_at(&claim(3, "s", "ip:a"), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 3_000.0 + 300e6);
-        assert_eq!(p.stages["s"].avg, 3_000.0);
-        // A settled claim settles once; nothing is left charged.
-        p.ran_at(&claim(3, "s", "ip:a"), us(1), t);
-        assert!(p.charges.is_empty());
-        assert_eq!(p.stages["s"].senders["ip:a"].unsettled, 0);
-    }
-
-    #[test]
-    fn a_message_cheaper_than_charged_lowers_the_lead_but_never_below_zero() {
-        let mut p = policy();
-        let t = Instant::now();
-        for id in 0..4 {
-            p.claimed_at(&claim(id, "s", "ip:a"), t);
-        }
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 4_000.0);
-        p.ran_at(&claim(0, "s", "ip:a"), us(500), t);
-        assert_eq!(leads(&mut p, "s", t)["ip:a"], 3_500.0);
-        // Refunds of charges that decayed meanwhile cannot make a lead negative.
-        let later = t + HALF * 4;
-        for id in 1..4 {
-            p.requeued_at(&claim(id, "s", "ip:a"), later);
-        }
-        assert!(leads(&mut p, "s", later).is_empty());
-        assert!(p.stages["s"].senders.is_empty());
-    }
-
-    #[test]
-    fn leads_halve_every_half_life() {
-        let mut p = policy();
-        let t = Instant::now();
-        p.claimed_at(&claim(1, "s", "ip:a"), t);
-        p.ran_at(&claim(1, "s", "ip:a"), us(1_000), t);
-        p.claimed_at(&claim(2, "s", "ip:a"), t);
-        p.ran_at(&claim(2, "s", "ip:a"), us(15_000), t);
-        // Lead 16 ms; the average is 1 ms + (8 ms − 1 ms)/16 (the outlier capped at 8×).
-        assert_eq!(p.stages["s"].avg, 1_000.0 + 7_000.0 / 16.0);
-        let lead = |p: &mut FairPolicy, at| leads(p, "s", at)["ip:a"];
-        assert!(close(lead(&mut p, t), 16_000.0));
-        assert!(close(lead(&mut p, t + HALF), 8_000.0));
-        assert!(close(lead(&mut p, t + HALF * 2), 4_000.0));
-        // Continuous: half a half-life is a factor √2.
-        assert!(close(lead(&mut p, t + HALF * 5 / 2), 4_000.0 / 2f64.sqrt()));
-    }
-
-    #[test]
-    fn a_lead_worth_less_than_one_message_is_forgotten_and_its_sender_dropped() {
-        let mut p = policy();
-        let t = Instant::now();
-        p.claimed_at(&claim(1, "s", "ip:a"), t);
-        p.ran_at(&claim(1, "s", "ip:a"), us(1_000), t);
-        p.claimed_at(&claim(2, "s", "ip:a"), t);
-        p.ran_at(&claim(2, "s", "ip:a"), us(1_000), t);
-        // 2 ms of lead, 1 ms average: one half-life later it is worth exactly one
-        // message, just after that less.
-        assert!(leads(&mut p, "s", t + HALF).contains_key("ip:a"));
-        assert!(leads(&mut p, "s", t + HALF + Duration::from_secs(1)).is_empty());
-        assert!(p.stages["s"].senders.is_empty());
-        // A message cheaper than the average leaves less than one message: kept while
-        // its sender is being served, forgotten once it had no charge for a half-life,
-        // so the sender starts level again.
-        p.claimed_at(&claim(3, "s", "ip:b"), t);
-        p.ran_at(&claim(3, "s", "ip:b"), us(100), t);
-        assert!(leads(&mut p, "s", t).contains_key("ip:b"));
-        let l = leads(&mut p, "s", t + HALF);
-        assert!(!l.contains_key("ip:b"), "{l:?}");
-        assert!(p.stages["s"].senders.is_empty());
-    }
-
-    #[test]
-    fn a_sender_with_a_claim_unsettled_is_kept_even_when_its_lead_is_forgotten() {
-        let mut p = policy();
-        let t = Instant::now();
-        // A first measurement makes the average 1 ms.
-        p.claimed_at(&claim(9, "s", "ip:z"), t);
-        p.ran_at(&claim(9, "s", "ip:z"), us(1_000), t);
-        p.claimed_at(&claim(1, "s", "ip:a"), t);
-        let much_later = t + HALF * 10;
-        assert!(leads(&mut p, "s", much_later).is_empty(), "forgotten");
-        assert_eq!(p.stages["s"].senders["ip:a"].unsettled, 1, "still held");
-        // Its measured time lands on a lead of 0.
-        p.ran_at(&claim(1, "s", "ip:a"), us(5_000), much_later);
-        assert_eq!(leads(&mut p, "s", much_later)["ip:a"], 4_000.0);
-    }
-
-    #[test]
-    fn memory_stays_bounded_by_the_senders_recently_served() {
-        let mut p = policy();
-        let t = Instant::now();
-        // 10,000 senders of one message each at two stages, each message dearer than
-        // the average so every sender keeps a lead at first.
-        for id in 0..10_000 {
-            for stage in ["a", "b"] {
-                let c = claim(id, stage, &format!("ip:{id}"));
-                p.claimed_at(&c, t);
-                p.ran_at(&c, us(2_000), t);
-            }
-        }
-        assert!(p.charges.is_empty());
-        assert_eq!(p.stages["a"].senders.len(), 10_000);
-        // A few half-lives later a claim asking only for stage a drops them at both
-        // stages: stage b's senders go in the periodic sweep.
-        let later = t + HALF * 8;
-        p.request_at(vec![("a".into(), 4)], t);
-        let r = p.request_at(vec![("a".into(), 4)], later);
-        assert!(r.lead_us.is_empty());
-        assert!(p.stages.values().all(|s| s.senders.is_empty()));
-    }
-
-    #[test]
-    fn fifo_credit_with_cap_one_and_ten_percent_gives_one_slot_every_ten_claims() {
-        let mut p = policy();
-        let t = Instant::now();
-        let fifo: Vec<i32> = (0..30)
-            .map(|_| p.request_at(vec![("s".into(), 1)], t).fifo[0])
-            .collect();
-        let given: Vec<usize> = (0..30).filter(|&i| fifo[i] == 1).collect();
-        assert_eq!(given, vec![9, 19, 29]);
-        assert!(fifo.iter().all(|&f| f <= 1));
-    }
-
-    #[test]
-    fn fifo_credit_gives_its_share_of_any_cap_and_never_more_than_the_cap() {
-        let mut p = policy();
-        let t = Instant::now();
-        let total: i32 = (0..10)
-            .map(|_| p.request_at(vec![("s".into(), 16)], t).fifo[0])
-            .sum();
-        assert_eq!(total, 16);
-        let mut all = FairPolicy::with(HALF, 100, Duration::from_secs(300));
-        assert_eq!(all.request_at(vec![("s".into(), 3)], t).fifo, vec![3]);
-        let mut none = FairPolicy::with(HALF, 0, Duration::from_secs(300));
-        assert_eq!(none.request_at(vec![("s".into(), 3)], t).fifo, vec![0]);
-        // A big cap's credit then a small cap: never more slots than asked.
-        let mut p = FairPolicy::with(HALF, 50, Duration::from_secs(300));
-        assert_eq!(p.request_at(vec![("s".into(), 9)], t).fifo, vec![4]);
-        assert_eq!(p.request_at(vec![("s".into(), 1)], t).fifo, vec![1]);
-    }
-
-    #[test]
-    fn the_window_cursor_moves_to_where_each_claims_window_ended() {
-        let mut p = policy();
-        let t = Instant::now();
-        let ask = vec![("a".to_string(), 2), ("b".to_string(), 2)];
-        assert_eq!(p.request_at(ask.clone(), t).cursor, vec![None, None]);
-        let none = BTreeMap::new();
-        p.answered_at(
-            &[("a".into(), Some("ip:m".into())), ("b".into(), None)],
-            &none,
-        );
-        assert_eq!(
-            p.request_at(ask.clone(), t).cursor,
-            vec![Some("ip:m".into()), None]
-        );
-        // The window moves on, then wraps to the start.
-        p.answered_at(&[("a".into(), Some("ip:z".into()))], &none);
-        assert_eq!(p.request_at(ask.clone(), t).cursor[0], Some("ip:z".into()));
-        p.answered_at(&[("a".into(), None)], &none);
-        assert_eq!(p.request_at(ask, t).cursor, vec![None, None]);
-    }
-
-    #[test]
-    fn the_request_carries_each_stage_and_only_the_leads_it_knows() {
-        let mut p = policy();
-        let t = Instant::now();
-        p.claimed_at(&claim(1, "a", "ip:x"), t);
-        p.ran_at(&claim(1, "a", "ip:x"), us(4_000), t);
-        p.claimed_at(&claim(2, "a", "ip:x"), t);
-        p.claimed_at(&claim(3, "a", "ip:y"), t);
-        p.claimed_at(&claim(4, "c", "ip:x"), t);
-        let r = p.request_at(vec![("a".into(), 8), ("b".into(), 1)], t);
-        assert_eq!(r.asked, vec![("a".into(), 8), ("b".into(), 1)]);
-        assert_eq!(r.fifo, vec![0, 0]);
-        assert_eq!(r.avg_us, vec![4_000.0, AVG_START_US]);
-        assert_eq!(r.cursor, vec![None, None]);
-        let mut known: Vec<(String, String, f64)> = r
-            .lead_stage
-            .into_iter()
-            .zip(r.lead_sender)
-            .zip(r.lead_us)
-            .map(|((s, k), l)| (s, k, l))
-            .collect();
-        known.sort_by(|x, y| x.1.cmp(&y.1));
-        // Stage c was not asked: its lead is not sent. ip:y came new to a stage where
-        // ip:x held 8 ms: level with it less half a message (6 ms), plus its charge.
-        assert_eq!(
-            known,
-            vec![
-                ("a".into(), "ip:x".into(), 8_000.0),
-                ("a".into(), "ip:y".into(), 10_000.0),
-            ]
-        );
-        // No capacity anywhere (a heartbeat): an empty request.
-        assert_eq!(p.request_at(vec![], t), FairRequest::default());
-    }
-
-    #[test]
-    fn the_average_follows_measurements_and_stays_positive() {
-        let mut s = Stage::new();
-        assert_eq!(s.avg, AVG_START_US);
-        s.measure(0.0);
-        assert_eq!(
-            s.avg, AVG_MIN_US,
-            "the first measurement replaces the guess"
-        );
-        for _ in 0..100_000 {
-            s.measure(0.0);
-        }
-        assert_eq!(s.avg, AVG_MIN_US);
-        let mut s = Stage::new();
-        s.measure(1_600.0);
-        s.measure(3_200.0);
-        assert_eq!(s.avg, 1_700.0);
-        // One outlier counts as eight averages at most.
-        s.measure(1e12);
-        assert_eq!(s.avg, 1_700.0 + 7.0 * 1_700.0 / 16.0);
-    }
-
-    #[test]
-    fn through_the_trait_every_claim_settles() {
-        let mut p = policy();
-        let (a, b, c, d) = (
-            claim(1, "s", "ip:a"),
-            claim(2, "s", "ip:a"),
-            claim(3, "s", "ip:b"),
-            claim(4, "s", "ip:b"),
-        );
-        let policy: &mut dyn ClaimPolicy = &mut p;
-        assert!(matches!(
-            policy.request(vec![("s".into(), 4)]),
-            ClaimRequest::Fair(_)
-        ));
-        for x in [&a, &b, &c, &d] {
-            policy.claimed(x);
-        }
-        policy.ran(&a, us(10));
-        policy.requeued(&b);
-        policy.timed_out(&c);
-        policy.requeued(&d);
-        assert!(p.charges.is_empty());
-        assert!(p.stages["s"].senders.values().all(|s| s.unsettled == 0));
-    }
-}
+#[path = "fair_tests.rs"]
+mod tests;

@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::claim::{Claim, StrikeKind};
 use super::fair::FairPolicy;
 use super::floors::{FULL_PICK_EVERY, Floors, full_every};
-use super::scheduler::{ClaimPolicy, OldestFirst, served};
+use super::scheduler::{ClaimPolicy, OldestFirst, Window, served};
 use super::stats::{self, Deltas};
 use crate::config::DispatchOptions;
 use crate::protocol::{Report, StageEvent};
@@ -187,7 +187,7 @@ impl Ledger {
     /// A claim statement took these rows (none: nothing to count, §10) and, for a fair
     /// claim, ended each stage's sender window there (`windows`). The policy hears the
     /// answer first, then each row.
-    pub fn claimed(&mut self, claims: &[Claim], windows: &[(String, Option<String>)]) {
+    pub fn claimed(&mut self, claims: &[Claim], windows: &[Window]) {
         let served = served(claims);
         self.policy.answered(windows, &served);
         if claims.is_empty() {
@@ -322,6 +322,7 @@ mod tests {
             id,
             stage: "s".into(),
             sender_key: "from:x".into(),
+            tenant_key: String::new(),
             token,
             claimed_at: Instant::now(),
         }
@@ -379,6 +380,7 @@ mod tests {
         let mut l = Ledger::new(Box::new(OldestFirst));
         let of = |id, sender: &str| Claim {
             sender_key: sender.into(),
+            tenant_key: String::new(),
             ..claim(id, 1)
         };
         l.claimed(&[of(1, "ip:a"), of(2, "ip:a"), of(3, "ip:b")], &[]);

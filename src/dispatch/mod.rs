@@ -53,6 +53,7 @@ pub mod listener;
 pub mod pool;
 pub mod pools;
 pub mod process;
+pub mod rates;
 pub mod reload;
 pub mod scheduler;
 pub mod session;
@@ -61,6 +62,7 @@ pub mod statements;
 pub mod stats;
 pub mod timers;
 pub mod verdict;
+pub mod weights;
 pub mod worker_view;
 pub mod workers;
 

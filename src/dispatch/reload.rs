@@ -103,6 +103,19 @@ impl Dispatcher {
     /// The reload's inputs were read: plan and carry it out.
     pub(super) fn on_reload_read(&mut self, input: ReloadInput) {
         self.housekeeping.reload_read();
+        // The weights apply whatever the plan: a failed read keeps the last ones (the
+        // reload is retried, and reads them again).
+        match &input.weights {
+            Ok(rows) => {
+                log::debug!("fair-share weights read: {} patterns", rows.len());
+                self.claim_side.ledger().policy().weights(rows.clone());
+            }
+            // With the overlay unread too, the retry's warning says why.
+            Err(e) if input.overlay.is_ok() => {
+                log::warn!("cannot read the fair-share weights (pepsi.fair_weights): {e}");
+            }
+            Err(_) => {}
+        }
         let plan = plan(&self.config, &self.graph, input);
         let settled = matches!(plan, Plan::Unchanged | Plan::Apply(..));
         match plan {
@@ -153,6 +166,7 @@ mod tests {
     fn plan(current: &Config, graph: &StageGraph, overlay: &[OverrideRow]) -> Plan {
         let input = ReloadInput {
             overlay: Ok(overlay.to_vec()),
+            weights: Ok(Vec::new()),
             file: read_config_file(&current.path),
         };
         super::plan(current, graph, input)
@@ -243,6 +257,7 @@ mod tests {
         // An overlay that cannot be read is not a new configuration either.
         let unread = ReloadInput {
             overlay: Err("the database is away".into()),
+            weights: Err("the database is away".into()),
             file: read_config_file(&current.path),
         };
         assert!(matches!(

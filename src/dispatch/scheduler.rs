@@ -14,9 +14,12 @@
 //! [`OldestFirst`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::claim::Claim;
+
+/// One row of `pepsi.fair_weights`: pattern, weight, rate (messages a second).
+pub type WeightRow = (String, f64, Option<f64>);
 
 /// One claim statement's worth of work.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +27,7 @@ pub enum ClaimRequest {
     /// Per stage, its oldest pending rows up to the capacity (`FAIR_SCHEDULING = no`).
     Oldest(Vec<(String, i32)>),
     /// The fair claim between senders (§7): `sql::CLAIM_FAIR`'s parameters.
-    Fair(FairRequest),
+    Fair(Box<FairRequest>),
 }
 
 impl ClaimRequest {
@@ -54,8 +57,41 @@ pub struct FairRequest {
     /// `$7`: its sender.
     pub lead_sender: Vec<String>,
     /// `$8`: its lead, µs. Senders without a lead are left out: the statement sets them
-    /// level with the least-served waiting sender.
+    /// level with the least-served waiting sender of their tenant.
     pub lead_us: Vec<f64>,
+    /// `$13`: its weight among its tenant's senders (`pepsi.fair_weights`).
+    pub lead_w: Vec<f64>,
+    /// `$14`–`$17`: the known tenant leads: stage, tenant, lead in µs, weight.
+    pub tlead_stage: Vec<String>,
+    pub tlead_tenant: Vec<String>,
+    pub tlead_us: Vec<f64>,
+    pub tlead_w: Vec<f64>,
+    /// `$18`–`$20`: where each tenant's walk of its senders starts: stage, tenant, the
+    /// sender after which it starts.
+    pub tcur_stage: Vec<String>,
+    pub tcur_tenant: Vec<String>,
+    pub tcur_sender: Vec<String>,
+    /// `$21`: per stage, the most rows a tenant not listed below may take (its burst
+    /// at the stage's `RATE`; `None`: no limit).
+    pub allow_default: Vec<Option<i32>>,
+    /// `$22`–`$24`: the tenants held to a rate whose bucket is not full: stage, tenant
+    /// and the rows it may take now (0: throttled).
+    pub allow_stage: Vec<String>,
+    pub allow_tenant: Vec<String>,
+    pub allow_n: Vec<i32>,
+}
+
+/// Where one window of a fair claim ended (`sql::CLAIM_FAIR`'s rows without an id):
+/// a stage's window of tenants (`tenant` `None`) or one tenant's walk of its senders.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// The stage.
+    pub stage: String,
+    /// The tenant whose senders were walked; `None` for the stage's tenants.
+    pub tenant: Option<String>,
+    /// The last one considered when the window was full, where the next claim starts
+    /// after; `None`: it reached the last one, the next claim starts over.
+    pub end: Option<String>,
 }
 
 /// What one claim statement gave one stage.
@@ -95,14 +131,20 @@ pub trait ClaimPolicy: Send {
     /// The claim for these free capacities (stages with none are left out).
     fn request(&mut self, capacities: Vec<(String, i32)>) -> ClaimRequest;
     /// A claim statement answered, before its rows are reported one by one to
-    /// [`claimed`](ClaimPolicy::claimed): per stage asked, the last sender of a full
-    /// sender window (`None`: the window reached the last waiting sender; fair claims
-    /// only, empty otherwise), and per stage the rows taken and from how many senders.
-    fn answered(
-        &mut self,
-        _windows: &[(String, Option<String>)],
-        _served: &BTreeMap<&str, Served>,
-    ) {
+    /// [`claimed`](ClaimPolicy::claimed): where its windows ended (fair claims only,
+    /// empty otherwise), and per stage the rows taken and from how many senders.
+    fn answered(&mut self, _windows: &[Window], _served: &BTreeMap<&str, Served>) {}
+    /// The weights and rates of `pepsi.fair_weights`, read at start and at every
+    /// reload.
+    fn weights(&mut self, _weights: Vec<WeightRow>) {}
+    /// The stages' `RATE`s (messages a second), at start and at every reload. False
+    /// when the policy holds no rates (the caller warns that they are ignored).
+    fn rates(&mut self, _rates: Vec<(String, f64)>) -> bool {
+        false
+    }
+    /// When a tenant held back by a rate may take a row again: a claim is due then.
+    fn release_at(&self, _now: Instant) -> Option<Instant> {
+        None
     }
     /// A row was claimed.
     fn claimed(&mut self, _claim: &Claim) {}
@@ -127,7 +169,6 @@ impl ClaimPolicy for OldestFirst {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     #[test]
     fn oldest_first_asks_exactly_the_capacities() {
@@ -144,6 +185,7 @@ mod tests {
             id,
             stage: stage.into(),
             sender_key: sender.into(),
+            tenant_key: String::new(),
             token: 1,
             claimed_at: Instant::now(),
         };

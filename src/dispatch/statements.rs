@@ -12,7 +12,7 @@ use postgres::types::Type;
 use super::claim::Claim;
 use super::events::Event;
 use super::floors::{self, Starts};
-use super::scheduler::ClaimRequest;
+use super::scheduler::{ClaimRequest, Window};
 use crate::db::pool::Connection;
 use crate::db::{self, sql};
 use crate::escape::Visible;
@@ -84,6 +84,18 @@ pub fn claim(
                     Type::INT8_ARRAY,
                     Type::BOOL_ARRAY,
                     Type::INT8_ARRAY,
+                    Type::FLOAT8_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::FLOAT8_ARRAY,
+                    Type::FLOAT8_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::INT4_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::INT4_ARRAY,
                 ],
                 &[
                     &stages,
@@ -98,6 +110,18 @@ pub fn claim(
                     floors,
                     &starts.walks,
                     &starts.sweeps,
+                    &fair.lead_w,
+                    &fair.tlead_stage,
+                    &fair.tlead_tenant,
+                    &fair.tlead_us,
+                    &fair.tlead_w,
+                    &fair.tcur_stage,
+                    &fair.tcur_tenant,
+                    &fair.tcur_sender,
+                    &fair.allow_default,
+                    &fair.allow_stage,
+                    &fair.allow_tenant,
+                    &fair.allow_n,
                 ],
             )
         })?,
@@ -117,7 +141,7 @@ pub fn claim(
         }
         ClaimRequest::Fair(_) => rows
             .iter()
-            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
+            .filter(|r| stage_row(r))
             .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(7))))
             .collect(),
     };
@@ -137,17 +161,20 @@ pub fn claim(
         .filter(|r| r.get::<_, Option<bool>>(5) != Some(true))
         .collect();
     // A fair claim answers one row per requested stage with no id: where that stage's
-    // sender window ended. (A claim of nothing at all answers one row of NULLs.)
+    // window of tenants ended; and one per tenant whose walk of its senders stopped
+    // short or had a start, with the tenant. (A claim of nothing at all answers one
+    // row of NULLs.)
     let windows = match request {
         ClaimRequest::Oldest(_) => Vec::new(),
         ClaimRequest::Fair(_) => rows
             .iter()
             .filter(|r| r.get::<_, Option<i64>>(0).is_none())
             .filter_map(|r| {
-                Some((
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, Option<String>>(6),
-                ))
+                Some(Window {
+                    stage: r.get::<_, Option<String>>(1)?,
+                    tenant: r.get::<_, Option<String>>(9),
+                    end: r.get::<_, Option<String>>(6),
+                })
             })
             .collect(),
     };
@@ -155,7 +182,7 @@ pub fn claim(
         ClaimRequest::Oldest(_) => Vec::new(),
         ClaimRequest::Fair(_) => rows
             .iter()
-            .filter(|r| r.get::<_, Option<i64>>(0).is_none())
+            .filter(|r| stage_row(r))
             .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(8))))
             .collect(),
     };
@@ -167,6 +194,7 @@ pub fn claim(
                 id: r.get::<_, Option<i64>>(0)?,
                 stage: r.get(1),
                 sender_key: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                tenant_key: tenant(r),
                 token: r.get(3),
                 claimed_at,
             })
@@ -180,4 +208,20 @@ pub fn claim(
         sweeps,
         took,
     })
+}
+
+/// A fair claim's row for a stage: no id and no tenant (a tenant's row is where its
+/// senders' walk ended).
+fn stage_row(r: &postgres::Row) -> bool {
+    r.get::<_, Option<i64>>(0).is_none() && r.get::<_, Option<String>>(9).is_none()
+}
+
+/// A claimed row's tenant: the fair claim's tenth column; the oldest-first claim has
+/// none (its policy shares nothing between tenants).
+fn tenant(r: &postgres::Row) -> String {
+    if r.len() > 9 {
+        r.get::<_, Option<String>>(9).unwrap_or_default()
+    } else {
+        String::new()
+    }
 }

@@ -255,6 +255,7 @@ mod tests {
             id,
             stage: "s".into(),
             sender_key: "from:x".into(),
+            tenant_key: String::new(),
             token: 1,
             claimed_at: Instant::now(),
         }

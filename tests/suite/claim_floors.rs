@@ -66,6 +66,18 @@ fn claim_fair_walking(
                 &vec![floor],
                 &walk.map(|w| vec![w]),
                 &None::<Vec<i64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
             ],
         )
         .unwrap();
@@ -186,10 +198,10 @@ fn the_claims_plans_stay_on_the_pending_indexes_after_the_table_was_emptied_vacu
     let plans = nested_plans(&db, &script);
     assert_eq!(
         plans.matches("WITH RECURSIVE walk").count(),
-        6,
-        "every call's nested statements are logged (the senders' walk of both stages \
-         without floors and of `a` from its floor, twice; `b` has fewer than 512 rows \
-         from its floor):\n{plans}"
+        12,
+        "every call's nested statements are logged (the walk of the tenants and the \
+         one of each tenant's senders, at both stages without floors and at `a` from its \
+         floor, twice; `b` has fewer than 512 rows from its floor):\n{plans}"
     );
     assert_eq!(
         plans.matches("array_agg(x.workqueue_id").count(),
@@ -197,7 +209,7 @@ fn the_claims_plans_stay_on_the_pending_indexes_after_the_table_was_emptied_vacu
         "the rows from the floor, read where the first 65 do not fit the cap:\n{plans}"
     );
     assert!(plans.contains("workqueue_pending_idx"), "{plans}");
-    assert!(plans.contains("workqueue_pending_sender_idx"), "{plans}");
+    assert!(plans.contains("workqueue_pending_tenant_idx"), "{plans}");
     assert!(plans.contains("workqueue_paused_idx"), "{plans}");
     assert!(!plans.contains("Bitmap Heap Scan on workqueue"), "{plans}");
     // No sequential scan (checked there too), and no node reads more than the senders'

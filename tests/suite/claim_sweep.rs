@@ -66,6 +66,11 @@ fn claim(c: &mut impl GenericClient, ask: &Ask) -> Took {
     let lead_us: Vec<f64> = (0..ask.senders)
         .map(|s| if ask.behind.contains(&s) { 1e12 } else { 0.0 })
         .collect();
+    // Each sender is alone in its tenant (its domain), which knows the same lead.
+    let lead_tenant: Vec<String> = (0..ask.senders)
+        .map(|s| format!("domain:x{s}.example"))
+        .collect();
+    let weights: Vec<f64> = lead_us.iter().map(|_| 1.0).collect();
     let rows = c
         .query(
             sql::CLAIM_FAIR,
@@ -82,6 +87,18 @@ fn claim(c: &mut impl GenericClient, ask: &Ask) -> Took {
                 &vec![ask.floor],
                 &vec![false],
                 &vec![ask.sweep],
+                &weights,
+                &lead_stage,
+                &lead_tenant,
+                &lead_us,
+                &weights,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
             ],
         )
         .unwrap();

@@ -111,6 +111,16 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
     let lead_stage: Vec<String> = leads.iter().map(|l| l.0.to_string()).collect();
     let lead_sender: Vec<String> = leads.iter().map(|l| l.1.to_string()).collect();
     let lead_us: Vec<f64> = leads.iter().map(|l| l.2).collect();
+    // Each known sender's tenant knows the same lead, as the dispatcher charges both
+    // (these tests' senders are alone in their tenants).
+    let tlead_tenant: Vec<String> = lead_sender
+        .iter()
+        .map(|s| {
+            let row = c.query_one("SELECT pepsi.tenant_of($1)", &[s]).unwrap();
+            row.get(0)
+        })
+        .collect();
+    let weights: Vec<f64> = leads.iter().map(|_| 1.0).collect();
     let rows = c
         .query(
             sql::CLAIM_FAIR,
@@ -127,6 +137,18 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
                 &None::<Vec<i64>>,
                 &None::<Vec<bool>>,
                 &None::<Vec<i64>>,
+                &weights,
+                &lead_stage,
+                &tlead_tenant,
+                &lead_us,
+                &weights,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<i32>>,
             ],
         )
         .unwrap();
@@ -156,7 +178,8 @@ fn claim_fair(c: &mut impl GenericClient, asks: &[Ask], leads: &[Lead], max_hops
                 })
             }
             None => {
-                if let Some(stage) = r.get::<_, Option<String>>(1) {
+                let tenant: Option<String> = r.get(9);
+                if let (Some(stage), None) = (r.get::<_, Option<String>>(1), tenant) {
                     answer.ends.push((stage, r.get(6)));
                 }
             }
@@ -198,6 +221,12 @@ fn key(from: &str) -> String {
     format!("from:{}", from.split_once('@').unwrap().1)
 }
 
+/// The default tenant of an address's sender key, for these tests' two-label domains
+/// (`pepsi.tenant_default`): the windows walk tenants.
+fn tenant(from: &str) -> String {
+    format!("domain:{}", from.split_once('@').unwrap().1)
+}
+
 fn status(c: &mut Client, id: i64) -> String {
     c.query_one(
         "SELECT status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
@@ -236,7 +265,7 @@ fn the_fair_claim_never_takes_more_than_the_cap() {
     }
     // 100 senders fill the window of 64: it ends at the 64th; `b`, asked for nothing,
     // keeps its cursor.
-    assert_eq!(answer.end("a"), Some(key(&senders[63])));
+    assert_eq!(answer.end("a"), Some(tenant(&senders[63])));
     assert_eq!(answer.end("b"), None);
     assert_eq!(answer.returned, 7 + 2);
     // FIFO slots beyond the cap are still within the cap.
@@ -364,9 +393,9 @@ fn the_window_of_senders_rotates_until_every_sender_was_served() {
     assert_eq!(
         ends,
         vec![
-            Some(key(&senders[63])),
-            Some(key(&senders[127])),
-            Some(key(&senders[191])),
+            Some(tenant(&senders[63])),
+            Some(tenant(&senders[127])),
+            Some(tenant(&senders[191])),
             None
         ]
     );
@@ -380,7 +409,7 @@ fn the_window_of_senders_rotates_until_every_sender_was_served() {
     }
     let answer = claim_fair(
         &mut c,
-        &[ask("w", 100).cursor(Some(key(&senders[40])))],
+        &[ask("w", 100).cursor(Some(tenant(&senders[40])))],
         &[],
         MAX_HOPS,
     );
@@ -391,7 +420,7 @@ fn the_window_of_senders_rotates_until_every_sender_was_served() {
         .map(|s| key(s))
         .collect();
     assert_eq!(got, want);
-    assert_eq!(answer.end("w"), Some(key(&senders[34])));
+    assert_eq!(answer.end("w"), Some(tenant(&senders[34])));
     let answer = claim_fair(
         &mut c,
         &[ask("w", 100).cursor(answer.end("w"))],
@@ -420,7 +449,7 @@ fn a_stage_with_no_more_rows_than_fit_is_claimed_whole_as_the_ranking_would() {
     let mut tx = c.transaction().unwrap();
     let answer = claim_fair(
         &mut tx,
-        &[ask("a", 15).fifo(2).cursor(Some(key(&senders[2])))],
+        &[ask("a", 15).fifo(2).cursor(Some(tenant(&senders[2])))],
         &[("a", &ahead, 1e9)],
         MAX_HOPS,
     );
@@ -694,12 +723,19 @@ fn upgrading_from_schema_3_keeps_rows_in_flight_and_adds_the_fair_claim() {
 }
 
 /// A psql script: [`sql::CLAIM_FAIR`] prepared as `fair`, then `n` calls with `args`
-/// (its twelve parameters as SQL literals), each in a transaction rolled back.
+/// (its first twelve parameters as SQL literals, the tenants' eight NULL), each in a
+/// transaction rolled back.
 fn prepared_calls(args: &str, n: usize) -> String {
     format!(
-        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, int8[], bool[], int8[]) AS {};\n",
+        "PREPARE fair(text[], int4[], int4[], float8[], text[], text[], text[], float8[], int4, \
+         int8[], bool[], int8[], float8[], text[], text[], float8[], float8[], text[], text[], \
+         text[], int4[], text[], text[], int4[]) AS {};\n",
         sql::CLAIM_FAIR
-    ) + &format!("BEGIN;\nEXECUTE fair({args});\nROLLBACK;\n").repeat(n)
+    ) + &format!(
+        "BEGIN;\nEXECUTE fair({args}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+         NULL, NULL);\nROLLBACK;\n"
+    )
+    .repeat(n)
 }
 
 /// The plan lines of every statement `auto_explain` logged while `psql` ran `calls`
@@ -860,7 +896,7 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     let pages = 3.0 * most;
     let index_pages: i64 = c
         .query_one(
-            "SELECT least(pg_relation_size('pepsi.workqueue_pending_sender_idx'), \
+            "SELECT least(pg_relation_size('pepsi.workqueue_pending_tenant_idx'), \
                           pg_relation_size('pepsi.workqueue_pending_idx')) / 8192",
             &[],
         )
@@ -882,30 +918,37 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
             c.batch_execute("ANALYZE pepsi.workqueue").unwrap();
         }
         let plans = nested_plans(&db, &call);
-        assert_eq!(
-            plans.matches("WITH RECURSIVE walk").count(),
-            7,
-            "{when}: every call's nested statements are logged:\n{plans}"
-        );
-        assert!(plans.contains("workqueue_pending_sender_idx"), "{plans}");
+        for walk in ["WITH RECURSIVE walk(key", "WITH RECURSIVE walk(i"] {
+            assert_eq!(
+                plans.matches(walk).count(),
+                7,
+                "{when}: every call's nested statements are logged ({walk}):\n{plans}"
+            );
+        }
+        assert!(plans.contains("workqueue_pending_tenant_idx"), "{plans}");
         assert!(plans.contains("workqueue_pending_idx"), "{plans}");
         assert_reads_at_most(&plans, most, pages, when);
-        // One probe per sender: 51 found, one that finds no more, one for the first
-        // sender (the wrap; the NULL cursor's own probe reads nothing).
-        for walk in plans
-            .split("Query Text: ")
-            .filter(|b| b.starts_with("WITH RECURSIVE walk"))
-        {
-            let probes: f64 = walk
-                .lines()
-                .filter(|l| l.contains("Scan using workqueue_pending_sender_idx"))
-                .filter_map(|l| l.split("loops=").nth(1))
-                .filter_map(|n| n.trim_end_matches(')').parse::<f64>().ok())
-                .sum();
-            assert!(
-                probes <= senders + 2.0,
-                "{when}: {probes} probes for {senders} senders:\n{walk}"
-            );
+        // The tenants' walk: one probe per tenant (each sender is alone in its
+        // tenant here), 51 found, one that finds no more, one for the first (the
+        // wrap; the NULL cursor's own probe reads nothing). Each tenant's walk of its
+        // senders: three probes at most (its NULL cursor's, its first sender, one
+        // that finds no more).
+        for (walk, most) in [
+            ("WITH RECURSIVE walk(key", senders + 2.0),
+            ("WITH RECURSIVE walk(i", 3.0 * senders),
+        ] {
+            for plan in plans.split("Query Text: ").filter(|b| b.starts_with(walk)) {
+                let probes: f64 = plan
+                    .lines()
+                    .filter(|l| l.contains("Scan using workqueue_pending_tenant_idx"))
+                    .filter_map(|l| l.split("loops=").nth(1))
+                    .filter_map(|n| n.trim_end_matches(')').parse::<f64>().ok())
+                    .sum();
+                assert!(
+                    probes <= most,
+                    "{when}: {probes} probes for {senders} senders:\n{plan}"
+                );
+            }
         }
         if when == "a fresh burst" {
             // One call's plans, for the record (`--nocapture`).
@@ -1031,4 +1074,86 @@ fn senders_whose_keys_differ_only_by_hostile_characters_are_not_one_sender() {
         assert!(answer.ids().contains(id), "row {id} ranked in: {answer:?}");
     }
     assert_eq!(answer.rows.len(), 16);
+}
+
+/// The rows a fair claim of `cap` at stage `a` takes, under the allowances `default`
+/// (a tenant not listed) and `listed` (tenant, rows), rolled back.
+fn claimed_under_rates(
+    c: &mut Client,
+    cap: i32,
+    default: Option<i32>,
+    listed: &[(&str, i32)],
+) -> Vec<(i64, String)> {
+    let stages = vec!["a".to_string()];
+    let mut tx = c.transaction().unwrap();
+    let rows = tx
+        .query(
+            sql::CLAIM_FAIR,
+            &[
+                &stages,
+                &vec![cap],
+                &vec![4i32],
+                &vec![1000.0f64],
+                &vec![None::<String>],
+                &Vec::<String>::new(),
+                &Vec::<String>::new(),
+                &Vec::<f64>::new(),
+                &MAX_HOPS,
+                &None::<Vec<i64>>,
+                &None::<Vec<bool>>,
+                &None::<Vec<i64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<f64>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &None::<Vec<String>>,
+                &vec![default],
+                &listed.iter().map(|_| "a").collect::<Vec<_>>(),
+                &listed.iter().map(|l| l.0).collect::<Vec<_>>(),
+                &listed.iter().map(|l| l.1).collect::<Vec<_>>(),
+            ],
+        )
+        .unwrap();
+    tx.rollback().unwrap();
+    rows.iter()
+        .filter_map(|r| Some((r.get::<_, Option<i64>>(0)?, r.get::<_, String>(9))))
+        .collect()
+}
+
+#[test]
+fn a_rate_holds_each_tenant_of_the_window_to_its_allowance_whatever_the_path() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // A small stage (its rows fit the cap: claimed whole without a rate) and one sender
+    // per tenant; the oldest rows are the throttled tenant's.
+    add(&mut c, "a", "x@throttled.example", 5);
+    add(&mut c, "a", "x@two.example", 5);
+    add(&mut c, "a", "x@free.example", 5);
+    let count = |rows: &[(i64, String)], t: &str| rows.iter().filter(|r| r.1 == t).count();
+    let unlimited = claimed_under_rates(&mut c, 16, None, &[]);
+    assert_eq!(unlimited.len(), 15);
+    let rows = claimed_under_rates(
+        &mut c,
+        16,
+        None,
+        &[("domain:throttled.example", 0), ("domain:two.example", 2)],
+    );
+    assert_eq!(count(&rows, "domain:throttled.example"), 0, "{rows:?}");
+    assert_eq!(count(&rows, "domain:two.example"), 2, "{rows:?}");
+    assert_eq!(count(&rows, "domain:free.example"), 5, "{rows:?}");
+    // A stage RATE's burst for every tenant not listed.
+    let rows = claimed_under_rates(&mut c, 16, Some(3), &[("domain:two.example", 1)]);
+    assert_eq!(count(&rows, "domain:throttled.example"), 3, "{rows:?}");
+    assert_eq!(count(&rows, "domain:two.example"), 1, "{rows:?}");
+    assert_eq!(count(&rows, "domain:free.example"), 3, "{rows:?}");
+    // One tenant deep (the one-sender path without a rate): held all the same.
+    c.batch_execute("DELETE FROM pepsi.workqueue").unwrap();
+    add(&mut c, "a", "x@deep.example", 200);
+    assert_eq!(claimed_under_rates(&mut c, 16, None, &[]).len(), 16);
+    let rows = claimed_under_rates(&mut c, 16, None, &[("domain:deep.example", 4)]);
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(claimed_under_rates(&mut c, 16, None, &[("domain:deep.example", 0)]).is_empty());
 }

@@ -22,6 +22,7 @@ mod durability;
 mod exec_reports;
 mod fair;
 mod fair_sql;
+mod fair_tenants;
 mod foundation;
 mod fused_relay;
 mod guarantees;

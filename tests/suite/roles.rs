@@ -512,6 +512,18 @@ fn the_dispatcher_cannot_write_the_overlay_or_the_settings_nor_read_message_cont
                 (&None::<Vec<i64>>, Type::INT8_ARRAY),
                 (&None::<Vec<bool>>, Type::BOOL_ARRAY),
                 (&None::<Vec<i64>>, Type::INT8_ARRAY),
+                (&None::<Vec<f64>>, Type::FLOAT8_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<f64>>, Type::FLOAT8_ARRAY),
+                (&None::<Vec<f64>>, Type::FLOAT8_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<i32>>, Type::INT4_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<String>>, Type::TEXT_ARRAY),
+                (&None::<Vec<i32>>, Type::INT4_ARRAY),
             ],
         )
         .unwrap();

@@ -318,7 +318,8 @@ fn a_value_the_stage_refuses_or_a_key_it_keeps_to_itself_is_refused_with_nothing
     expect(&out, 64);
     assert_has!(
         stderr(&out),
-        "unknown command \"frob\" (list, get, set, unset, export, import)"
+        "unknown command \"frob\" (list, get, set, unset, export, import, weight, rate, \
+         weights, tenant, tenants, tenant-of)"
     );
     assert_has!(stderr(&out), "usage: pepsi-settings [GLOBAL OPTIONS]");
     expect(&settings(&s.conf, &["set", "bob@b.example", "route"]), 64);

@@ -16,11 +16,14 @@ use crate::queue::args::Input;
 use crate::queue::args::options::{Arg, Args, text, unexpected, usage};
 use crate::worker::settings::SettingRow;
 
+use super::fairness;
+
 /// The commands, as an unknown one lists them.
-pub const COMMANDS: &str = "list, get, set, unset, export, import";
+pub const COMMANDS: &str =
+    "list, get, set, unset, export, import, weight, rate, weights, tenant, tenants, tenant-of";
 
 /// A checked `pepsi-settings` command.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     /// `list [ADDRESS] [--stage S] [--json]`.
     List {
@@ -59,6 +62,66 @@ pub enum Command {
         /// are merged into it).
         replace: bool,
     },
+    /// `weight PATTERN WEIGHT` (`Some`) or `weight --unset PATTERN` (`None`).
+    Weight {
+        /// The tenant-key or sender-key pattern, checked.
+        pattern: String,
+        /// The weight, checked.
+        weight: Option<f64>,
+    },
+    /// `rate PATTERN N/s|N/min|N/h` (`Some`, messages a second) or `rate --unset
+    /// PATTERN` (`None`).
+    Rate {
+        /// The tenant-key pattern, checked.
+        pattern: String,
+        /// The rate, checked.
+        rate: Option<f64>,
+    },
+    /// `tenant PATTERN NAME` (`Some`) or `tenant --unset PATTERN` (`None`).
+    Tenant {
+        /// The sender-key pattern, checked.
+        pattern: String,
+        /// The tenant's name, checked.
+        name: Option<String>,
+    },
+    /// `weights [--json]` (`tenants` false) or `tenants [--json]`.
+    Fairness {
+        /// `tenants` rather than `weights`.
+        tenants: bool,
+        /// `--json`.
+        json: bool,
+    },
+    /// `tenant-of SENDER_KEY`.
+    TenantOf {
+        /// The sender key.
+        key: String,
+    },
+}
+
+/// `weight` or `tenant`: `PATTERN VALUE` or `--unset PATTERN`, both checked.
+fn pattern_and<T>(
+    command: &str,
+    args: &mut Args,
+    value: impl Fn(&str, &str) -> Result<T, Failure>,
+) -> Result<(String, Option<T>), Failure> {
+    let mut unset = false;
+    let given = given(command, args, |flag, _| {
+        unset |= flag == "--unset";
+        Ok(flag == "--unset")
+    })?;
+    no_json(command, &given)?;
+    match (&given.operands[..], unset) {
+        ([p], true) => Ok((fairness::pattern(command, p)?, None)),
+        ([p, v], false) => Ok((fairness::pattern(command, p)?, Some(value(command, v)?))),
+        _ => Err(usage(format!(
+            "{command} needs PATTERN {} (or --unset PATTERN)",
+            match command {
+                "weight" => "WEIGHT",
+                "rate" => "N/s|N/min|N/h",
+                _ => "NAME",
+            }
+        ))),
+    }
 }
 
 /// The operands and the flags a command was given, after its own options were taken.
@@ -203,6 +266,38 @@ pub fn parse(rest: Vec<OsString>) -> Result<Command, Failure> {
                 Some(f) => Input::File(PathBuf::from(f)),
             };
             Ok(Command::Import { input, replace })
+        }
+        "weight" => {
+            let (pattern, weight) = pattern_and("weight", &mut args, fairness::weight)?;
+            Ok(Command::Weight { pattern, weight })
+        }
+        "rate" => {
+            let (pattern, rate) = pattern_and("rate", &mut args, fairness::rate)?;
+            Ok(Command::Rate { pattern, rate })
+        }
+        "tenant" => {
+            let (pattern, name) = pattern_and("tenant", &mut args, fairness::tenant_name)?;
+            Ok(Command::Tenant { pattern, name })
+        }
+        "weights" | "tenants" => {
+            let given = given(&command, &mut args, no_options)?;
+            if let Some(extra) = given.operands.first() {
+                return Err(usage(format!("{command}: unexpected argument {extra:?}")));
+            }
+            Ok(Command::Fairness {
+                tenants: command == "tenants",
+                json: given.json,
+            })
+        }
+        "tenant-of" => {
+            let given = given("tenant-of", &mut args, no_options)?;
+            no_json("tenant-of", &given)?;
+            match &given.operands[..] {
+                [key] => Ok(Command::TenantOf { key: key.clone() }),
+                _ => Err(usage(
+                    "tenant-of needs SENDER_KEY (from:DOMAIN, ip:ADDRESS, user:LOGIN …)",
+                )),
+            }
         }
         other => Err(usage(format!(
             "settings: unknown command {other:?} ({COMMANDS})"

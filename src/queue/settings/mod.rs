@@ -17,6 +17,7 @@
 //! are `pepsi-queue`'s; it must not print anything itself.
 
 pub mod args;
+pub mod fairness;
 pub mod import;
 pub mod judge;
 pub mod line;
@@ -49,7 +50,20 @@ pub const PROGRAM: Program = Program {
             export                         every setting, one a line: ADDRESS, STAGE, KEY, VALUE \
             separated by TABs, escaped (\\\\ \\t \\n \\r \\u{X})\n  \
             import [--replace] FILE|-      check every line, then write them all or nothing (merged \
-            into the table; --replace makes the table exactly the file)\n\
+            into the table; --replace makes the table exactly the file)\n  \
+            weight PATTERN WEIGHT          a tenant's or sender's fair share, 0.01 to 100 (default \
+            1); the dispatcher reads it at once\n  \
+            weight --unset PATTERN         remove a weight\n  \
+            rate PATTERN N/s|N/min|N/h     the most messages a second each tenant matching PATTERN \
+            may start at each stage\n  \
+            rate --unset PATTERN           remove a rate\n  \
+            weights                        the weights and rates, one a line: PATTERN, WEIGHT, \
+            RATE (- for none), when set\n  \
+            tenant PATTERN NAME            senders whose key matches PATTERN (* any characters) \
+            share one tenant, NAME\n  \
+            tenant --unset PATTERN         those senders belong to their default tenants again\n  \
+            tenants                        the named tenants, one a line: PATTERN, tenant:NAME, when set\n  \
+            tenant-of SENDER_KEY           the tenant a sender key belongs to\n\
             A write applies from each address's next message; nothing restarts or reloads.\n\
             Exit status: 0 done; 64 usage; 65 bad data (a malformed address, a value longer than \
             8192 bytes, an import line that is no setting, a setting to unset that does not exist); \
@@ -123,5 +137,12 @@ pub fn run(globals: &Globals, rest: Vec<OsString>) -> Result<(), Failure> {
             let (lines, name) = import.unwrap_or_default();
             write::import(&mut session, &lines, replace, &name)
         }
+        Command::Weight { pattern, weight } => fairness::set_weight(&mut session, &pattern, weight),
+        Command::Rate { pattern, rate } => fairness::set_rate(&mut session, &pattern, rate),
+        Command::Tenant { pattern, name } => {
+            fairness::set_tenant(&mut session, &pattern, name.as_deref())
+        }
+        Command::Fairness { tenants, json } => fairness::list(&mut session, tenants, json),
+        Command::TenantOf { key } => fairness::tenant_of(&mut session, &key),
     }
 }
