@@ -38,8 +38,15 @@
 -- and senders it knows; one it does not know is level with the least-served and
 -- weighs 1.
 --
--- Weights: pepsi.fair_weights, a weight per tenant-key or sender-key pattern, read by
--- the dispatcher at start and reload, written by pepsi-settings.
+-- Weights and rates: pepsi.fair_weights, a weight per tenant-key or sender-key pattern
+-- and a rate per tenant-key pattern, read by the dispatcher at start and reload,
+-- written by pepsi-settings. The rates are the dispatcher's (a GCRA in its memory):
+-- the claim takes per stage the rows each tenant may take now, and a stage with any
+-- limit goes through the ranking alone (no FIFO slots, no stage taken whole, no
+-- one-sender path), which stops each tenant of its window there.
+--
+-- Seen: pepsi.tenant_shares, what each tenant got at each stage over the last minute,
+-- written by the dispatcher, read by pepsi-queue status and metrics.
 
 -- The tables an operator writes.
 CREATE TABLE pepsi.tenants (
@@ -89,6 +96,33 @@ COMMENT ON COLUMN pepsi.fair_weights.rate IS
     '"Rates"); ignored for sender-key patterns.';
 COMMENT ON COLUMN pepsi.fair_weights.changed IS 'When the row was last written.';
 COMMENT ON INDEX pepsi.fair_weights_pkey IS 'One weight per pattern.';
+
+-- What each tenant got at each stage over the last minute, as the dispatcher last
+-- wrote it (SPEC §7 "Seen"): pepsi-queue status and metrics read it.
+CREATE TABLE pepsi.tenant_shares (
+    stage text NOT NULL,
+    tenant text NOT NULL,
+    worker_us bigint NOT NULL CHECK (worker_us >= 0),
+    messages bigint NOT NULL CHECK (messages >= 0),
+    throttled_us bigint NOT NULL CHECK (throttled_us >= 0),
+    weight float8 NOT NULL,
+    updated timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (stage, tenant)
+);
+
+COMMENT ON TABLE pepsi.tenant_shares IS
+    'Per stage and tenant, what the tenant got over the last minute (SPEC §7 "Seen"), '
+    'the busiest 1,000 tenants of each stage, replaced by the dispatcher at every '
+    'statistics tick (a row older than two minutes is stale).';
+COMMENT ON COLUMN pepsi.tenant_shares.stage IS 'The stage.';
+COMMENT ON COLUMN pepsi.tenant_shares.tenant IS 'The tenant key (pepsi.workqueue.tenant_key).';
+COMMENT ON COLUMN pepsi.tenant_shares.worker_us IS 'Worker time its messages took, µs.';
+COMMENT ON COLUMN pepsi.tenant_shares.messages IS 'Messages of it that ran.';
+COMMENT ON COLUMN pepsi.tenant_shares.throttled_us IS
+    'Time a rate held it back while the stage claimed, µs.';
+COMMENT ON COLUMN pepsi.tenant_shares.weight IS 'Its weight (pepsi.fair_weights) then.';
+COMMENT ON COLUMN pepsi.tenant_shares.updated IS 'When the dispatcher wrote the row.';
+COMMENT ON INDEX pepsi.tenant_shares_pkey IS 'One row per stage and tenant.';
 
 -- A pattern as LIKE reads it: \, % and _ literal, * any characters.
 CREATE FUNCTION pepsi.pattern_like(p_pattern text)
@@ -907,6 +941,11 @@ INSERT INTO pepsi.role_grants (role, privilege, object) VALUES
     ('pepsi_dispatch', 'SELECT (workqueue_id, stage, status, timeout, sender_key, claim, tenant_key)',
      'TABLE pepsi.workqueue'),
     ('pepsi_dispatch', 'SELECT', 'TABLE pepsi.fair_weights'),
+    ('pepsi_dispatch', 'SELECT', 'TABLE pepsi.tenant_shares'),
+    ('pepsi_dispatch', 'INSERT', 'TABLE pepsi.tenant_shares'),
+    ('pepsi_dispatch', 'UPDATE', 'TABLE pepsi.tenant_shares'),
+    ('pepsi_dispatch', 'DELETE', 'TABLE pepsi.tenant_shares'),
+    ('pepsi_admin', 'SELECT', 'TABLE pepsi.tenant_shares'),
     ('pepsi_admin', 'SELECT', 'TABLE pepsi.tenants'),
     ('pepsi_admin', 'INSERT', 'TABLE pepsi.tenants'),
     ('pepsi_admin', 'UPDATE', 'TABLE pepsi.tenants'),

@@ -69,6 +69,22 @@ pub const READ_CONFIG_OVERRIDE: &str =
 pub const READ_FAIR_WEIGHTS: &str =
     "SELECT w.pattern, w.weight, w.rate FROM pepsi.fair_weights w ORDER BY w.pattern";
 
+/// What each tenant got at each stage over the last minute (`pepsi.tenant_shares`,
+/// schema 25), replacing the table's rows: $1 stages, $2 tenants (text[]), $3 worker
+/// µs, $4 messages, $5 µs throttled (int8[]), $6 weights (float8[]), parallel. Rows of
+/// tenants not given are deleted. The dispatcher's thread pool, at statistics ticks.
+pub const WRITE_TENANT_SHARES: &str = "WITH up AS ( \
+         INSERT INTO pepsi.tenant_shares AS t \
+             (stage, tenant, worker_us, messages, throttled_us, weight) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \
+                              $6::float8[]) \
+         ON CONFLICT (stage, tenant) DO UPDATE SET worker_us = EXCLUDED.worker_us, \
+             messages = EXCLUDED.messages, throttled_us = EXCLUDED.throttled_us, \
+             weight = EXCLUDED.weight, updated = now()) \
+     DELETE FROM pepsi.tenant_shares t \
+      WHERE NOT EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS u(stage, tenant) \
+                         WHERE u.stage = t.stage AND u.tenant = t.tenant)";
+
 /// The per-address settings outside the allowed (stage, key) pairs, for
 /// `pepsi-dispatch check`: $1 stages (text[]) and $2 keys (text[]), pairwise the keys
 /// each stage section lets a per-address setting override. Rows of stages without a
@@ -482,6 +498,34 @@ pub const QUEUE_SHAPE_BY_KEY: &str = "WITH m AS ( \
      SELECT c.total, c.key, c.bucket, c.n, c.rank::int8, c.keys::int8 \
        FROM counted c WHERE c.total OR c.rank <= $5::int8 \
       ORDER BY c.total DESC, c.rank, c.bucket";
+
+/// How many tenants wait at each of some stages (§7 "Seen"): $1 stages (text[]), $2
+/// the most counted (int4). A loose index scan of the pending tenant index per stage,
+/// one probe per tenant. Returns (stage, tenants (int8)). Reads only.
+pub const QUEUE_TENANTS_WAITING: &str = "SELECT s.stage, ( \
+         WITH RECURSIVE t(key, n) AS ( \
+             SELECT (SELECT q.tenant_key FROM pepsi.workqueue q \
+                      WHERE q.stage = s.stage AND q.status = 'pending' \
+                      ORDER BY q.tenant_key LIMIT 1), 1 \
+           UNION ALL \
+             SELECT (SELECT q.tenant_key FROM pepsi.workqueue q \
+                      WHERE q.stage = s.stage AND q.status = 'pending' AND q.tenant_key > t.key \
+                      ORDER BY q.tenant_key LIMIT 1), t.n + 1 \
+               FROM t WHERE t.key IS NOT NULL AND t.n < $2::int4) \
+         SELECT count(*) FROM t WHERE t.key IS NOT NULL) \
+       FROM unnest($1::text[]) AS s(stage)";
+
+/// What each tenant got at each stage over the last minute, as the dispatcher wrote it
+/// within the last two minutes (`pepsi.tenant_shares`, schema 25), and whether it
+/// waits there now. No parameters. Returns (stage, tenant, worker µs, messages, µs
+/// throttled (int8), weight (float8), waiting (bool)), by stage and most worker time.
+/// Reads only.
+pub const QUEUE_TENANT_SHARES: &str = "SELECT t.stage, t.tenant, t.worker_us, t.messages, \
+            t.throttled_us, t.weight, \
+            EXISTS (SELECT 1 FROM pepsi.workqueue q WHERE q.stage = t.stage \
+                       AND q.status = 'pending' AND q.tenant_key = t.tenant) \
+       FROM pepsi.tenant_shares t WHERE t.updated > now() - interval '2 minutes' \
+      ORDER BY t.stage, t.worker_us DESC, t.tenant";
 
 /// The events stages counted (`pepsi.stage_events`, schema 20). No parameters.
 /// Returns (stage, event, count (int8)), by stage and event.

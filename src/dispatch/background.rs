@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use postgres::types::Type;
 
 use super::events::{Event, EventSender, ReloadFile, ReloadInput};
+use super::shares::Share;
 use super::stats::{self, Deltas};
 use crate::config::Config;
 use crate::db::pool::Pool;
@@ -42,6 +43,8 @@ pub enum Job {
     Horizon,
     /// The delivery history's upkeep, keeping this many days.
     History(i32),
+    /// What each tenant got at each stage over the last minute (§7 "Seen").
+    Shares(Vec<Share>),
 }
 
 /// Starts the pool; jobs sent to the returned sender run in order of arrival.
@@ -89,7 +92,8 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
                 Job::Horizon => {
                     events.send(Event::Horizon(Err(e.message)));
                 }
-                Job::UnknownStages(_) | Job::InjectStages(_) | Job::History(_) => {}
+                Job::UnknownStages(_) | Job::InjectStages(_) | Job::History(_) | Job::Shares(_) => {
+                }
             }
             return;
         }
@@ -148,6 +152,27 @@ fn run(pool: &Pool, events: &EventSender, job: Job) {
         }
         // Hourly and idempotent: a failure waits for the next hour (partitions are
         // made two days ahead; rows meanwhile go to the default partition).
+        // Best effort, as the statistics: the next tick writes the figures again.
+        Job::Shares(list) => {
+            let col = |f: fn(&Share) -> i64| list.iter().map(f).collect::<Vec<i64>>();
+            let stages: Vec<&str> = list.iter().map(|s| s.stage.as_str()).collect();
+            let tenants: Vec<&str> = list.iter().map(|s| s.tenant.as_str()).collect();
+            let weights: Vec<f64> = list.iter().map(|s| s.weight).collect();
+            let written = conn.query_typed(
+                sql::WRITE_TENANT_SHARES,
+                &[
+                    (&stages, Type::TEXT_ARRAY),
+                    (&tenants, Type::TEXT_ARRAY),
+                    (&col(|s| s.worker_us), Type::INT8_ARRAY),
+                    (&col(|s| s.messages), Type::INT8_ARRAY),
+                    (&col(|s| s.throttled_us), Type::INT8_ARRAY),
+                    (&weights, Type::FLOAT8_ARRAY),
+                ],
+            );
+            if let Err(e) = written {
+                log::warn!("cannot write the tenants' shares: {}", db::describe(&e));
+            }
+        }
         Job::History(days) => match conn
             .query_typed_one(sql::HISTORY_MAINTAIN, &[(&days, Type::INT4)])
         {
@@ -192,6 +217,7 @@ fn name(job: &Job) -> &'static str {
         Job::UnknownStages(_) => "unknown-stage count",
         Job::InjectStages(_) => "entry stages",
         Job::Horizon => "oldest snapshot",
+        Job::Shares(_) => "tenant shares",
     }
 }
 

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use super::claim::Claim;
 use super::rates::Rates;
 use super::scheduler::{ClaimPolicy, ClaimRequest, FairRequest, Served, Window};
+use super::shares::{Share, Shares};
 use super::weights::{WeightRow, Weights};
 use crate::config::DispatchOptions;
 
@@ -91,6 +92,8 @@ struct Stage {
     cursor: Option<String>,
     /// What the request in flight gave the stage.
     given: Option<Given>,
+    /// When a claim last asked for the stage.
+    last_request: Option<Instant>,
 }
 
 impl Stage {
@@ -104,6 +107,7 @@ impl Stage {
             fifo_credit: 0,
             cursor: None,
             given: None,
+            last_request: None,
         }
     }
 
@@ -271,6 +275,8 @@ pub struct FairPolicy {
     weights: Weights,
     /// The rates' buckets (`rates.rs`).
     rates: Rates,
+    /// What each tenant got over the last minute (`shares.rs`).
+    shares: Shares,
     /// When every stage's senders are next swept (asked stages are swept at every
     /// claim; this catches stages that were not asked for a while, or went away).
     next_sweep: Option<Instant>,
@@ -297,6 +303,7 @@ impl FairPolicy {
             charges: HashMap::new(),
             weights: Weights::default(),
             rates: Rates::default(),
+            shares: Shares::new(Instant::now()),
             next_sweep: None,
         }
     }
@@ -350,7 +357,16 @@ impl FairPolicy {
             }
             let (default, listed) = self.rates.allowances(name, now);
             r.allow_default.push(default);
+            // Held back since this stage's last claim, at most a second of it.
+            let held = stage
+                .last_request
+                .replace(now)
+                .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+                .min(Duration::from_secs(1));
             for (tenant, n) in listed {
+                if n == 0 {
+                    self.shares.throttled(name, &tenant, held, now);
+                }
                 r.allow_stage.push(name.clone());
                 r.allow_tenant.push(tenant);
                 r.allow_n.push(n);
@@ -452,6 +468,7 @@ impl FairPolicy {
         };
         let took_us = took.as_secs_f64() * 1e6;
         let half_life = self.half_life;
+        self.shares.ran(&claim.stage, &claim.tenant_key, took, now);
         let stage = self.stage(&claim.stage);
         stage.settle(claim, &c, took_us - c.avg, half_life, now);
         stage.measure(took_us);
@@ -499,6 +516,11 @@ impl ClaimPolicy for FairPolicy {
 
     fn release_at(&self, now: Instant) -> Option<Instant> {
         self.rates.release_at(now)
+    }
+
+    fn shares(&mut self, now: Instant) -> Vec<Share> {
+        let weights = &mut self.weights;
+        self.shares.snapshot(now, |tenant| weights.of(tenant))
     }
 
     fn claimed(&mut self, claim: &Claim) {

@@ -38,6 +38,8 @@ struct ReloadRequest {
 pub struct Housekeeping {
     jobs: Sender<Job>,
     flush_in_flight: bool,
+    /// The last tenants' figures written were not empty.
+    shares_written: bool,
     last_flush: Instant,
     next_stats_tick: Instant,
     /// A pass ran since the last body GC (or the last one hit its limit or failed).
@@ -73,6 +75,7 @@ impl Housekeeping {
         Housekeeping {
             jobs,
             flush_in_flight: false,
+            shares_written: false,
             last_flush: now,
             next_stats_tick: now + stats_interval,
             active_since_gc: true,
@@ -148,6 +151,12 @@ impl Housekeeping {
     ) {
         self.next_stats_tick = now + interval;
         self.flush(ledger);
+        // The tenants' figures, and once more when they emptied (the table follows).
+        let shares = ledger.policy().shares(now);
+        if !shares.is_empty() || self.shares_written {
+            self.shares_written = !shares.is_empty();
+            self.send(Job::Shares(shares));
+        }
         if std::mem::take(&mut self.active_since_gc) {
             self.send(Job::BodyGc);
         }

@@ -57,6 +57,7 @@ pub mod rates;
 pub mod reload;
 pub mod scheduler;
 pub mod session;
+pub mod shares;
 pub mod shutdown;
 pub mod statements;
 pub mod stats;

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::claim::Claim;
+use super::shares::Share;
 
 /// One row of `pepsi.fair_weights`: pattern, weight, rate (messages a second).
 pub type WeightRow = (String, f64, Option<f64>);
@@ -145,6 +146,10 @@ pub trait ClaimPolicy: Send {
     /// When a tenant held back by a rate may take a row again: a claim is due then.
     fn release_at(&self, _now: Instant) -> Option<Instant> {
         None
+    }
+    /// What each tenant got at each stage over the last minute (fair claims only).
+    fn shares(&mut self, _now: Instant) -> Vec<Share> {
+        Vec::new()
     }
     /// A row was claimed.
     fn claimed(&mut self, _claim: &Claim) {}

@@ -32,7 +32,7 @@ pub mod serve;
 pub mod spawn;
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -127,6 +127,34 @@ pub struct Launcher {
     pub as_root: bool,
     /// Why it was found gone (an order it did not answer), when it was.
     lost: std::cell::RefCell<Option<String>>,
+}
+
+/// How long the dispatcher, on its way out, waits for the launcher to kill what still
+/// runs and exit.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+impl Drop for Launcher {
+    /// The dispatcher is done with it: its end of the socket is shut, so the launcher
+    /// kills every worker still running and exits; the dispatcher reaps it (waiting at
+    /// most [`EXIT_WAIT`]), so no process of the service outlives the dispatcher's exit.
+    fn drop(&mut self) {
+        // SAFETY: shutdown of a socket this handle owns.
+        unsafe {
+            libc::shutdown(self.control.as_fd().as_raw_fd(), libc::SHUT_RDWR);
+        }
+        let until = std::time::Instant::now() + EXIT_WAIT;
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid of this process's child with WNOHANG writes only to the
+            // status it is given.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            // Reaped, or not (or no longer) this process's child to wait for.
+            if r != 0 || std::time::Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 impl Launcher {

@@ -266,6 +266,7 @@ pub fn render(s: &Snapshot) -> String {
             number(d.seconds_left.max(0.0)),
         );
     }
+    tenant_families(&mut out, s);
 
     for (i, column) in INGRESS_COUNTERS.iter().enumerate() {
         let name = format!("pepsi_ingress_{column}_total");
@@ -280,6 +281,64 @@ pub fn render(s: &Snapshot) -> String {
     );
     f.sample(&[], number(s.ingress.updated));
     out
+}
+
+/// The fair shares (§7 "Seen"): per stage the tenants waiting and the Jain index, per
+/// stage and tenant what it got over the last minute.
+fn tenant_families(out: &mut String, s: &Snapshot) {
+    let mut f = Family::new(
+        out,
+        "pepsi_stage_tenants_waiting",
+        "gauge",
+        "Tenants with messages pending at the stage (counted up to 10000).",
+    );
+    for (stage, sh) in &s.shares {
+        f.sample(&[("stage", stage)], sh.waiting.to_string());
+    }
+    let mut f = Family::new(
+        out,
+        "pepsi_stage_fairness_jain",
+        "gauge",
+        "The Jain fairness index of the worker time over the last minute among the tenants \
+         waiting at the stage, each divided by its weight: 1 all got their share, 1/n one got \
+         all (no sample: none of them ran).",
+    );
+    for (stage, sh) in &s.shares {
+        if let Some(j) = sh.jain() {
+            f.sample(&[("stage", stage)], number(j));
+        }
+    }
+    type Field = fn(&super::tenants::TenantShare) -> String;
+    let fields: [(&str, &str, Field); 4] = [
+        (
+            "pepsi_tenant_worker_seconds",
+            "Worker time the tenant's messages took at the stage over the last minute.",
+            |t| number(t.worker_us as f64 / 1e6),
+        ),
+        (
+            "pepsi_tenant_messages",
+            "The tenant's messages run at the stage over the last minute.",
+            |t| t.messages.to_string(),
+        ),
+        (
+            "pepsi_tenant_throttled_seconds",
+            "Time a rate held the tenant back at the stage over the last minute.",
+            |t| number(t.throttled_us as f64 / 1e6),
+        ),
+        (
+            "pepsi_tenant_weight",
+            "The tenant's fair-share weight (pepsi.fair_weights; 1 by default).",
+            |t| number(t.weight),
+        ),
+    ];
+    for (name, help, value) in fields {
+        let mut f = Family::new(out, name, "gauge", help);
+        for (stage, sh) in &s.shares {
+            for t in &sh.tenants {
+                f.sample(&[("stage", stage), ("tenant", &t.tenant)], value(t));
+            }
+        }
+    }
 }
 
 /// Writes `text` to `path` atomically: a temporary file in the same directory

@@ -42,6 +42,7 @@ pub mod repair;
 pub mod settings;
 pub mod shape;
 pub mod status;
+pub mod tenants;
 pub mod trace;
 
 use std::collections::BTreeSet;

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use super::destinations::{self, Destination};
 use super::format::{Align, Table, age};
 use super::horizon;
+use super::tenants::{self, StageShares};
 use super::{Session, configured_stages, db_failure, emit, emit_json};
 use crate::db::horizon::Holder;
 use crate::db::{self, sql};
@@ -133,6 +134,8 @@ pub struct Snapshot {
     /// `pepsi.destinations`: relay-to-internet's destinations in trouble, suspended
     /// first.
     pub destinations: Vec<Destination>,
+    /// Per stage, the tenants waiting and what each got over the last minute (§7).
+    pub shares: BTreeMap<String, StageShares>,
 }
 
 impl Snapshot {
@@ -208,6 +211,8 @@ impl Snapshot {
         let overlay = db::read_overlay(&mut tx).map_err(failed)?;
         let holders = db::horizon::read(&mut tx).map_err(failed)?;
         let destinations = destinations::read(&mut tx).map_err(failed)?;
+        let with_rows: Vec<&str> = cells.keys().map(String::as_str).collect();
+        let shares = tenants::read(&mut tx, &with_rows).map_err(failed)?;
         tx.commit().map_err(failed)?;
         Ok(Snapshot {
             statuses,
@@ -222,6 +227,7 @@ impl Snapshot {
             holders,
             snapshot_warning: session.config.dispatch.snapshot_warning,
             destinations,
+            shares,
         })
     }
 
@@ -355,8 +361,35 @@ pub fn to_json(s: &Snapshot) -> Value {
         .flat_map(|m| m.values())
         .map(|c| c.rows)
         .sum();
+    let shares: Vec<Value> = s
+        .shares
+        .iter()
+        .map(|(stage, sh)| {
+            let list: Vec<Value> = sh
+                .tenants
+                .iter()
+                .map(|t| {
+                    json!({
+                        "tenant": t.tenant,
+                        "waiting": t.waiting,
+                        "worker_seconds": t.worker_us as f64 / 1e6,
+                        "messages": t.messages,
+                        "weight": finite(t.weight),
+                        "throttled_seconds": t.throttled_us as f64 / 1e6,
+                    })
+                })
+                .collect();
+            json!({
+                "stage": stage,
+                "tenants_waiting": sh.waiting,
+                "jain_index": sh.jain().map_or(Value::Null, finite),
+                "tenants": list,
+            })
+        })
+        .collect();
     let mut doc = json!({
         "rows": rows,
+        "fair_shares": shares,
         "statuses": totals,
         "age_buckets": BUCKET_NAMES,
         "stages": stages,
@@ -497,6 +530,7 @@ pub fn to_text(s: &Snapshot) -> String {
         }
         out.push_str(&stats.render());
     }
+    out.push_str(&shares_text(s));
     let d = s.dispatch.counters;
     out.push_str(&format!(
         "\ndispatcher (pepsi.dispatch_stats): {} stages executed, {} claims, {} rows claimed, \
@@ -508,6 +542,62 @@ pub fn to_text(s: &Snapshot) -> String {
         age(s.flush_age()),
         s.dispatch.updated_text
     ));
+    out
+}
+
+/// The tenants shown per stage in the text (all of them in `--json`).
+const TENANTS_SHOWN: usize = 10;
+
+/// The fair shares for people: per stage the tenants waiting and the Jain index, then
+/// its busiest tenants over the last minute.
+fn shares_text(s: &Snapshot) -> String {
+    let mut out = String::from("\nfair shares over the last minute (pepsi.tenant_shares):\n");
+    if s.shares.is_empty() {
+        out.push_str("  no tenant waits or ran\n");
+        return out;
+    }
+    let mut table = Table::new(&[
+        ("STAGE", Align::Left),
+        ("TENANT", Align::Left),
+        ("WAITING", Align::Left),
+        ("WORKER", Align::Right),
+        ("SHARE", Align::Right),
+        ("MESSAGES", Align::Right),
+        ("WEIGHT", Align::Right),
+        ("THROTTLED", Align::Right),
+    ]);
+    for (stage, sh) in &s.shares {
+        let jain = sh
+            .jain()
+            .map_or("no index (no waiting tenant ran)".to_string(), |j| {
+                format!("Jain index {j:.3}")
+            });
+        out.push_str(&format!(
+            "  {}: {} tenants waiting; {jain}\n",
+            Visible(stage),
+            sh.waiting
+        ));
+        let total = sh.worker_us().max(1) as f64;
+        for t in sh.tenants.iter().take(TENANTS_SHOWN) {
+            table.row(vec![
+                stage.clone(),
+                t.tenant.clone(),
+                if t.waiting { "yes" } else { "no" }.into(),
+                format!("{:.1}s", t.worker_us as f64 / 1e6),
+                format!("{:.0}%", 100.0 * t.worker_us as f64 / total),
+                t.messages.to_string(),
+                format!("{}", t.weight),
+                format!("{:.1}s", t.throttled_us as f64 / 1e6),
+            ]);
+        }
+        if sh.tenants.len() > TENANTS_SHOWN {
+            let more = sh.tenants.len() - TENANTS_SHOWN;
+            let mut row = vec![stage.clone(), format!("({more} more)")];
+            row.extend(std::iter::repeat_n(String::new(), 6));
+            table.row(row);
+        }
+    }
+    out.push_str(&table.render());
     out
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use postgres::Client;
 
 use crate::util::dispatcher::Dispatcher;
-use crate::util::queue::{both, expect, queue};
+use crate::util::queue::{both, expect, json, queue};
 use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb, stdout};
 
@@ -65,13 +65,45 @@ fn worker_time(c: &mut Client, (a, b): (&str, &str), from: i64, to: i64) -> (f64
     (r.get(0), r.get(1))
 }
 
-/// Runs the stage until `n` messages finished.
-fn run_until(conf: &std::path::Path, c: &mut Client, n: i64) {
+/// Runs the stage until `n` messages finished; the dispatcher goes on running.
+fn run_until(conf: &std::path::Path, c: &mut Client, n: i64) -> Dispatcher {
     let d = Dispatcher::start(conf, &[]);
     crate::util::wait_until(120 * SEC, "the window of messages", || {
         finished_count(c) >= n
     });
-    drop(d);
+    d
+}
+
+/// `pepsi-queue status --json`'s fair shares of stage `s`, once the dispatcher wrote
+/// figures for every one of `tenants`.
+fn shares_of(conf: &std::path::Path, tenants: &[&str]) -> serde_json::Value {
+    let mut found = serde_json::Value::Null;
+    crate::util::wait_until(30 * SEC, "the tenants' figures in status", || {
+        let out = queue(conf, &["status", "--json"]);
+        let doc = json(&out);
+        let Some(stage) = doc["fair_shares"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["stage"] == "s"))
+        else {
+            return false;
+        };
+        let named = |t: &str| {
+            stage["tenants"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|x| x["tenant"] == t))
+        };
+        found = stage.clone();
+        tenants.iter().all(|t| named(t))
+    });
+    found
+}
+
+/// A tenant's entry in a stage's fair shares.
+fn tenant<'a>(stage: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    stage["tenants"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["tenant"] == name))
+        .unwrap_or_else(|| panic!("{name} in {stage}"))
 }
 
 #[test]
@@ -79,7 +111,12 @@ fn two_tenants_weighted_two_and_one_get_two_thirds_and_one_third_of_the_worker_t
     let db = TestDb::new();
     let dir = TempDir::new("t-weight");
     // The FIFO reserve hands slots out by age alone: left out here.
-    let conf = conf(&dir, &db, "FAIR_FIFO_PERCENT = 0", ONE_SLOT);
+    let conf = conf(
+        &dir,
+        &db,
+        "FAIR_FIFO_PERCENT = 0\nSTATS_INTERVAL = 1s",
+        ONE_SLOT,
+    );
     let out = queue(&conf, &["settings", "weight", "domain:paying.example", "2"]);
     expect(&out, 0);
     let mut c = db.client();
@@ -89,7 +126,23 @@ fn two_tenants_weighted_two_and_one_get_two_thirds_and_one_third_of_the_worker_t
         inject(&mut c, "x@paying.example", 8);
         inject(&mut c, "x@free.example", 8);
     }
-    run_until(&conf, &mut c, 230);
+    let d = run_until(&conf, &mut c, 230);
+    // What status shows: both waiting, their weights, the weighted index near 1.
+    let stage = shares_of(&conf, &["domain:paying.example", "domain:free.example"]);
+    drop(d);
+    assert_eq!(stage["tenants_waiting"], 2, "{stage}");
+    let (p, f) = (
+        tenant(&stage, "domain:paying.example"),
+        tenant(&stage, "domain:free.example"),
+    );
+    assert_eq!(
+        (p["weight"].as_f64(), f["weight"].as_f64()),
+        (Some(2.0), Some(1.0))
+    );
+    let seconds = |t: &serde_json::Value| t["worker_seconds"].as_f64().unwrap();
+    assert!(seconds(p) > 1.4 * seconds(f), "{stage}");
+    let jain = stage["jain_index"].as_f64().unwrap();
+    assert!(jain > 0.9, "{stage}");
     // Past the first messages (charged the start average), over a window in which both
     // still wait.
     let tenants = ("domain:paying.example", "domain:free.example");
@@ -125,7 +178,7 @@ fn a_tenant_sending_through_a_hundred_sender_keys_gets_one_tenants_share() {
         .unwrap()
         .get(0);
     assert_eq!(senders, 100);
-    run_until(&conf, &mut c, 230);
+    drop(run_until(&conf, &mut c, 230));
     let tenants = ("domain:big.example", "domain:small.example");
     let (big, small) = worker_time(&mut c, tenants, 21, 230);
     let ratio = big / small.max(1e-9);
@@ -289,7 +342,7 @@ fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed()
     let db = TestDb::new();
     let dir = TempDir::new("t-rate");
     let stage = "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\nQUEUE_LIMIT = 1\n";
-    let conf = conf(&dir, &db, "", stage);
+    let conf = conf(&dir, &db, "STATS_INTERVAL = 1s", stage);
     let out = queue(
         &conf,
         &["settings", "rate", "domain:limited.example", "10/s"],
@@ -322,7 +375,26 @@ fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed()
     std::thread::sleep(6 * SEC);
     let limited = finished_between(&mut c, "domain:limited.example", from, 6.0) as f64 / 6.0;
     let free = finished_between(&mut c, "domain:free.example", from, 6.0) as f64 / 6.0;
+    // Status and metrics show the rate's hold.
+    let stage = shares_of(&conf, &["domain:limited.example", "domain:free.example"]);
+    let metrics = crate::util::stdout(&queue(&conf, &["metrics"]));
     drop(d);
+    let held = tenant(&stage, "domain:limited.example")["throttled_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(held > 1.0, "{stage}");
+    assert_eq!(
+        tenant(&stage, "domain:free.example")["throttled_seconds"],
+        0.0
+    );
+    assert!(stage["jain_index"].as_f64().is_some(), "{stage}");
+    for line in [
+        "pepsi_tenant_throttled_seconds{stage=\"s\",tenant=\"domain:limited.example\"} ",
+        "pepsi_stage_fairness_jain{stage=\"s\"} ",
+        "pepsi_stage_tenants_waiting{stage=\"s\"} 2\n",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     eprintln!(
         "rate 10/s: the limited tenant {limited:.1}/s; the free one {free:.1}/s, alone {alone:.1}/s"
     );
