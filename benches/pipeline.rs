@@ -13,7 +13,8 @@
 //! (e) median and p99 latency from inject to the row's deletion for a trickle of
 //!     single messages;
 //! (f) the fair claim's time (`sql::CLAIM_FAIR`, rolled back) at one sender's backlog
-//!     depths 1k, 10k, 100k and 1M, plus 50 small senders;
+//!     depths 1k, 10k, 100k and 1M, plus 50 small senders; (f2) the same plus 1,000
+//!     tenants of 10 senders each instead of the 50;
 //! (g) a 10-message sender's p50/p99 wait (inject to deletion) behind a 10,000-message
 //!     flood of another sender, against its wait on an empty queue;
 //! (h) the 5-stage hop rate with fair scheduling on against off.
@@ -727,10 +728,19 @@ fn trickle(setup: &Setup, count: i64) -> (f64, f64) {
 fn fair_claim_depths(out: &mut impl Write) -> Vec<f64> {
     let mut depths = Vec::new();
     for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
-        let ms = fair_claim_ms(depth);
+        let ms = fair_claim_ms(depth, false);
         writeln!(
             out,
             "(f) fair claim, one sender {depth:>9} deep + 50 small senders, cap 16: {ms:6.2} ms (median of 21)"
+        )
+        .unwrap();
+        depths.push(ms);
+    }
+    for depth in [1_000i64, 10_000, 100_000, 1_000_000] {
+        let ms = fair_claim_ms(depth, true);
+        writeln!(
+            out,
+            "(f2) fair claim, one sender {depth:>9} deep + 1,000 tenants x 10 senders, cap 16: {ms:6.2} ms (median of 21)"
         )
         .unwrap();
         depths.push(ms);
@@ -739,8 +749,10 @@ fn fair_claim_depths(out: &mut impl Write) -> Vec<f64> {
 }
 
 /// (f): the fair claim's median time over 21 calls (each rolled back) with `depth` rows
-/// of one sender and 10 rows of each of 50 others waiting at one stage; cap 16.
-fn fair_claim_ms(depth: i64) -> f64 {
+/// of one sender and 10 rows of each of 50 others waiting at one stage; cap 16. (f2),
+/// `tenants`: instead of the 50, one row of each of 10 senders of each of 1,000
+/// tenants (`x@sJ.tI.example`: 10,000 sender keys, 1,000 registrable domains).
+fn fair_claim_ms(depth: i64, tenants: bool) -> f64 {
     let db = TestDb::new();
     let mut c = db.client();
     c.execute(
@@ -749,10 +761,14 @@ fn fair_claim_ms(depth: i64) -> f64 {
         &[&depth],
     )
     .unwrap();
-    c.batch_execute(
+    c.batch_execute(if tenants {
         "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
-         SELECT 's', 'x@s' || (g % 50) || '.example', ARRAY['r@y.example'] FROM generate_series(1, 500) g",
-    )
+         SELECT 's', 'x@s' || (g % 10) || '.t' || (g / 10) || '.example', ARRAY['r@y.example'] \
+           FROM generate_series(0, 9999) g"
+    } else {
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+         SELECT 's', 'x@s' || (g % 50) || '.example', ARRAY['r@y.example'] FROM generate_series(1, 500) g"
+    })
     .unwrap();
     // Alone: VACUUM refuses to run inside the implicit transaction of a batch.
     c.batch_execute("VACUUM ANALYZE pepsi.workqueue").unwrap();
@@ -901,8 +917,9 @@ fn main() {
         let depths = fair_claim_depths(&mut out);
         writeln!(
             out,
-            "fair claim at 100k / at 1k deep: {:.2}",
-            depths[2] / depths[0]
+            "fair claim at 100k / at 1k deep: {:.2}; with 1,000 tenants: {:.2}",
+            depths[2] / depths[0],
+            depths[6] / depths[4]
         )
         .unwrap();
         return;

@@ -12,58 +12,15 @@ use std::time::Duration;
 use postgres::Client;
 
 use crate::util::dispatcher::Dispatcher;
+use crate::util::fairness::{
+    finished_between, finished_count, inject, now_epoch, record_finishes, worker_times,
+};
 use crate::util::queue::{both, expect, json, queue};
 use crate::util::scenario::conf;
 use crate::util::{TempDir, TestDb, stdout};
 
 const SEC: Duration = Duration::from_secs(1);
 const ONE_SLOT: &str = "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 1\nQUEUE_LIMIT = 1\n";
-
-/// Records every finished message (deleted at the end of the stage) in order, with its
-/// tenant and when.
-fn record_finishes(c: &mut Client) {
-    c.batch_execute(
-        "CREATE TABLE finished (n bigserial, tenant text, at timestamptz DEFAULT clock_timestamp());
-         CREATE FUNCTION finished() RETURNS trigger LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-         BEGIN INSERT INTO finished (tenant) VALUES (OLD.tenant_key); RETURN NULL; END $$;
-         CREATE TRIGGER finished AFTER DELETE ON pepsi.workqueue FOR EACH ROW
-             EXECUTE FUNCTION finished();",
-    )
-    .unwrap();
-}
-
-/// Injects one message from `from` at stage `s`, costing `cost_ms`.
-fn inject(c: &mut Client, from: &str, cost_ms: i64) {
-    c.execute(
-        "SELECT pepsi.workqueue_inject('s', $1, ARRAY['r@y.example'], NULL, NULL, NULL, NULL, \
-                NULL, NULL, jsonb_build_object('cost_ms', $2::int8))",
-        &[&from, &cost_ms],
-    )
-    .unwrap();
-}
-
-fn finished_count(c: &mut Client) -> i64 {
-    c.query_one("SELECT count(*) FROM finished", &[])
-        .unwrap()
-        .get(0)
-}
-
-/// The worker time each of two tenants got among finished messages `from`..=`to` (in
-/// order of completion): each message's time from the completion before it.
-fn worker_time(c: &mut Client, (a, b): (&str, &str), from: i64, to: i64) -> (f64, f64) {
-    let r = c
-        .query_one(
-            "WITH f AS (SELECT n, tenant, \
-                               extract(epoch FROM at - lag(at) OVER (ORDER BY n))::float8 AS took \
-                          FROM finished) \
-             SELECT coalesce(sum(took) FILTER (WHERE tenant = $1), 0), \
-                    coalesce(sum(took) FILTER (WHERE tenant = $2), 0) \
-               FROM f WHERE n >= $3 AND n <= $4",
-            &[&a, &b, &from, &to],
-        )
-        .unwrap();
-    (r.get(0), r.get(1))
-}
 
 /// Runs the stage until `n` messages finished; the dispatcher goes on running.
 fn run_until(conf: &std::path::Path, c: &mut Client, n: i64) -> Dispatcher {
@@ -123,8 +80,8 @@ fn two_tenants_weighted_two_and_one_get_two_thirds_and_one_third_of_the_worker_t
     record_finishes(&mut c);
     // Interleaved ids, so age favours neither; the same cost per message.
     for _ in 0..250 {
-        inject(&mut c, "x@paying.example", 8);
-        inject(&mut c, "x@free.example", 8);
+        inject(&mut c, "x@paying.example", 1, 8);
+        inject(&mut c, "x@free.example", 1, 8);
     }
     let d = run_until(&conf, &mut c, 230);
     // What status shows: both waiting, their weights, the weighted index near 1.
@@ -145,8 +102,11 @@ fn two_tenants_weighted_two_and_one_get_two_thirds_and_one_third_of_the_worker_t
     assert!(jain > 0.9, "{stage}");
     // Past the first messages (charged the start average), over a window in which both
     // still wait.
-    let tenants = ("domain:paying.example", "domain:free.example");
-    let (paying, free) = worker_time(&mut c, tenants, 21, 230);
+    let tenants = ["domain:paying.example", "domain:free.example"];
+    let (paying, free) = match worker_times(&mut c, &tenants, 21, 230)[..] {
+        [a, b] => (a, b),
+        _ => unreachable!(),
+    };
     let ratio = paying / free.max(1e-9);
     eprintln!("weights 2 and 1: worker time {paying:.3} s and {free:.3} s, {ratio:.2} : 1");
     assert!(
@@ -166,8 +126,8 @@ fn a_tenant_sending_through_a_hundred_sender_keys_gets_one_tenants_share() {
     // `big.example` sends from a hundred subdomains (a hundred sender keys, one tenant:
     // its registrable domain), `small.example` from one.
     for i in 0..300 {
-        inject(&mut c, &format!("x@s{}.big.example", i % 100), 8);
-        inject(&mut c, "x@small.example", 8);
+        inject(&mut c, &format!("x@s{}.big.example", i % 100), 1, 8);
+        inject(&mut c, "x@small.example", 1, 8);
     }
     let senders: i64 = c
         .query_one(
@@ -179,8 +139,11 @@ fn a_tenant_sending_through_a_hundred_sender_keys_gets_one_tenants_share() {
         .get(0);
     assert_eq!(senders, 100);
     drop(run_until(&conf, &mut c, 230));
-    let tenants = ("domain:big.example", "domain:small.example");
-    let (big, small) = worker_time(&mut c, tenants, 21, 230);
+    let tenants = ["domain:big.example", "domain:small.example"];
+    let (big, small) = match worker_times(&mut c, &tenants, 21, 230)[..] {
+        [a, b] => (a, b),
+        _ => unreachable!(),
+    };
     let ratio = big / small.max(1e-9);
     eprintln!("100 keys against 1: worker time {big:.3} s and {small:.3} s, {ratio:.2} : 1");
     // As sender keys, the hundred would get 100 shares to the one's 1.
@@ -197,9 +160,9 @@ fn tenants_are_named_by_pattern_and_the_queue_follows_at_once() {
     let dir = TempDir::new("t-name");
     let conf = conf(&dir, &db, "", ONE_SLOT);
     let mut c = db.client();
-    inject(&mut c, "x@one.acme.example", 1);
-    inject(&mut c, "x@acme-two.example", 1);
-    inject(&mut c, "x@other.example", 1);
+    inject(&mut c, "x@one.acme.example", 1, 1);
+    inject(&mut c, "x@acme-two.example", 1, 1);
+    inject(&mut c, "x@other.example", 1, 1);
     let tenants = |c: &mut Client| -> Vec<String> {
         c.query(
             "SELECT tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
@@ -226,7 +189,7 @@ fn tenants_are_named_by_pattern_and_the_queue_follows_at_once() {
         ["tenant:acme", "tenant:acme", "domain:other.example"]
     );
     // A row inserted now belongs to it too; tenant-of and tenants say so.
-    inject(&mut c, "x@new.acme.example", 1);
+    inject(&mut c, "x@new.acme.example", 1, 1);
     assert_eq!(tenants(&mut c)[3], "tenant:acme");
     let out = queue(&conf, &["settings", "tenant-of", "from:mail.acme.example"]);
     expect(&out, 0);
@@ -319,24 +282,6 @@ fn hostile_patterns_weights_and_names_are_refused_and_shown_escaped() {
     }
 }
 
-/// Messages of `tenant` finished in the `seconds` after `from` (a finish timestamp).
-fn finished_between(c: &mut Client, tenant: &str, from: f64, seconds: f64) -> i64 {
-    c.query_one(
-        "SELECT count(*) FROM finished WHERE tenant = $1 \
-            AND extract(epoch FROM at)::float8 > $2::float8 \
-            AND extract(epoch FROM at)::float8 <= $2::float8 + $3::float8",
-        &[&tenant, &from, &seconds],
-    )
-    .unwrap()
-    .get(0)
-}
-
-fn now_epoch(c: &mut Client) -> f64 {
-    c.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
-        .unwrap()
-        .get(0)
-}
-
 #[test]
 fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed() {
     let db = TestDb::new();
@@ -350,9 +295,7 @@ fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed()
     expect(&out, 0);
     let mut c = db.client();
     record_finishes(&mut c);
-    for _ in 0..2000 {
-        inject(&mut c, "x@free.example", 10);
-    }
+    inject(&mut c, "x@free.example", 2000, 10);
     let d = Dispatcher::start(&conf, &[]);
     crate::util::wait_until(60 * SEC, "the free tenant under way", || {
         finished_count(&mut c) >= 20
@@ -362,13 +305,7 @@ fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed()
     std::thread::sleep(2 * SEC);
     let alone = finished_between(&mut c, "domain:free.example", alone_from, 2.0) as f64 / 2.0;
     // Then 2,000 messages of the limited tenant, interleaved with what is left.
-    c.execute(
-        "SELECT count(pepsi.workqueue_inject('s', 'x@limited.example', ARRAY['r@y.example'], \
-                NULL, NULL, NULL, NULL, NULL, NULL, jsonb_build_object('cost_ms', 10))) \
-           FROM generate_series(1, 2000)",
-        &[],
-    )
-    .unwrap();
+    inject(&mut c, "x@limited.example", 2000, 10);
     // Past the first second (the bucket starts full: a burst of ten), six seconds.
     std::thread::sleep(SEC);
     let from = now_epoch(&mut c);

@@ -10,6 +10,7 @@ pub mod bouncer;
 pub mod dispatcher;
 pub mod dkim;
 pub mod exchangers;
+pub mod fairness;
 pub mod hostile_dns;
 pub mod ingress;
 pub mod logged;
