@@ -36,7 +36,10 @@ fn run_until(conf: &std::path::Path, c: &mut postgres::Client, n: i64) {
     let d = Dispatcher::start(conf, &[]);
     let until = Instant::now() + Duration::from_secs(600);
     while finished_count(c) < n {
-        assert!(Instant::now() < until, "{n} messages not done in 10 minutes");
+        assert!(
+            Instant::now() < until,
+            "{n} messages not done in 10 minutes"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(d);
@@ -84,7 +87,12 @@ fn weighted() {
         inject(&mut c, "x@free.example", 1, 5);
     }
     run_until(&conf, &mut c, 1050);
-    let t = worker_times(&mut c, &["domain:paying.example", "domain:free.example"], 51, 1050);
+    let t = worker_times(
+        &mut c,
+        &["domain:paying.example", "domain:free.example"],
+        51,
+        1050,
+    );
     println!(
         "(2) weights 2 and 1, 1,000 messages of 5 ms: worker time {:.2} s and {:.2} s, {:.3} : 1",
         t[0],
@@ -100,7 +108,12 @@ fn hundred_keys() {
         inject(&mut c, "x@small.example", 1, 5);
     }
     run_until(&conf, &mut c, 1050);
-    let t = worker_times(&mut c, &["domain:big.example", "domain:small.example"], 51, 1050);
+    let t = worker_times(
+        &mut c,
+        &["domain:big.example", "domain:small.example"],
+        51,
+        1050,
+    );
     println!(
         "(3) a tenant of 100 sender keys against one of 1, 1,000 messages of 5 ms: worker \
          time {:.2} s and {:.2} s, {:.3} : 1 (as 101 senders: 100 : 1)",
@@ -120,7 +133,10 @@ fn rate() {
     let stage = "[stage-s]\nPROGRAM = {fault}\nPARALLELISM = 2\nQUEUE_LIMIT = 1\n";
     let conf = conf(&dir, &db, "", stage);
     expect(
-        &queue(&conf, &["settings", "rate", "domain:limited.example", "10/s"]),
+        &queue(
+            &conf,
+            &["settings", "rate", "domain:limited.example", "10/s"],
+        ),
         0,
     );
     let mut c = db.client();

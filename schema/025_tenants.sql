@@ -415,6 +415,7 @@ DECLARE
     v_set_pos int4;
     v_tenants text[];
     v_tcurs text[];
+    v_tfirst text[];
     v_budget int4;
     v_walk_i int4[];
     v_walk_n int4[];
@@ -452,6 +453,7 @@ DECLARE
     v_sweep_next int8[] := '{}';
     v_one boolean;
     v_limited boolean;
+    v_single boolean;
     v_tl_allow int4[];
     i int4;
 BEGIN
@@ -645,6 +647,8 @@ BEGIN
                                row_number() OVER (PARTITION BY s.tenant, s.key ORDER BY s.id) AS k
                           FROM unnest(v_set_ids, v_set_keys, v_set_tenants) AS s(id, key, tenant)) r
                  WHERE r.k <= v_cap AND r.tenant = ANY (v_tenants);
+                v_single := (SELECT count(DISTINCT c.key) FROM unnest(v_cand_keys) AS c(key))
+                            = (SELECT count(DISTINCT c.ti) FROM unnest(v_cand_tis) AS c(ti));
                 -- The oldest: the set's first rows, or from a sweep, the head (read from
                 -- the floor for just these slots).
                 IF v_sw IS NULL THEN
@@ -653,42 +657,49 @@ BEGIN
                     v_oldest := v_head;
                 END IF;
             ELSE
-                -- 1. The window of tenants, as schema 4's of senders. The probes cannot
-                -- start at the floor (each is a range on the tenant), so a tenant whose
-                -- rows at the stage are all claimed still costs its dead entries here;
-                -- step 0 leaves this walk to stages with more waiting rows than the cap.
-                WITH RECURSIVE walk(key, n, wrapped) AS (
-                    SELECT v_cursor, 0, false
+                -- 1. The window of tenants, as schema 4's of senders; each probe gives
+                -- the tenant's first sender too (the index's next entry). The probes
+                -- cannot start at the floor (each is a range on the tenant), so a tenant
+                -- whose rows at the stage are all claimed still costs its dead entries
+                -- here; step 0 leaves this walk to stages with more waiting rows than the
+                -- cap. The wrap's probe runs only when the first finds nothing.
+                WITH RECURSIVE walk(key, first, n, wrapped) AS (
+                    SELECT v_cursor, NULL::text, 0, false
                   UNION ALL
-                    SELECT nx.key, w.n + 1, nx.wrapped
+                    SELECT coalesce(a.key, b.key),
+                           CASE WHEN a.key IS NOT NULL THEN a.first ELSE b.first END,
+                           w.n + 1, w.wrapped OR a.key IS NULL
                       FROM walk w
-                     CROSS JOIN LATERAL (
-                         SELECT (SELECT q.tenant_key FROM pepsi.workqueue q
-                                  WHERE q.stage = v_stage AND q.status = 'pending'
-                                    AND q.tenant_key > w.key
-                                  ORDER BY q.tenant_key LIMIT 1) AS key
-                         OFFSET 0
-                     ) a
-                     CROSS JOIN LATERAL (
-                         SELECT coalesce(a.key, CASE WHEN NOT w.wrapped THEN (
-                                    SELECT q.tenant_key FROM pepsi.workqueue q
-                                     WHERE q.stage = v_stage AND q.status = 'pending'
-                                     ORDER BY q.tenant_key LIMIT 1) END) AS key,
-                                w.wrapped OR a.key IS NULL AS wrapped
-                         OFFSET 0
-                     ) nx
-                     WHERE w.n < 65 AND nx.key IS NOT NULL
-                       AND (NOT nx.wrapped OR v_cursor IS NULL OR nx.key <= v_cursor)
+                      LEFT JOIN LATERAL (
+                          SELECT q.tenant_key AS key, q.sender_key AS first
+                            FROM pepsi.workqueue q
+                           WHERE q.stage = v_stage AND q.status = 'pending'
+                             AND q.tenant_key > w.key
+                           ORDER BY q.tenant_key, q.sender_key LIMIT 1
+                      ) a ON true
+                      LEFT JOIN LATERAL (
+                          SELECT q.tenant_key AS key, q.sender_key AS first
+                            FROM pepsi.workqueue q
+                           WHERE a.key IS NULL AND NOT w.wrapped
+                             AND q.stage = v_stage AND q.status = 'pending'
+                           ORDER BY q.tenant_key, q.sender_key LIMIT 1
+                      ) b ON true
+                     WHERE w.n < 65 AND coalesce(a.key, b.key) IS NOT NULL
+                       AND (NOT (w.wrapped OR a.key IS NULL) OR v_cursor IS NULL
+                            OR coalesce(a.key, b.key) <= v_cursor)
                 )
                 SELECT ARRAY(SELECT w.key FROM walk w WHERE w.n BETWEEN 1 AND 64 ORDER BY w.n),
+                       ARRAY(SELECT w.first FROM walk w WHERE w.n BETWEEN 1 AND 64 ORDER BY w.n),
                        (SELECT w.key FROM walk w WHERE w.n = 64 AND EXISTS (
                             SELECT 1 FROM walk x WHERE x.n = 65))
-                  INTO v_tenants, v_window_end;
+                  INTO v_tenants, v_tfirst, v_window_end;
                 -- 2. Each tenant's senders: a walk of its senders from its own cursor
                 -- (p_tcur_*), wrapping round, at most v_budget of them; one more probe
                 -- tells whether more wait. One recursive statement for all the tenants:
                 -- a row (i, key, n) is the n-th sender of the i-th tenant, n = 0 the
-                -- start at its cursor; a probe runs only while n is within the budget.
+                -- start at its cursor; a tenant without one starts at its first sender
+                -- (n = 1, from step 1), so a tenant of one sender costs one probe here;
+                -- a probe runs only while n is within the budget.
                 v_budget := greatest(1, 64 / greatest(cardinality(v_tenants), 1));
                 v_tcurs := ARRAY(
                     SELECT (SELECT min(c.sender)
@@ -697,13 +708,16 @@ BEGIN
                              WHERE c.stage = v_stage AND c.tenant = t.key)
                       FROM unnest(v_tenants) WITH ORDINALITY AS t(key, n) ORDER BY t.n);
                 WITH RECURSIVE walk(i, key, n, wrapped) AS (
-                    SELECT 1, v_tcurs[1], 0, false
+                    SELECT 1, coalesce(v_tcurs[1], v_tfirst[1]),
+                           CASE WHEN v_tcurs[1] IS NULL THEN 1 ELSE 0 END, v_tcurs[1] IS NULL
                      WHERE cardinality(v_tenants) > 0
                   UNION ALL
                     SELECT CASE WHEN g.go THEN w.i ELSE w.i + 1 END,
-                           CASE WHEN g.go THEN nx.key ELSE v_tcurs[w.i + 1] END,
-                           CASE WHEN g.go THEN w.n + 1 ELSE 0 END,
-                           g.go AND nx.wrapped
+                           CASE WHEN g.go THEN nx.key
+                                ELSE coalesce(v_tcurs[w.i + 1], v_tfirst[w.i + 1]) END,
+                           CASE WHEN g.go THEN w.n + 1
+                                WHEN v_tcurs[w.i + 1] IS NULL THEN 1 ELSE 0 END,
+                           CASE WHEN g.go THEN nx.wrapped ELSE v_tcurs[w.i + 1] IS NULL END
                       FROM walk w
                      CROSS JOIN LATERAL (
                          SELECT CASE WHEN w.n <= v_budget THEN (
@@ -771,6 +785,7 @@ BEGIN
                         AND q.workqueue_id >= coalesce(v_lo, -9223372036854775808)
                       ORDER BY q.tenant_key, q.sender_key, q.workqueue_id LIMIT v_cap
                  )) WITH ORDINALITY AS c(id, k);
+                v_single := cardinality(v_ws_keys) = cardinality(v_tenants);
                 IF v_sw IS NULL THEN
                     v_oldest := ARRAY(
                         SELECT q.workqueue_id FROM pepsi.workqueue q
@@ -813,35 +828,49 @@ BEGIN
                    WHERE l.stage = v_stage AND l.us IS NOT NULL
                    GROUP BY l.tenant
               ) k ON k.tenant = t.key;
-            WITH known AS (
-                SELECT l.sender, min(l.us) AS us, min(l.w) AS w
-                  FROM unnest(p_lead_stage, p_lead_sender, p_lead_us, p_lead_w)
-                       AS l(stage, sender, us, w)
-                 WHERE l.stage = v_stage AND l.us IS NOT NULL
-                 GROUP BY l.sender
-            ), cands AS (
-                SELECT c.id, c.ti, c.k, k.us,
-                       CASE WHEN k.w >= 0.01 AND k.w <= 100 THEN k.w ELSE 1 END AS w
-                  FROM unnest(v_cand_ids, v_cand_keys, v_cand_tis, v_cand_ks)
-                       AS c(id, key, ti, k)
-                  LEFT JOIN known k ON k.sender = c.key
-                 WHERE c.id <> ALL (v_oldest)
-            ), ranked AS (
-                SELECT c.id, c.ti,
-                       row_number() OVER (
-                           PARTITION BY c.ti
-                           ORDER BY coalesce(c.us, c.least - v_avg / 2, 0)
-                                    + (c.k - 1) * v_avg / c.w, c.id) AS j
-                  FROM (SELECT c.*, min(c.us) OVER (PARTITION BY c.ti) AS least
-                          FROM cands c) c
-            )
-            SELECT ARRAY(SELECT o.id FROM unnest(v_oldest) AS o(id) ORDER BY o.id)
-                   || ARRAY(SELECT r.id
-                              FROM ranked r
-                             WHERE r.j <= least(v_cap, v_tl_allow[r.ti])
-                             ORDER BY coalesce(v_tl_lead[r.ti], v_tl_least - v_avg / 2, 0)
-                                      + (r.j - 1) * v_avg / v_tl_w[r.ti], r.id)
-              INTO v_order;
+            IF v_single THEN
+                -- One sender per tenant of the window (the common case): within a
+                -- tenant the order is its sender's, the k-th oldest row is its j-th,
+                -- and the senders' leads and weights change nothing.
+                SELECT ARRAY(SELECT o.id FROM unnest(v_oldest) AS o(id) ORDER BY o.id)
+                       || ARRAY(SELECT c.id
+                                  FROM unnest(v_cand_ids, v_cand_tis, v_cand_ks) AS c(id, ti, k)
+                                 WHERE c.id <> ALL (v_oldest)
+                                   AND c.k <= least(v_cap, v_tl_allow[c.ti])
+                                 ORDER BY coalesce(v_tl_lead[c.ti], v_tl_least - v_avg / 2, 0)
+                                          + (c.k - 1) * v_avg / v_tl_w[c.ti], c.id)
+                  INTO v_order;
+            ELSE
+                WITH known AS (
+                    SELECT l.sender, min(l.us) AS us, min(l.w) AS w
+                      FROM unnest(p_lead_stage, p_lead_sender, p_lead_us, p_lead_w)
+                           AS l(stage, sender, us, w)
+                     WHERE l.stage = v_stage AND l.us IS NOT NULL
+                     GROUP BY l.sender
+                ), cands AS (
+                    SELECT c.id, c.ti, c.k, k.us,
+                           CASE WHEN k.w >= 0.01 AND k.w <= 100 THEN k.w ELSE 1 END AS w
+                      FROM unnest(v_cand_ids, v_cand_keys, v_cand_tis, v_cand_ks)
+                           AS c(id, key, ti, k)
+                      LEFT JOIN known k ON k.sender = c.key
+                     WHERE c.id <> ALL (v_oldest)
+                ), ranked AS (
+                    SELECT c.id, c.ti,
+                           row_number() OVER (
+                               PARTITION BY c.ti
+                               ORDER BY coalesce(c.us, c.least - v_avg / 2, 0)
+                                        + (c.k - 1) * v_avg / c.w, c.id) AS j
+                      FROM (SELECT c.*, min(c.us) OVER (PARTITION BY c.ti) AS least
+                              FROM cands c) c
+                )
+                SELECT ARRAY(SELECT o.id FROM unnest(v_oldest) AS o(id) ORDER BY o.id)
+                       || ARRAY(SELECT r.id
+                                  FROM ranked r
+                                 WHERE r.j <= least(v_cap, v_tl_allow[r.ti])
+                                 ORDER BY coalesce(v_tl_lead[r.ti], v_tl_least - v_avg / 2, 0)
+                                          + (r.j - 1) * v_avg / v_tl_w[r.ti], r.id)
+                  INTO v_order;
+            END IF;
         END IF;
 
         -- 5. The lock, as in schema 4.
