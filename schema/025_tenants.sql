@@ -3,7 +3,9 @@
 --
 -- Tenants. Every row has a tenant_key: the tenant its sender belongs to. A sender key
 -- matching a pattern of pepsi.tenants (the most literal pattern first) belongs to
--- 'tenant:NAME'; any other to its default tenant, from the sender key alone
+-- 'tenant:NAME'; with [pepsi] TENANT_KEY = sender (pepsi.tenant_rule, which
+-- pepsi-setup writes) any other is its own tenant; with default, its default tenant,
+-- from the sender key alone
 -- (pepsi.tenant_default): an authenticated user's domain ('domain:…', the login itself
 -- as 'user:…' when it names none), an unauthenticated client's /24 (IPv4) or /48
 -- (IPv6) ('net:…'), else the envelope sender's registrable domain ('domain:…'; for the
@@ -209,8 +211,23 @@ COMMENT ON FUNCTION pepsi.tenant_default(text) IS
     'domain:REGISTRABLE, user:LOGIN → itself, ip:A.B.C.D → net:A.B.C.0/24, ip:V6/64 → '
     'net:V6/48, from:DOMAIN and null:DOMAIN → domain:REGISTRABLE.';
 
+-- [pepsi] TENANT_KEY, as pepsi-setup last wrote it: how a sender key not named in
+-- pepsi.tenants finds its tenant.
+CREATE TABLE pepsi.tenant_rule (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    rule text NOT NULL CHECK (rule IN ('default', 'sender'))
+);
+INSERT INTO pepsi.tenant_rule (rule) VALUES ('default');
+
+COMMENT ON TABLE pepsi.tenant_rule IS
+    '[pepsi] TENANT_KEY as pepsi-setup schema last wrote it (one row): default '
+    '(pepsi.tenant_default) or sender (each sender key its own tenant).';
+COMMENT ON COLUMN pepsi.tenant_rule.only_row IS 'Always true: the table has one row.';
+COMMENT ON COLUMN pepsi.tenant_rule.rule IS 'default or sender.';
+COMMENT ON INDEX pepsi.tenant_rule_pkey IS 'One row.';
+
 -- The tenant of a sender key: the most literal pepsi.tenants pattern matching it,
--- else its default tenant.
+-- else its default tenant (TENANT_KEY = default) or itself (sender).
 CREATE FUNCTION pepsi.tenant_of(p_sender_key text)
 RETURNS text
 LANGUAGE plpgsql STABLE
@@ -224,12 +241,38 @@ BEGIN
      WHERE p_sender_key LIKE pepsi.pattern_like(t.pattern)
      ORDER BY pg_catalog.length(pg_catalog.replace(t.pattern, '*', '')) DESC, t.pattern
      LIMIT 1;
-    RETURN coalesce(v_tenant, pepsi.tenant_default(p_sender_key));
+    IF v_tenant IS NOT NULL THEN
+        RETURN v_tenant;
+    END IF;
+    IF (SELECT r.rule FROM pepsi.tenant_rule r) = 'sender' THEN
+        RETURN coalesce(p_sender_key, '');
+    END IF;
+    RETURN pepsi.tenant_default(p_sender_key);
 END $$;
 
 COMMENT ON FUNCTION pepsi.tenant_of(text) IS
     'The tenant of a sender key: ''tenant:'' || the tenant of the most literal '
-    'pepsi.tenants pattern matching it, else pepsi.tenant_default.';
+    'pepsi.tenants pattern matching it, else pepsi.tenant_default (TENANT_KEY = '
+    'default) or the key itself (sender).';
+
+-- Writes TENANT_KEY (pepsi-setup, as the owner) and, when it changed, keys every row
+-- again. Returns the rows re-keyed, -1 when the rule was already p_rule.
+CREATE FUNCTION pepsi.set_tenant_rule(p_rule text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pepsi.tenant_rule SET rule = p_rule WHERE rule IS DISTINCT FROM p_rule;
+    IF NOT FOUND THEN
+        RETURN -1;
+    END IF;
+    RETURN pepsi.tenants_rekey();
+END $$;
+
+COMMENT ON FUNCTION pepsi.set_tenant_rule(text) IS
+    'pepsi-setup: writes [pepsi] TENANT_KEY to pepsi.tenant_rule and, when it changed, '
+    'sets every queue row''s tenant again; returns the rows re-keyed, -1 unchanged.';
 
 ALTER TABLE pepsi.workqueue ADD COLUMN tenant_key text;
 UPDATE pepsi.workqueue SET tenant_key = pepsi.tenant_of(sender_key);
@@ -976,6 +1019,7 @@ INSERT INTO pepsi.role_grants (role, privilege, object) VALUES
     ('pepsi_dispatch', 'DELETE', 'TABLE pepsi.tenant_shares'),
     ('pepsi_admin', 'SELECT', 'TABLE pepsi.tenant_shares'),
     ('pepsi_admin', 'SELECT', 'TABLE pepsi.tenants'),
+    ('pepsi_admin', 'SELECT', 'TABLE pepsi.tenant_rule'),
     ('pepsi_admin', 'INSERT', 'TABLE pepsi.tenants'),
     ('pepsi_admin', 'UPDATE', 'TABLE pepsi.tenants'),
     ('pepsi_admin', 'DELETE', 'TABLE pepsi.tenants'),

@@ -59,6 +59,28 @@ pub fn run(invocation: Invocation) -> Result<(), Failure> {
     report_read_all_stats(&mut client);
     report_public_schema(setup.public_schema);
     write_inject_stages(&config, &mut client);
+    write_tenant_rule(&config, &mut client)?;
+    Ok(())
+}
+
+/// Writes `[pepsi] TENANT_KEY` (§7 "Tenants"); when it changed, every queue row is
+/// keyed again in the same statement.
+fn write_tenant_rule(config: &Config, client: &mut crate::db::Client) -> Result<(), Failure> {
+    let rule = config.pepsi.tenant_key.as_str();
+    let row = client
+        .query_one(db::sql_settings::SET_TENANT_RULE, &[&rule])
+        .map_err(|e| {
+            Failure::general(format!(
+                "cannot write [pepsi] TENANT_KEY: {}",
+                db::describe(&e)
+            ))
+        })?;
+    match row.get::<_, i64>(0) {
+        -1 => log::info!("tenants are keyed by {rule} ([pepsi] TENANT_KEY)"),
+        n => log::info!(
+            "tenants are keyed by {rule} now ([pepsi] TENANT_KEY): {n} queue rows changed tenant"
+        ),
+    }
     Ok(())
 }
 

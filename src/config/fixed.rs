@@ -83,6 +83,31 @@ pub struct MailLog;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogFormat;
 
+/// How a sender's tenant is found ([`TenantKey`]); default `default`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantRule;
+
+/// `[pepsi] TENANT_KEY` (§7 "Tenants"): the rule `pepsi-setup schema` writes to
+/// `pepsi.tenant_rule`, which every row inserted is keyed by (schema 25).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantKey {
+    /// The authenticated user's domain, else the client's /24 or /48, else the
+    /// envelope sender's registrable domain.
+    Default,
+    /// Each sender key its own tenant: shares between senders alone.
+    Sender,
+}
+
+impl TenantKey {
+    /// As the file and the table write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantKey::Default => "default",
+            TenantKey::Sender => "sender",
+        }
+    }
+}
+
 /// The kinds whose default is a text as the file would have it.
 pub trait TextDefault {
     /// The default as the file would write it; `None` when the key has none.
@@ -150,6 +175,8 @@ fixed_keys! {
     LOG_FORMAT = LogFormat,
     /// How long `pepsi.history` keeps what became of a message.
     HISTORY_RETENTION = PositiveSeconds(7 * 86_400),
+    /// How a sender's tenant is found: `default` or `sender`.
+    TENANT_KEY = TenantRule,
 
     ["pepsi-postgres"]
     /// libpq conninfo or URL: the schema owner's, and every program's without its own.
@@ -340,6 +367,29 @@ impl Key<LogFormat> {
                     format!("{} is neither text nor json", crate::escape::Visible(other)),
                 ));
                 MailLogFormat::Text
+            }
+        }
+    }
+}
+
+impl Key<TenantRule> {
+    /// The rule, or the default after recording a problem.
+    pub fn read(&self, sections: &[Section], p: &mut Problems) -> TenantKey {
+        let Some((section, text)) = self.set_in(sections) else {
+            return TenantKey::Default;
+        };
+        match text {
+            "default" => TenantKey::Default,
+            "sender" => TenantKey::Sender,
+            other => {
+                p.push(section.error(
+                    self.name,
+                    format!(
+                        "{} is neither default nor sender",
+                        crate::escape::Visible(other)
+                    ),
+                ));
+                TenantKey::Default
             }
         }
     }

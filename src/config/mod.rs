@@ -82,6 +82,8 @@ pub struct PepsiOptions {
     /// `HISTORY_RETENTION`, in whole days (at least 1, at most 3660): how long
     /// `pepsi.history` keeps what became of a message.
     pub history_days: i32,
+    /// `TENANT_KEY`: how a sender's tenant is found (written by `pepsi-setup`).
+    pub tenant_key: fixed::TenantKey,
 }
 
 /// A retention in whole days, rounded up, within what `pepsi.history_maintain` takes.
@@ -359,6 +361,7 @@ impl Config {
             delivery_log: fixed::DELIVERY_LOG.read(f, &mut p),
             log_format: fixed::LOG_FORMAT.read(f, &mut p),
             history_days: retention_days(fixed::HISTORY_RETENTION.read(f, &mut p)),
+            tenant_key: fixed::TENANT_KEY.read(f, &mut p),
         };
 
         // Read first: its problem is listed before the connections', as it always was.

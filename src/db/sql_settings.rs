@@ -8,7 +8,8 @@
 //! settings with every message they load, so a committed change applies from the next
 //! message on, and the dispatcher keeps nothing of the table. The fair-share weights
 //! and the tenants (§7) have statements of their own at the end; their tables'
-//! triggers notify the dispatcher and set the queue rows' tenants again.
+//! triggers notify the dispatcher and set the queue rows' tenants again. So does
+//! `pepsi-setup`'s writing of `[pepsi] TENANT_KEY`.
 
 /// First statement of every writing transaction: writers of `pepsi.settings` wait for
 /// each other, so each checks the rows the other's change left (two changes of one
@@ -99,6 +100,11 @@ pub const SET_TENANT: &str = "INSERT INTO pepsi.tenants (pattern, tenant) VALUES
 /// Removes a pattern's tenant: $1 pattern (text). Returns the row removed, if any.
 pub const UNSET_TENANT: &str =
     "DELETE FROM pepsi.tenants t WHERE t.pattern = $1::text RETURNING t.pattern";
+
+/// `pepsi-setup`: writes `[pepsi] TENANT_KEY` and keys the queue again when it changed.
+/// $1 the rule (text: default or sender). Returns the rows re-keyed (int8), -1 when the
+/// rule was already that.
+pub const SET_TENANT_RULE: &str = "SELECT pepsi.set_tenant_rule($1::text)";
 
 /// The tenant a sender key belongs to now: $1 sender key (text). Returns one row.
 pub const TENANT_OF: &str = "SELECT pepsi.tenant_of($1::text)";

@@ -346,3 +346,82 @@ fn a_tenant_held_to_ten_a_second_runs_at_that_rate_and_the_other_is_not_slowed()
         "the free tenant finished {free:.1} a second beside it, {alone:.1} alone"
     );
 }
+
+#[test]
+fn tenant_key_sender_makes_each_sender_its_own_tenant_once_pepsi_setup_wrote_it() {
+    let db = TestDb::new();
+    let dir = TempDir::new("t-rule");
+    let conf = conf(&dir, &db, "", ONE_SLOT);
+    let mut c = db.client();
+    inject(&mut c, "x@a.big.example", 1, 1);
+    inject(&mut c, "x@b.big.example", 1, 1);
+    let tenants = |c: &mut Client| -> Vec<String> {
+        c.query(
+            "SELECT tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    assert_eq!(
+        tenants(&mut c),
+        ["domain:big.example", "domain:big.example"]
+    );
+    let setup = |conf: &std::path::Path| {
+        let out = std::process::Command::new(crate::util::bin("pepsi-setup"))
+            .arg("-c")
+            .arg(conf)
+            .arg("schema")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", both(&out));
+        both(&out)
+    };
+    crate::util::scenario::add_to_pepsi(&conf, "TENANT_KEY = sender\n");
+    let said = setup(&conf);
+    assert!(said.contains("2 queue rows changed tenant"), "{said}");
+    assert_eq!(
+        tenants(&mut c),
+        ["from:a.big.example", "from:b.big.example"]
+    );
+    inject(&mut c, "x@c.big.example", 1, 1);
+    assert_eq!(tenants(&mut c)[2], "from:c.big.example");
+    // Again: nothing changes; a named tenant still wins; back to the default rule.
+    assert!(setup(&conf).contains("tenants are keyed by sender ([pepsi] TENANT_KEY)"));
+    expect(
+        &queue(&conf, &["settings", "tenant", "from:a.*", "alpha"]),
+        0,
+    );
+    assert_eq!(tenants(&mut c)[0], "tenant:alpha");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(
+        &conf,
+        text.replace("TENANT_KEY = sender\n", "TENANT_KEY = default\n"),
+    )
+    .unwrap();
+    setup(&conf);
+    assert_eq!(
+        tenants(&mut c),
+        ["tenant:alpha", "domain:big.example", "domain:big.example"]
+    );
+    // A value that is neither is a configuration error naming its file, line and key
+    // (pepsi-setup exits 1 on a configuration error, pepsi-setup(8)).
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(
+        &conf,
+        text.replace("TENANT_KEY = default\n", "TENANT_KEY = \u{1b}[2Jx\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::util::bin("pepsi-setup"))
+        .arg("-c")
+        .arg(&conf)
+        .arg("schema")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+    let said = both(&out);
+    let named = "pepsi.conf:3: [pepsi] TENANT_KEY: \\u{1b}[2Jx is neither default nor sender";
+    assert!(said.contains(named) && !said.contains('\u{1b}'), "{said:?}");
+}
