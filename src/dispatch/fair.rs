@@ -209,8 +209,9 @@ fn adjust(
 }
 
 /// Charges `charge` µs (already divided by the weight) to `key` in `map` at `now`: a
-/// newcomer starts level with the least-served of those `among` admits, less half a
-/// message (`avg`), as the claim statement ranked it.
+/// newcomer starts level with the least-served of `map` with the same `tenant` (a
+/// sender: of its tenant's senders; a tenant, whose `tenant` is empty: of the tenants),
+/// less half a message (`avg`), as the claim statement ranked it.
 fn charge(
     map: &mut HashMap<String, Sender>,
     (key, tenant): (&str, &str),
