@@ -235,16 +235,22 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_tenant text;
+    v_rule text;
 BEGIN
-    SELECT 'tenant:' || t.tenant INTO v_tenant
-      FROM pepsi.tenants t
-     WHERE p_sender_key LIKE pepsi.pattern_like(t.pattern)
-     ORDER BY pg_catalog.length(pg_catalog.replace(t.pattern, '*', '')) DESC, t.pattern
-     LIMIT 1;
+    -- One statement per row inserted (this runs in the insert trigger): the named
+    -- tenant, if any, and the rule.
+    SELECT (SELECT 'tenant:' || t.tenant
+              FROM pepsi.tenants t
+             WHERE p_sender_key LIKE pepsi.pattern_like(t.pattern)
+             ORDER BY pg_catalog.length(pg_catalog.replace(t.pattern, '*', '')) DESC,
+                      t.pattern
+             LIMIT 1),
+           (SELECT r.rule FROM pepsi.tenant_rule r)
+      INTO v_tenant, v_rule;
     IF v_tenant IS NOT NULL THEN
         RETURN v_tenant;
     END IF;
-    IF (SELECT r.rule FROM pepsi.tenant_rule r) = 'sender' THEN
+    IF v_rule = 'sender' THEN
         RETURN coalesce(p_sender_key, '');
     END IF;
     RETURN pepsi.tenant_default(p_sender_key);
