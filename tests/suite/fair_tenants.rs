@@ -55,6 +55,28 @@ fn shares_of(conf: &std::path::Path, tenants: &[&str]) -> serde_json::Value {
     found
 }
 
+/// Every queue row's tenant, by id.
+fn tenants(c: &mut Client) -> Vec<String> {
+    c.query(
+        "SELECT tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// `pepsi-setup -c conf schema`.
+fn pepsi_setup(conf: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(crate::util::bin("pepsi-setup"))
+        .arg("-c")
+        .arg(conf)
+        .arg("schema")
+        .output()
+        .unwrap()
+}
+
 /// A tenant's entry in a stage's fair shares.
 fn tenant<'a>(stage: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     stage["tenants"]
@@ -163,16 +185,6 @@ fn tenants_are_named_by_pattern_and_the_queue_follows_at_once() {
     inject(&mut c, "x@one.acme.example", 1, 1);
     inject(&mut c, "x@acme-two.example", 1, 1);
     inject(&mut c, "x@other.example", 1, 1);
-    let tenants = |c: &mut Client| -> Vec<String> {
-        c.query(
-            "SELECT tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-    };
     assert_eq!(
         tenants(&mut c),
         [
@@ -355,27 +367,12 @@ fn tenant_key_sender_makes_each_sender_its_own_tenant_once_pepsi_setup_wrote_it(
     let mut c = db.client();
     inject(&mut c, "x@a.big.example", 1, 1);
     inject(&mut c, "x@b.big.example", 1, 1);
-    let tenants = |c: &mut Client| -> Vec<String> {
-        c.query(
-            "SELECT tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-    };
     assert_eq!(
         tenants(&mut c),
         ["domain:big.example", "domain:big.example"]
     );
     let setup = |conf: &std::path::Path| {
-        let out = std::process::Command::new(crate::util::bin("pepsi-setup"))
-            .arg("-c")
-            .arg(conf)
-            .arg("schema")
-            .output()
-            .unwrap();
+        let out = pepsi_setup(conf);
         assert!(out.status.success(), "{}", both(&out));
         both(&out)
     };
@@ -414,14 +411,84 @@ fn tenant_key_sender_makes_each_sender_its_own_tenant_once_pepsi_setup_wrote_it(
         text.replace("TENANT_KEY = default\n", "TENANT_KEY = \u{1b}[2Jx\n"),
     )
     .unwrap();
-    let out = std::process::Command::new(crate::util::bin("pepsi-setup"))
-        .arg("-c")
-        .arg(&conf)
-        .arg("schema")
-        .output()
-        .unwrap();
+    let out = pepsi_setup(&conf);
     assert_eq!(out.status.code(), Some(1), "{}", both(&out));
     let said = both(&out);
     let named = "pepsi.conf:3: [pepsi] TENANT_KEY: \\u{1b}[2Jx is neither default nor sender";
     assert!(said.contains(named) && !said.contains('\u{1b}'), "{said:?}");
+}
+
+#[test]
+fn hostile_sender_domains_and_pattern_metacharacters_stay_bounded_literal_and_escaped() {
+    let db = TestDb::new();
+    let dir = TempDir::new("t-hostile-keys");
+    let conf = conf(&dir, &db, "STATS_INTERVAL = 1s", ONE_SLOT);
+    let mut c = db.client();
+    record_finishes(&mut c);
+    // Senders whose domains carry a forged line, a bidi override, a 100 KB label and
+    // LIKE's own wildcards.
+    let long = format!("x@{}.example", "a".repeat(100_000));
+    let froms = [
+        "x@a.example\r\nX-Forged: 1",
+        "x@mail.evil.exa\u{202e}elpm",
+        long.as_str(),
+        "x@a_b.example",
+        "x@axb.example",
+        "x@p%q.example",
+    ];
+    // Written straight into the table, as a role that inserts rows could (the
+    // injector refuses control characters in a sender; the tenant must not rely on it).
+    for from in froms {
+        c.execute(
+            "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, state) \
+             SELECT 's', $1, ARRAY['r@y.example'], '{\"cost_ms\": 5}' FROM generate_series(1, 3)",
+            &[&from],
+        )
+        .unwrap();
+    }
+    let keys = tenants(&mut c);
+    assert!(
+        keys.iter().all(|k| k.len() <= 220),
+        "tenant keys stay as bounded as sender keys: {:?}",
+        keys.iter().map(String::len).collect::<Vec<_>>()
+    );
+    // `_` and `%` in a pattern are the characters themselves, not LIKE's wildcards.
+    expect(
+        &queue(&conf, &["settings", "tenant", "from:a_b.example", "under"]),
+        0,
+    );
+    expect(
+        &queue(&conf, &["settings", "tenant", "from:%", "percent"]),
+        0,
+    );
+    let named: Vec<String> = tenants(&mut c)
+        .into_iter()
+        .filter(|k| k.starts_with("tenant:"))
+        .collect();
+    assert_eq!(
+        named, ["tenant:under"; 3],
+        "only a_b.example's rows are named"
+    );
+    // Run them, and read the shares back through status and metrics: every hostile
+    // key shown escaped, in text, JSON and label values alike.
+    let d = Dispatcher::start(&conf, &[]);
+    crate::util::wait_until(60 * SEC, "every message run", || {
+        finished_count(&mut c) >= 18
+    });
+    let waiting: Vec<&str> = keys[..2].iter().map(String::as_str).collect();
+    let stage = shares_of(&conf, &waiting);
+    let text = crate::util::stdout(&queue(&conf, &["status"]));
+    let metrics = crate::util::stdout(&queue(&conf, &["metrics"]));
+    drop(d);
+    assert!(stage["tenants"].as_array().unwrap().len() >= 5, "{stage}");
+    for (what, out) in [("status", &text), ("metrics", &metrics)] {
+        assert!(
+            !out.chars()
+                .any(|ch| (ch.is_control() && ch != '\n') || ch == '\u{202e}'),
+            "{what} shows a hostile tenant raw"
+        );
+        assert!(!out.contains("\nX-Forged"), "{what}: a forged line");
+    }
+    assert!(text.contains("\\u{202e}"), "{text}");
+    assert!(metrics.contains("\\\\u{202e}"), "{metrics}");
 }
