@@ -111,6 +111,7 @@ pub const FILES: &[SchemaFile] = &[
     migration!("023_claim_take.sql"),
     migration!("024_claim_one_sender.sql"),
     migration!("025_tenants.sql"),
+    migration!("026_claim_tenant_walk.sql"),
 ];
 
 /// The advisory lock key `pepsi-setup` holds while it installs (a transaction lock).

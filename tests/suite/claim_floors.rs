@@ -181,15 +181,17 @@ fn the_claims_plans_stay_on_the_pending_indexes_after_the_table_was_emptied_vacu
                 '{NULL,NULL}', '{}', '{}', '{}', 100, '{5000,9000}');\n\
          ROLLBACK;\n";
     // One session: seven rounds of calls on the empty table (PL/pgSQL caches generic
-    // plans after five), then 10,000 rows over 40 senders and paused rows, unseen by
-    // the statistics, and two more rounds, whose every nested plan is logged.
+    // plans after five), then 10,000 rows over 40 senders (20 of them one tenant's,
+    // shared.example, so that its senders are walked) and paused rows, unseen by the
+    // statistics, and two more rounds, whose every nested plan is logged.
     let script = format!(
         "SET auto_explain.log_min_duration = -1;\n{}\
          INSERT INTO pepsi.workqueue (stage, status, timeout, mail_from, rcpt_to) \
          SELECT CASE WHEN g % 10 = 0 THEN 'b' ELSE 'a' END, \
                 CASE WHEN g % 50 = 0 THEN 'paused' ELSE 'pending' END::pepsi.workqueue_status, \
                 CASE WHEN g % 50 = 0 THEN now() + interval '1 hour' END, \
-                'x@s' || (g % 40) || '.example', ARRAY['r@y.example'] \
+                'x@s' || (g % 40) || CASE WHEN g % 40 < 20 THEN '.shared.example' \
+                                          ELSE '.example' END, ARRAY['r@y.example'] \
            FROM generate_series(1, 10000) g;\n\
          SET auto_explain.log_min_duration = 0;\n{}",
         claims.repeat(7),

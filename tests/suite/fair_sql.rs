@@ -870,14 +870,15 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
     };
     insert_flood(&mut c, 1000);
     // 50 other senders, whose keys sort before the flood's: 25 with 20 rows each (more
-    // than the cap) and 25 with one (a scan of such a sender's rows that does not stop
-    // at its last entry would run on into the flood's).
+    // than the cap), each its own tenant, and 25 with one (a scan of such a sender's
+    // rows that does not stop at its last entry would run on into the flood's), all of
+    // one tenant (several.example), so that its senders are walked too.
     c.execute(
         "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
          SELECT 'a', 'x@other' || (g % 25) || '.example', ARRAY['r@y.example'] \
            FROM generate_series(1, 500) g \
          UNION ALL \
-         SELECT 'a', 'x@single' || g || '.example', ARRAY['r@y.example'] \
+         SELECT 'a', 'x@single' || g || '.several.example', ARRAY['r@y.example'] \
            FROM generate_series(1, 25) g",
         &[],
     )
@@ -928,11 +929,12 @@ fn the_fair_claim_reads_no_more_than_its_window_however_deep_a_backlog() {
         assert!(plans.contains("workqueue_pending_tenant_idx"), "{plans}");
         assert!(plans.contains("workqueue_pending_idx"), "{plans}");
         assert_reads_at_most(&plans, most, pages, when);
-        // The tenants' walk: one probe per tenant (each sender is alone in its
-        // tenant here), 51 found, one that finds no more, one for the first (the
-        // wrap; the NULL cursor's own probe reads nothing). Each tenant's walk of its
-        // senders: three probes at most (its NULL cursor's, its first sender, one
-        // that finds no more).
+        // The tenants' walk over (tenant, sender) pairs: one probe per tenant of one
+        // sender, two for several.example (its second sender, then past it), 27
+        // found, one for the first (the wrap; the NULL cursor's own probe reads
+        // nothing). The walk of several.example's senders: three probes at most per
+        // sender walked (its NULL cursor's, its first sender, one that finds no
+        // more); no other tenant's senders are probed.
         for (walk, most) in [
             ("WITH RECURSIVE walk(key", senders + 2.0),
             ("WITH RECURSIVE walk(i", 3.0 * senders),
@@ -1074,6 +1076,70 @@ fn senders_whose_keys_differ_only_by_hostile_characters_are_not_one_sender() {
         assert!(answer.ids().contains(id), "row {id} ranked in: {answer:?}");
     }
     assert_eq!(answer.rows.len(), 16);
+}
+
+#[test]
+fn tenants_of_several_senders_are_walked_wherever_they_fall_in_the_window() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    // More than 512 rows, so that the window is walked: a flood of one sender, two
+    // tenants of one sender, and two of three senders each, one in the middle of the
+    // key order (m.example) and one last (z.example: the walk ends after it).
+    add(&mut c, "a", "x@flood.example", 600);
+    let several = [
+        "x@s1.m.example",
+        "x@s2.m.example",
+        "x@s3.m.example",
+        "x@s1.z.example",
+        "x@s2.z.example",
+        "x@s3.z.example",
+    ];
+    for from in ["x@a1.example", "x@a2.example"].iter().chain(&several) {
+        add(&mut c, "a", from, 1);
+    }
+    // No leads: j = 0 gives each of the five tenants a row, j = 1 and j = 2 the flood,
+    // m and z one each (their second and third senders), the rest is the flood's. A
+    // tenant whose senders were not walked would give one row.
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 20)], &[]);
+    let got: Vec<String> = answer.rows.iter().map(|r| r.sender.clone()).collect();
+    for from in ["x@a1.example", "x@a2.example"].iter().chain(&several) {
+        assert!(got.contains(&key(from)), "{from} claimed: {got:?}");
+    }
+    let flood = got.iter().filter(|s| **s == key("x@flood.example")).count();
+    assert_eq!((got.len(), flood), (20, 12), "{got:?}");
+
+    // A full window: at `b` 64 tenants of one row (c00 … c63; c63 the 64th in key
+    // order, of two senders) and the flood's, the 65th. The window ends at c63, and
+    // with 64 tenants each walks one sender: c63 answers where its walk stopped, as
+    // one more sender waits.
+    add(&mut c, "b", "x@flood.example", 600);
+    for i in 0..63 {
+        add(&mut c, "b", &format!("x@c{i:02}.example"), 1);
+    }
+    add(&mut c, "b", "x@s1.c63.example", 1);
+    add(&mut c, "b", "x@s2.c63.example", 1);
+    let mut tx = c.transaction().unwrap();
+    let rows = tx
+        .query(
+            "SELECT tenant_key, window_end FROM pepsi.workqueue_claim_fair(\
+             '{b}', '{64}', '{0}', '{1000}', '{NULL}', '{}', '{}', '{}', 100, NULL) \
+             WHERE workqueue_id IS NULL",
+            &[],
+        )
+        .unwrap();
+    tx.rollback().unwrap();
+    let ends: Vec<(Option<String>, Option<String>)> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        ends,
+        vec![
+            (None, Some("domain:c63.example".to_string())),
+            (
+                Some("domain:c63.example".to_string()),
+                Some("from:s1.c63.example".to_string())
+            ),
+        ]
+    );
 }
 
 /// The rows a fair claim of `cap` at stage `a` takes, under the allowances `default`
