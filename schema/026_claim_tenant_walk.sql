@@ -18,6 +18,13 @@
 --   when the claim did not walk.
 -- - The rates' allowances are looked up only at a stage with a rate.
 -- What the function claims and answers is as in schema 25.
+--
+-- Named tenants. pepsi.tenant_of, which the insert trigger calls for every row, turned
+-- every pattern of pepsi.tenants into a LIKE pattern and counted its literal characters
+-- at every call: with 100 patterns an insert cost about 0.3 ms more. The table now keeps
+-- both as generated columns, in an index in the order of preference, so the lookup reads
+-- the patterns most literal first and stops at the first that matches. And
+-- pepsi.tenants_rekey looks each waiting sender key up once, not twice per queue row.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_claim_fair(
     p_stages text[],
     p_caps int4[],
@@ -648,4 +655,67 @@ BEGIN
     SELECT NULL::bigint, NULL::text, NULL::text, NULL::bigint, v_due, NULL::boolean,
            NULL::text, NULL::bigint, NULL::bigint, NULL::text
      WHERE v_n = 0;
+END $$;
+
+
+-- Named tenants, matched without a function call per pattern (see the head of this file).
+ALTER TABLE pepsi.tenants
+    ADD COLUMN like_pattern text GENERATED ALWAYS AS (pepsi.pattern_like(pattern)) STORED,
+    ADD COLUMN literal int4
+        GENERATED ALWAYS AS (pg_catalog.length(pg_catalog.replace(pattern, '*', ''))) STORED;
+
+COMMENT ON COLUMN pepsi.tenants.like_pattern IS
+    'The pattern as LIKE reads it (pepsi.pattern_like), kept for the insert trigger''s lookup.';
+COMMENT ON COLUMN pepsi.tenants.literal IS
+    'How many characters of the pattern are not *: the more, the more the pattern wins.';
+
+CREATE INDEX tenants_preference_idx
+    ON pepsi.tenants (literal DESC, pattern) INCLUDE (like_pattern, tenant);
+
+COMMENT ON INDEX pepsi.tenants_preference_idx IS
+    'The patterns in the order in which the first that matches a sender key wins.';
+
+CREATE OR REPLACE FUNCTION pepsi.tenant_of(p_sender_key text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+    v_rule text;
+BEGIN
+    -- One statement per row inserted (this runs in the insert trigger): the named
+    -- tenant, if any (the patterns read most literal first, up to the first that
+    -- matches), and the rule.
+    SELECT (SELECT 'tenant:' || t.tenant
+              FROM pepsi.tenants t
+             WHERE p_sender_key LIKE t.like_pattern
+             ORDER BY t.literal DESC, t.pattern
+             LIMIT 1),
+           (SELECT r.rule FROM pepsi.tenant_rule r)
+      INTO v_tenant, v_rule;
+    IF v_tenant IS NOT NULL THEN
+        RETURN v_tenant;
+    END IF;
+    IF v_rule = 'sender' THEN
+        RETURN coalesce(p_sender_key, '');
+    END IF;
+    RETURN pepsi.tenant_default(p_sender_key);
+END $$;
+
+-- Each sender key waiting in the queue is looked up once.
+CREATE OR REPLACE FUNCTION pepsi.tenants_rekey()
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    UPDATE pepsi.workqueue q SET tenant_key = k.tenant
+      FROM (SELECT d.sender_key, pepsi.tenant_of(d.sender_key) AS tenant
+              FROM (SELECT DISTINCT w.sender_key FROM pepsi.workqueue w) d) k
+     WHERE q.sender_key = k.sender_key AND q.tenant_key IS DISTINCT FROM k.tenant;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
 END $$;

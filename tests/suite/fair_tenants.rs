@@ -238,6 +238,67 @@ fn tenants_are_named_by_pattern_and_the_queue_follows_at_once() {
 }
 
 #[test]
+fn the_most_literal_pattern_names_the_tenant_then_the_lower_pattern_and_waiting_rows_follow() {
+    let db = TestDb::new();
+    let mut c = db.client();
+    let from = |c: &mut Client, addr: &str| -> i64 {
+        c.query_one(
+            "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to) \
+             VALUES ('s', $1, ARRAY['r@y.example']) RETURNING workqueue_id",
+            &[&addr],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let waiting = from(&mut c, "x@mxl.acme.example");
+    // 120 patterns that match none of these keys, then the ones that do: the lookup
+    // reads the patterns most literal first and stops at the first that matches.
+    c.batch_execute(
+        "INSERT INTO pepsi.tenants (pattern, tenant) \
+         SELECT 'from:*.filler' || g || '.example', 'filler' || g FROM generate_series(1, 120) g; \
+         INSERT INTO pepsi.tenants (pattern, tenant) VALUES \
+           ('from:*', 'any'), ('from:*.example', 'ex'), ('from:mail.acme.example', 'mail'), \
+           ('from:*l.acme.example', 'l'), ('from:m*.acme.example', 'm')",
+    )
+    .unwrap();
+    let of = |c: &mut Client, key: &str| -> String {
+        c.query_one("SELECT pepsi.tenant_of($1)", &[&key])
+            .unwrap()
+            .get(0)
+    };
+    for (key, want) in [
+        // 22 literal characters against 19, 13 and 5.
+        ("from:mail.acme.example", "tenant:mail"),
+        // *l… and m*… both match with 19: the lower pattern ('*' before 'm').
+        ("from:mxl.acme.example", "tenant:l"),
+        ("from:mx.acme.example", "tenant:m"),
+        ("from:x.example", "tenant:ex"),
+        ("from:x.test", "tenant:any"),
+        ("ip:192.0.2.1", "net:192.0.2.0/24"),
+    ] {
+        assert_eq!(of(&mut c, key), want, "{key}");
+    }
+    // The row that waited follows; a new row is keyed the same way.
+    let new = from(&mut c, "x@mail.acme.example");
+    let keyed: Vec<(i64, String)> = c
+        .query(
+            "SELECT workqueue_id, tenant_key FROM pepsi.workqueue ORDER BY workqueue_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        keyed,
+        [
+            (waiting, "tenant:l".to_string()),
+            (new, "tenant:mail".to_string())
+        ]
+    );
+}
+
+#[test]
 fn hostile_patterns_weights_and_names_are_refused_and_shown_escaped() {
     let db = TestDb::new();
     let dir = TempDir::new("t-hostile");
