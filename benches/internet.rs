@@ -45,8 +45,8 @@
 //!   defaults (the connection cache on demand, 2 s);
 //! - Pepsi, a dispatcher (log level info) with one `relay-to-internet` stage
 //!   connecting from `127.0.60.1`: `NAMESERVER = 127.0.60.53`, `PARALLELISM`
-//!   `BENCH_PARALLELISM` (default 8), `QUEUE_LIMIT` `BENCH_QUEUE_LIMIT` (default 4),
-//!   `TLS = none`, `INET_PROTOCOLS = ipv4` (as the Postfix instances' `inet_protocols`),
+//!   `BENCH_PARALLELISM` (default 8), `QUEUE_LIMIT` `BENCH_QUEUE_LIMIT` (default 16,
+//!   as the recipe of `doc/operating.md`), `TLS = none`, `INET_PROTOCOLS = ipv4` (as the Postfix instances' `inet_protocols`),
 //!   the rest its defaults (`DESTINATION_CONCURRENCY` 20, `CONNECTION_CACHE_TIME` 2 s,
 //!   `MAX_MESSAGES` 1000), against the tests' throwaway PostgreSQL (`fsync = off`).
 //!   The rows are injected while the dispatcher is not running; the clock starts as
@@ -1106,7 +1106,7 @@ fn main() {
     }
     let n = env_number("BENCH_MESSAGES", 10_000) as usize;
     let parallelism = env_number("BENCH_PARALLELISM", 8);
-    let queue_limit = env_number("BENCH_QUEUE_LIMIT", 4);
+    let queue_limit = env_number("BENCH_QUEUE_LIMIT", 16);
     let processes = env_number("BENCH_POSTFIX_PROCESSES", 100);
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let out = std::io::stdout();
