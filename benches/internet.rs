@@ -60,6 +60,10 @@
 //! puts the Postfix queues (and the PostgreSQL cluster) on tmpfs, apart from the disk's
 //! file system (an ext4 without a journal scans for a free inode past the recently
 //! deleted ones, which the exchangers' queue files make costly and uneven).
+//! Before each sender the benchmark writes the file systems' dirty blocks out and waits
+//! `BENCH_SETTLE` seconds (default 65; 0 skips it), so that neither sender's exchangers
+//! meet the inodes a run before it deleted: such an ext4 reuses no inode deleted less
+//! than a minute before and steps over each one to find a free inode.
 //! `BENCH_ONLY=postfix` or `BENCH_ONLY=pepsi` runs one sender alone (to profile it).
 //! `BENCH_TIMEOUT` (default 1800) bounds each wait in seconds. Everything started is
 //! stopped when the benchmark ends, also when it fails.
@@ -127,6 +131,27 @@ fn env_number(name: &str, default: u64) -> u64 {
 /// How long any one wait may last (`BENCH_TIMEOUT`, seconds).
 fn timeout() -> Duration {
     Duration::from_secs(env_number("BENCH_TIMEOUT", 1800))
+}
+
+/// Writes the file systems' dirty blocks out and waits `settle`, so that a sender's
+/// exchangers do not meet the inodes the run before it deleted: an ext4 without a
+/// journal reuses no inode deleted less than a minute before (six while its inode
+/// table block is unwritten), and steps over each such one, reading its block, when it
+/// creates a file. Each exchanger's queue file is created and deleted within that time.
+fn settle_file_system(out: &mut impl Write, settle: Duration) {
+    if settle.is_zero() {
+        return;
+    }
+    writeln!(
+        out,
+        "  settling the file systems: sync, then {} s",
+        settle.as_secs()
+    )
+    .unwrap();
+    out.flush().unwrap();
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::thread::sleep(settle);
 }
 
 // ---------------------------------------------------------------------------------
@@ -1170,10 +1195,15 @@ fn main() {
     let pepsi_first = std::env::var("BENCH_ORDER").is_ok_and(|o| o == "pepsi-first");
     let mut postfix = None;
     let mut pepsi = None;
+    let settle = Duration::from_secs(env_number("BENCH_SETTLE", 65));
     for turn in [pepsi_first, !pepsi_first] {
-        if turn && only != "postfix" {
+        if (turn && only == "postfix") || (!turn && only == "pepsi") {
+            continue;
+        }
+        settle_file_system(&mut out, settle);
+        if turn {
             pepsi = Some(pepsi_run(&mut out, &exchangers, &mails, &body, &section));
-        } else if !turn && only != "pepsi" {
+        } else {
             postfix = Some(postfix_run(&mut out, &exchangers, &mails, &body, processes));
         }
         out.flush().unwrap();
