@@ -711,11 +711,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_n bigint;
+    v_null bigint;
 BEGIN
     UPDATE pepsi.workqueue q SET tenant_key = k.tenant
       FROM (SELECT d.sender_key, pepsi.tenant_of(d.sender_key) AS tenant
-              FROM (SELECT DISTINCT w.sender_key FROM pepsi.workqueue w) d) k
+              FROM (SELECT DISTINCT w.sender_key FROM pepsi.workqueue w
+                     WHERE w.sender_key IS NOT NULL) d) k
      WHERE q.sender_key = k.sender_key AND q.tenant_key IS DISTINCT FROM k.tenant;
     GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n;
+    -- A row without a sender key (none is made today) is keyed as schema 25 keyed it.
+    UPDATE pepsi.workqueue q SET tenant_key = pepsi.tenant_of(NULL)
+     WHERE q.sender_key IS NULL AND q.tenant_key IS DISTINCT FROM pepsi.tenant_of(NULL);
+    GET DIAGNOSTICS v_null = ROW_COUNT;
+    RETURN v_n + v_null;
 END $$;
