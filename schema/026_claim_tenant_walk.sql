@@ -442,7 +442,8 @@ BEGIN
                              OFFSET 0
                          ) a
                          CROSS JOIN LATERAL (
-                             SELECT coalesce(a.key, CASE WHEN w.n <= v_budget AND NOT w.wrapped THEN (
+                             SELECT coalesce(a.key, CASE WHEN w.n <= v_budget
+                                                              AND NOT w.wrapped THEN (
                                         SELECT q.sender_key FROM pepsi.workqueue q
                                          WHERE q.stage = v_stage AND q.status = 'pending'
                                            AND q.tenant_key = v_tenants[w.i]
