@@ -1142,6 +1142,67 @@ fn tenants_of_several_senders_are_walked_wherever_they_fall_in_the_window() {
     );
 }
 
+#[test]
+fn senders_of_one_tenant_whose_keys_differ_only_by_hostile_characters_are_walked_apart() {
+    // One tenant (domain:x.example): a flood of `user:flood@x.example` and one row each
+    // from logins that print the same or nearly (a bidi override, CR/LF with a forged
+    // line). The walk over (tenant, sender) pairs must see three senders in that
+    // tenant, so each late row is ranked in beside the flood's. A 100 KB login is kept
+    // as a 200-character key with its digest, which no longer names the domain: it is
+    // a tenant of its own, bounded like its key. A fourth tenant waits too.
+    let db = TestDb::new();
+    let mut c = db.client();
+    c.execute(
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, auth_user) \
+         SELECT 'a', 'x@x.example', ARRAY['r@y.example'], 'flood@x.example' \
+           FROM generate_series(1, 1000)",
+        &[],
+    )
+    .unwrap();
+    let long = format!("flood{}@x.example", "x".repeat(100_000));
+    let mut late = Vec::new();
+    for user in [
+        "flood\u{202e}@x.example",
+        "flood\r\nX-Forged: yes@x.example",
+        long.as_str(),
+    ] {
+        let id: i64 = c
+            .query_one(
+                "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, auth_user) \
+                 VALUES ('a', 'x@x.example', ARRAY['r@y.example'], $1) RETURNING workqueue_id",
+                &[&user],
+            )
+            .unwrap()
+            .get(0);
+        late.push(id);
+    }
+    late.extend(add(&mut c, "a", "x@other.example", 1));
+    let (senders, tenants): (i64, i64) = {
+        let r = c
+            .query_one(
+                "SELECT count(DISTINCT sender_key), count(DISTINCT tenant_key) \
+                   FROM pepsi.workqueue WHERE tenant_key = 'domain:x.example'",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((senders, tenants), (3, 1), "three senders of one tenant");
+    let longest: i32 = c
+        .query_one(
+            "SELECT max(octet_length(tenant_key)) FROM pepsi.workqueue",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(longest <= 220, "{longest}");
+    let answer = what_would_be_claimed(&mut c, &[ask("a", 16)], &[]);
+    for id in &late {
+        assert!(answer.ids().contains(id), "row {id} ranked in: {answer:?}");
+    }
+    assert_eq!(answer.rows.len(), 16);
+}
+
 /// The rows a fair claim of `cap` at stage `a` takes, under the allowances `default`
 /// (a tenant not listed) and `listed` (tenant, rows), rolled back.
 fn claimed_under_rates(
